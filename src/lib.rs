@@ -3,4 +3,15 @@
 //! # Layout
 //! - [`simulate`]: `corral simulate`, a rate-limited fake OpenAI/Anthropic upstream for offline tests.
 
+pub mod body;
+pub mod cli;
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod forward;
+pub mod metrics;
+pub mod router;
+pub mod server;
+pub mod shutdown;
 pub mod simulate;
+pub mod stack;

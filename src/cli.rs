@@ -1,0 +1,129 @@
+//! Command line: `corral` (run), `corral check-config PATH`, `corral simulate`.
+
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::config::{self, types::parse_base_url, Config, ConfigError, ListenAddr, UpstreamConfig};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "corral",
+    version,
+    about = "Keeps LLM workloads from stampeding the APIs they depend on",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate a config file and print the effective configuration (exit 2 on any error).
+    CheckConfig {
+        /// The file to check.
+        path: PathBuf,
+    },
+    /// Run a rate-limited fake OpenAI/Anthropic upstream, for offline tests.
+    Simulate(crate::simulate::SimulateArgs),
+}
+
+/// Running the proxy.
+#[derive(Debug, Args, Default)]
+pub struct RunArgs {
+    /// Config file (default: the embedded config, `/v1` to OpenAI on 127.0.0.1:8080).
+    #[arg(long, env = "CORRAL_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Listen address, overriding the config's `listen`.
+    #[arg(long, env = "CORRAL_LISTEN")]
+    pub listen: Option<String>,
+    /// Serve /healthz, /readyz, /metrics, /status on this address instead.
+    #[arg(long)]
+    pub admin_listen: Option<String>,
+    /// Quick start without a file: front this one upstream base URL at `/v1`.
+    #[arg(long, conflicts_with = "config")]
+    pub upstream: Option<String>,
+    /// Requests per minute for `--upstream` (a hard ceiling).
+    #[arg(long, requires = "upstream")]
+    pub rpm: Option<NonZeroU32>,
+    /// Tokens per minute for `--upstream` (a hard ceiling).
+    #[arg(long, requires = "upstream")]
+    pub tpm: Option<NonZeroU32>,
+    /// Burst size of the requests bucket for `--upstream`.
+    #[arg(long, requires = "upstream")]
+    pub burst: Option<NonZeroU32>,
+    /// Requests in flight at once for `--upstream`.
+    #[arg(long, requires = "upstream")]
+    pub max_concurrency: Option<NonZeroU32>,
+    /// Retries per request for `--upstream`.
+    #[arg(long, requires = "upstream")]
+    pub max_retries: Option<u32>,
+}
+
+impl RunArgs {
+    /// The configuration these arguments describe, fully validated.
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        let mut config = match &self.config {
+            Some(path) => config::load_file(path)?,
+            None => config::load_str("(embedded default config)", config::DEFAULT_CONFIG)?,
+        };
+        let flag_err = |key: &str, reason: String| ConfigError {
+            file: "(command line)".into(),
+            line: None,
+            key: key.into(),
+            reason,
+        };
+        if let Some(url) = &self.upstream {
+            let base_url = parse_base_url(url).map_err(|r| flag_err("--upstream", r))?;
+            let mut up = UpstreamConfig::new("upstream", "/v1", base_url);
+            up.limits.rpm = self.rpm;
+            up.limits.tpm = self.tpm;
+            up.limits.burst = self.burst;
+            if let Some(n) = self.max_concurrency {
+                up.limits.max_concurrency = n;
+            }
+            if let Some(n) = self.max_retries {
+                up.retry.max_retries = n;
+            }
+            config.upstreams = vec![up];
+        }
+        let addr = |key: &str, s: &str| {
+            s.parse()
+                .map(ListenAddr)
+                .map_err(|_| flag_err(key, format!("invalid address `{s}`; write host:port")))
+        };
+        if let Some(listen) = &self.listen {
+            config.listen = addr("--listen / CORRAL_LISTEN", listen)?;
+        }
+        if let Some(admin) = &self.admin_listen {
+            config.admin_listen = Some(addr("--admin-listen", admin)?);
+        }
+        Ok(config)
+    }
+}
+
+/// Install the tracing subscriber: text or JSON on stderr, `RUST_LOG` filters (default info).
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(false).init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}

@@ -1,0 +1,103 @@
+//! The pooled upstream client: hyper-util's legacy `Client` over rustls (webpki roots), HTTP/2
+//! where the upstream offers it by ALPN, HTTP/1.1 otherwise. The innermost service of every stack.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use crate::body::{self, Body};
+use crate::error::ProxyError;
+use crate::forward::{strip_hop_by_hop, ProxyRequest};
+
+type HyperClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// Sends one attempt upstream and returns the response head with its body still streaming.
+#[derive(Clone)]
+pub struct UpstreamClient {
+    client: HyperClient,
+    upstream: Arc<str>,
+}
+
+impl UpstreamClient {
+    pub fn new(upstream: &str, connect_timeout: Duration) -> Self {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(connect_timeout));
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(1024)
+            .build(https);
+        Self {
+            client,
+            upstream: upstream.into(),
+        }
+    }
+}
+
+impl tower::Service<ProxyRequest> for UpstreamClient {
+    type Response = Response<Body>;
+    type Error = ProxyError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, ProxyError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: ProxyRequest) -> Self::Future {
+        let mut out = Request::new(Full::new(req.body.clone()));
+        *out.method_mut() = req.method.clone();
+        *out.uri_mut() = req.uri.clone();
+        *out.headers_mut() = req.headers.clone();
+        let fut = self.client.request(out);
+        let upstream = Arc::clone(&self.upstream);
+        Box::pin(async move {
+            match fut.await {
+                Ok(response) => {
+                    let (mut parts, incoming) = response.into_parts();
+                    strip_hop_by_hop(&mut parts.headers);
+                    Ok(Response::from_parts(parts, body::boxed(incoming)))
+                }
+                Err(e) => {
+                    let reason = error_chain(&e);
+                    let upstream = upstream.to_string();
+                    Err(if e.is_connect() {
+                        ProxyError::UpstreamConnect { upstream, reason }
+                    } else {
+                        ProxyError::UpstreamReset { upstream, reason }
+                    })
+                }
+            }
+        })
+    }
+}
+
+/// An error and its sources on one line.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}

@@ -1,0 +1,128 @@
+//! Reading a config file and turning every failure into `file:line: key: reason`.
+
+use std::fmt;
+use std::ops::Range;
+use std::path::Path;
+
+use super::Config;
+
+/// The configuration corral runs on when given none: `/v1` to OpenAI on 127.0.0.1:8080.
+pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
+
+/// A configuration that cannot be used, located as precisely as corral can.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: String,
+    pub line: Option<usize>,
+    pub key: String,
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{}: {}: {}", self.file, line, self.key, self.reason),
+            None => write!(f, "{}: {}: {}", self.file, self.key, self.reason),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Read and validate the file at `path`.
+pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        file: file.clone(),
+        line: None,
+        key: "(file)".into(),
+        reason: format!("cannot read: {e}"),
+    })?;
+    load_str(&file, &text)
+}
+
+/// Parse and validate `text`, naming it `file` in errors.
+pub fn load_str(file: &str, text: &str) -> Result<Config, ConfigError> {
+    let config: Config = toml::from_str(text).map_err(|e| {
+        let span = e.span();
+        let (line, key) = match &span {
+            Some(span) => (Some(line_of(text, span.start)), key_at(text, span.clone())),
+            None => (None, "(document)".into()),
+        };
+        ConfigError {
+            file: file.into(),
+            line,
+            key,
+            reason: e.message().trim().to_owned(),
+        }
+    })?;
+    super::validate::validate(&config).map_err(|v| ConfigError {
+        file: file.into(),
+        line: v.span.map(|s| refine_line(text, s.start, &v.key)),
+        key: v.key,
+        reason: v.reason,
+    })?;
+    Ok(config)
+}
+
+/// 1-based line number of byte `offset`.
+pub(super) fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// The line of `key`'s last segment within the upstream table that starts near `offset`, or the
+/// line of `offset` itself when the key was not written (a default took its place).
+fn refine_line(text: &str, offset: usize, key: &str) -> usize {
+    let base = line_of(text, offset);
+    let leaf = key.rsplit('.').next().unwrap_or(key);
+    if !key.contains("].") || leaf.contains('[') {
+        return base;
+    }
+    let lines = text.lines().enumerate().skip(base - 1);
+    for (i, line) in lines.skip(1) {
+        let line = line.trim_start();
+        if line.starts_with("[[") {
+            break;
+        }
+        if line
+            .strip_prefix(leaf)
+            .is_some_and(|r| r.trim_start().starts_with('='))
+        {
+            return i + 1;
+        }
+    }
+    base
+}
+
+/// The dotted key an error span points into: the enclosing table header plus the key on that
+/// line (toml's messages name the problem but not always the key).
+fn key_at(text: &str, span: Range<usize>) -> String {
+    let start = span.start.min(text.len());
+    let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+    let line_end = text[start..].find('\n').map_or(text.len(), |i| start + i);
+    let line = text[line_start..line_end].trim();
+    let table = text[..line_start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('['))
+        .map(|h| h.trim_matches(|c| c == '[' || c == ']').trim().to_owned());
+    if line.starts_with('[') {
+        return line
+            .trim_matches(|c| c == '[' || c == ']')
+            .trim()
+            .to_owned();
+    }
+    let key = line
+        .split('=')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .trim_matches('"');
+    match (table, key.is_empty()) {
+        (Some(t), false) => format!("{t}.{key}"),
+        (Some(t), true) => t,
+        (None, false) => key.to_owned(),
+        (None, true) => "(document)".into(),
+    }
+}

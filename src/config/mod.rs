@@ -1,0 +1,323 @@
+//! Configuration: TOML in, validated [`Config`] out.
+//!
+//! One deserialization pass: value types in [`types`] validate themselves (so `toml` reports their
+//! line), `#[serde(deny_unknown_fields)]` everywhere rejects unknown keys, and [`validate`] checks
+//! what spans several keys (duplicate routes, `cap` below `base`). Every error reads
+//! `file:line: key: reason`.
+
+mod load;
+pub mod types;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::num::NonZeroU32;
+
+use serde::{Deserialize, Serialize};
+use toml::Spanned;
+
+pub use self::load::{load_file, load_str, ConfigError, DEFAULT_CONFIG};
+pub use self::types::{BaseUrl, ByteSize, HumanDuration, ListenAddr, RoutePrefix, Secret, Text};
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Where clients connect.
+    pub listen: ListenAddr,
+    /// Serve `/healthz`, `/readyz`, `/metrics` and `/status` here instead of on `listen`.
+    pub admin_listen: Option<ListenAddr>,
+    /// How long in-flight requests may take to finish after SIGTERM.
+    pub drain_timeout: HumanDuration,
+    /// The upstreams, each behind a route.
+    #[serde(rename = "upstream")]
+    pub upstreams: Vec<UpstreamConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: ListenAddr(([127, 0, 0, 1], 8080).into()),
+            admin_listen: None,
+            drain_timeout: HumanDuration::from_secs(30),
+            upstreams: Vec::new(),
+        }
+    }
+}
+
+/// One upstream API and everything corral does in front of it.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// A short name used in metrics and logs.
+    pub name: Spanned<Text>,
+    /// Requests whose path starts with this prefix go to this upstream, prefix replaced by the
+    /// base URL's path.
+    pub route: Spanned<RoutePrefix>,
+    /// Where requests go: `https://api.openai.com/v1`, `http://127.0.0.1:8000`.
+    pub base_url: BaseUrl,
+    /// Headers corral adds, e.g. `Authorization = "Bearer ${OPENAI_API_KEY}"`.
+    #[serde(default)]
+    pub headers: BTreeMap<String, Secret>,
+    /// `if_absent` (default): inject only when the client sent none; `always`: replace.
+    #[serde(default)]
+    pub header_mode: HeaderMode,
+    /// Largest request body corral buffers; beyond it the client gets a 413.
+    #[serde(default = "default_body_limit")]
+    pub body_limit: ByteSize,
+    /// Time allowed for the TCP and TLS handshake with the upstream.
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout: HumanDuration,
+    /// `auto` (default): learn the upstream's limit from its headers and 429s; `off`: don't.
+    #[serde(default)]
+    pub rate_limit: LearnMode,
+    /// `fixed` (default): `limits.max_concurrency` in flight; `auto`: a latency-gradient window
+    /// for self-hosted backends that queue instead of answering 429.
+    #[serde(default)]
+    pub concurrency: ConcurrencyMode,
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    #[serde(default)]
+    pub retry: RetryConfig,
+    #[serde(default)]
+    pub breaker: BreakerConfig,
+    #[serde(default)]
+    pub adaptive: AdaptiveConfig,
+}
+
+fn default_body_limit() -> ByteSize {
+    ByteSize(32 << 20)
+}
+fn default_connect_timeout() -> HumanDuration {
+    HumanDuration::from_secs(10)
+}
+
+impl UpstreamConfig {
+    /// An upstream with every knob at its default.
+    pub fn new(name: &str, route: &str, base_url: BaseUrl) -> Self {
+        Self {
+            name: Spanned::new(0..0, Text(name.into())),
+            route: Spanned::new(0..0, RoutePrefix(route.into())),
+            base_url,
+            headers: BTreeMap::new(),
+            header_mode: HeaderMode::default(),
+            body_limit: default_body_limit(),
+            connect_timeout: default_connect_timeout(),
+            rate_limit: LearnMode::default(),
+            concurrency: ConcurrencyMode::default(),
+            limits: LimitsConfig::default(),
+            retry: RetryConfig::default(),
+            breaker: BreakerConfig::default(),
+            adaptive: AdaptiveConfig::default(),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name.get_ref().0
+    }
+    pub fn route(&self) -> &str {
+        &self.route.get_ref().0
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeaderMode {
+    #[default]
+    IfAbsent,
+    Always,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LearnMode {
+    #[default]
+    Auto,
+    Off,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConcurrencyMode {
+    #[default]
+    Fixed,
+    Auto,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Partition {
+    #[default]
+    None,
+    ApiKey,
+}
+
+/// Client-side buckets and the concurrency window. Explicit values are hard ceilings.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Requests per minute (a governor bucket).
+    pub rpm: Option<NonZeroU32>,
+    /// Tokens per minute, charged from an estimate of each request.
+    pub tpm: Option<NonZeroU32>,
+    /// Requests that may go at once from a full bucket (default: rpm / 60, at least 1).
+    pub burst: Option<NonZeroU32>,
+    /// Tokens that may go at once from a full bucket (default: tpm / 6).
+    pub token_burst: Option<NonZeroU32>,
+    /// Requests in flight at once.
+    pub max_concurrency: NonZeroU32,
+    /// Requests that may wait for a slot; beyond it, a 429.
+    pub queue_size: usize,
+    /// Longest wait for a slot (the request's deadline also applies).
+    pub queue_timeout: HumanDuration,
+    /// `none`: one set of buckets per upstream; `api_key`: one per credential (keyed by a hash).
+    pub partition: Partition,
+    /// Completion tokens assumed when a request names no `max_tokens`.
+    pub default_max_tokens: u32,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            rpm: None,
+            tpm: None,
+            burst: None,
+            token_burst: None,
+            max_concurrency: NonZeroU32::new(1024).expect("non-zero"),
+            queue_size: 10_000,
+            queue_timeout: HumanDuration::from_secs(600),
+            partition: Partition::None,
+            default_max_tokens: 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Jitter {
+    #[default]
+    Full,
+    Equal,
+    Decorrelated,
+    None,
+}
+
+/// Retries, their schedule and their budget.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    pub max_retries: u32,
+    pub base: HumanDuration,
+    pub cap: HumanDuration,
+    pub jitter: Jitter,
+    /// Added on top of a server's retry hint: uniform(0, floor_jitter).
+    pub floor_jitter: HumanDuration,
+    /// Time allowed for each attempt to produce a response head.
+    pub per_try_timeout: HumanDuration,
+    /// Time allowed for the whole request, retries included; a client's `x-corral-deadline-ms`
+    /// may shorten it.
+    pub deadline: HumanDuration,
+    /// Whether a 500 is retried.
+    pub retry_500: bool,
+    /// Error codes (the body's `error.code` or `error.type`) that make a 429 permanent, on top
+    /// of `insufficient_quota` and Anthropic's spend limit.
+    pub permanent_codes: Vec<String>,
+    /// Add `x-should-retry: false` to the upstream's answer when corral gives up after retrying.
+    pub mark_given_up: bool,
+    /// Retries may add at most this fraction of the recent request rate...
+    pub budget_ratio: f64,
+    /// ...plus this many per second...
+    pub budget_min_per_second: u32,
+    /// ...over this window.
+    pub budget_ttl: HumanDuration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            max_retries: 6,
+            base: HumanDuration::from_millis(500),
+            cap: HumanDuration::from_secs(30),
+            jitter: Jitter::Full,
+            floor_jitter: HumanDuration::from_millis(500),
+            per_try_timeout: HumanDuration::from_secs(300),
+            deadline: HumanDuration::from_secs(600),
+            retry_500: true,
+            permanent_codes: Vec::new(),
+            mark_given_up: true,
+            budget_ratio: 0.2,
+            budget_min_per_second: 10,
+            budget_ttl: HumanDuration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnOpen {
+    /// Requests wait (up to their deadline) until the breaker lets traffic through again.
+    #[default]
+    Queue,
+    /// Requests get a 503 with Retry-After at once.
+    Reject,
+}
+
+/// The circuit breaker over the last `window` outcomes.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerConfig {
+    pub enabled: bool,
+    pub window: u32,
+    pub min_samples: u32,
+    /// Opens when the error rate over the window reaches this.
+    pub open_error_rate: f64,
+    /// Closes again when the probes' error rate is below this.
+    pub close_error_rate: f64,
+    /// First cool-down; each consecutive open doubles it, up to `max_cooldown` (jittered).
+    pub cooldown: HumanDuration,
+    pub max_cooldown: HumanDuration,
+    /// Requests admitted while half-open.
+    pub half_open_probes: u32,
+    pub on_open: OnOpen,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            window: 50,
+            min_samples: 20,
+            open_error_rate: 0.4,
+            close_error_rate: 0.1,
+            cooldown: HumanDuration::from_secs(2),
+            max_cooldown: HumanDuration::from_secs(60),
+            half_open_probes: 5,
+            on_open: OnOpen::Queue,
+        }
+    }
+}
+
+/// Learning knobs: slow start and the latency-gradient window.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdaptiveConfig {
+    /// Requests sent before the upstream has said anything about its limit.
+    pub initial_burst: u32,
+    /// Learned rates are used times this (a margin under the provider's limit).
+    pub rate_margin: f64,
+    /// Adaptive concurrency: the window shrinks when latency exceeds the minimum by this factor.
+    pub latency_tolerance: f64,
+    pub min_concurrency: u32,
+    pub initial_concurrency: u32,
+}
+
+impl Default for AdaptiveConfig {
+    fn default() -> Self {
+        Self {
+            initial_burst: 10,
+            rate_margin: 0.97,
+            latency_tolerance: 2.0,
+            min_concurrency: 1,
+            initial_concurrency: 16,
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! Value types that validate themselves while they deserialize, so a bad value is reported by
+//! `toml` with its exact location, and that print back in the form a user writes them.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http::uri::{Scheme, Uri};
+use serde::de::{self, Deserializer};
+use serde::{Deserialize, Serialize, Serializer};
+
+/// Expand `${VAR}` from the environment; a missing variable is an error naming it.
+pub fn expand_env(raw: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(raw.len());
+    let mut rest = raw;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after
+            .find('}')
+            .ok_or_else(|| format!("unterminated `${{` in `{raw}`"))?;
+        let name = &after[..end];
+        if name.is_empty() {
+            return Err(format!("empty variable name `${{}}` in `{raw}`"));
+        }
+        let value =
+            std::env::var(name).map_err(|_| format!("environment variable `{name}` is not set"))?;
+        out.push_str(&value);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Deserialize a string, expand it, and parse it with `parse`.
+fn parse_str<'de, D, T>(d: D, parse: impl FnOnce(&str) -> Result<T, String>) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    let raw = String::deserialize(d)?;
+    let expanded = expand_env(&raw).map_err(de::Error::custom)?;
+    parse(&expanded).map_err(de::Error::custom)
+}
+
+macro_rules! string_value {
+    ($ty:ident, $parse:expr) => {
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                parse_str(d, $parse)
+            }
+        }
+        impl Serialize for $ty {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+    };
+}
+
+/// A plain string with `${VAR}` expanded.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Text(pub String);
+string_value!(Text, |s: &str| Ok(Text(s.to_owned())));
+impl fmt::Display for Text {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A credential-bearing value: expanded like [`Text`], printed as `*****`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+string_value!(Secret, |s: &str| Ok(Secret(s.to_owned())));
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("*****")
+    }
+}
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(*****)")
+    }
+}
+
+/// A duration written as a human string: "500ms", "30s", "1m 30s".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HumanDuration(pub Duration);
+string_value!(HumanDuration, |s: &str| humantime::parse_duration(s)
+    .map(HumanDuration)
+    .map_err(|e| format!(
+        "invalid duration `{s}` ({e}); write e.g. \"500ms\" or \"30s\""
+    )));
+impl fmt::Display for HumanDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_duration(self.0))
+    }
+}
+impl HumanDuration {
+    pub const fn from_millis(ms: u64) -> Self {
+        Self(Duration::from_millis(ms))
+    }
+    pub const fn from_secs(s: u64) -> Self {
+        Self(Duration::from_secs(s))
+    }
+}
+
+/// A listen address such as `127.0.0.1:8080`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenAddr(pub SocketAddr);
+string_value!(ListenAddr, |s: &str| s.parse().map(ListenAddr).map_err(
+    |_| format!("invalid listen address `{s}`; write host:port, e.g. \"127.0.0.1:8080\"")
+));
+impl fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// An upstream base URL: http or https, a host, an optional path, nothing else.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BaseUrl(pub Uri);
+string_value!(BaseUrl, parse_base_url);
+impl fmt::Display for BaseUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+impl BaseUrl {
+    /// The path without a trailing slash ("" for the root).
+    pub fn path(&self) -> &str {
+        self.0.path().trim_end_matches('/')
+    }
+    pub fn is_https(&self) -> bool {
+        self.0.scheme() == Some(&Scheme::HTTPS)
+    }
+}
+
+pub fn parse_base_url(s: &str) -> Result<BaseUrl, String> {
+    let uri: Uri = s.parse().map_err(|e| format!("invalid URL `{s}`: {e}"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        Some(other) => return Err(format!("URL `{s}` has scheme `{other}`; use http or https")),
+        None => return Err(format!("URL `{s}` needs a scheme, e.g. https://{s}")),
+    }
+    let Some(authority) = uri.authority() else {
+        return Err(format!("URL `{s}` has no host"));
+    };
+    if authority.host().is_empty() || authority.as_str().contains('@') {
+        return Err(format!("URL `{s}` must name a host, without user info"));
+    }
+    if uri.query().is_some() {
+        return Err(format!("URL `{s}` must not have a query string"));
+    }
+    Ok(BaseUrl(uri))
+}
+
+/// A route: a path prefix beginning with `/`, without a trailing slash (except `/` itself).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RoutePrefix(pub String);
+string_value!(RoutePrefix, |s: &str| {
+    if !s.starts_with('/') {
+        return Err(format!("route `{s}` must start with `/`"));
+    }
+    if s.contains(['?', '#', ' ']) {
+        return Err(format!("route `{s}` must be a plain path prefix"));
+    }
+    let trimmed = s.trim_end_matches('/');
+    Ok(RoutePrefix(if trimmed.is_empty() {
+        "/".into()
+    } else {
+        trimmed.into()
+    }))
+});
+impl fmt::Display for RoutePrefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A size in bytes: an integer, or a string such as "32MiB", "512KiB", "1MB".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize(pub usize);
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(u64),
+            Str(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Int(n) => Ok(ByteSize(n as usize)),
+            Raw::Str(s) => parse_byte_size(&s).map(ByteSize).map_err(de::Error::custom),
+        }
+    }
+}
+impl Serialize for ByteSize {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.0 as u64)
+    }
+}
+
+pub fn parse_byte_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: usize = num
+        .parse()
+        .map_err(|_| format!("invalid size `{s}`; write e.g. 33554432 or \"32MiB\""))?;
+    let mult = match unit.trim() {
+        "" | "B" => 1,
+        "KB" | "kB" => 1_000,
+        "KiB" => 1 << 10,
+        "MB" => 1_000_000,
+        "MiB" => 1 << 20,
+        "GB" => 1_000_000_000,
+        "GiB" => 1 << 30,
+        other => {
+            return Err(format!(
+                "invalid size unit `{other}` in `{s}`; use B, KiB, MiB, GiB, KB, MB or GB"
+            ))
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size `{s}` is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expands_variables_and_names_missing_ones() {
+        std::env::set_var("CORRAL_TEST_EXPAND", "sk-123");
+        assert_eq!(
+            expand_env("Bearer ${CORRAL_TEST_EXPAND}").unwrap(),
+            "Bearer sk-123"
+        );
+        assert_eq!(expand_env("plain").unwrap(), "plain");
+        let err = expand_env("${CORRAL_TEST_SURELY_UNSET}").unwrap_err();
+        assert!(err.contains("`CORRAL_TEST_SURELY_UNSET`"), "{err}");
+        assert!(expand_env("${OPEN").is_err());
+    }
+
+    #[test]
+    fn base_urls() {
+        assert_eq!(
+            parse_base_url("https://api.openai.com/v1").unwrap().path(),
+            "/v1"
+        );
+        assert_eq!(parse_base_url("http://127.0.0.1:8000").unwrap().path(), "");
+        for bad in [
+            "ftp://x",
+            "api.openai.com",
+            "https://",
+            "http://h/?q=1",
+            "http://u@h/",
+        ] {
+            assert!(parse_base_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(parse_byte_size("32MiB").unwrap(), 32 << 20);
+        assert_eq!(parse_byte_size("1000").unwrap(), 1000);
+        assert_eq!(parse_byte_size("2 KB").unwrap(), 2000);
+        assert!(parse_byte_size("12XB").is_err());
+        assert!(parse_byte_size("MiB").is_err());
+    }
+
+    #[test]
+    fn secrets_never_print() {
+        let s = Secret("sk-live".into());
+        assert_eq!(format!("{s} {s:?}"), "***** Secret(*****)");
+    }
+}

@@ -1,0 +1,175 @@
+//! Checks that span several keys, after every value has parsed on its own.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use super::Config;
+
+/// A rejected configuration, before the file name and line are attached.
+pub(super) struct Invalid {
+    pub span: Option<Range<usize>>,
+    pub key: String,
+    pub reason: String,
+}
+
+pub(super) fn validate(config: &Config) -> Result<(), Invalid> {
+    let mut routes: HashMap<&str, &str> = HashMap::new();
+    let mut names: HashMap<&str, ()> = HashMap::new();
+    let reserved = ["/healthz", "/readyz", "/metrics", "/status"];
+    for (i, up) in config.upstreams.iter().enumerate() {
+        let at = |field: &str, reason: String| Invalid {
+            span: Some(up.name.span()),
+            key: format!("upstream[{i}].{field}"),
+            reason,
+        };
+        let route_err = |reason: String| Invalid {
+            span: Some(up.route.span()),
+            key: format!("upstream[{i}].route"),
+            reason,
+        };
+        if up.name().is_empty() || up.name().contains(|c: char| c.is_whitespace()) {
+            return Err(Invalid {
+                span: Some(up.name.span()),
+                key: format!("upstream[{i}].name"),
+                reason: format!("name `{}` must be non-empty and without spaces", up.name()),
+            });
+        }
+        if names.insert(up.name(), ()).is_some() {
+            return Err(Invalid {
+                span: Some(up.name.span()),
+                key: format!("upstream[{i}].name"),
+                reason: format!("duplicate upstream name `{}`", up.name()),
+            });
+        }
+        if let Some(other) = routes.insert(up.route(), up.name()) {
+            return Err(route_err(format!(
+                "duplicate route `{}` (also used by upstream `{other}`)",
+                up.route()
+            )));
+        }
+        if config.admin_listen.is_none() && reserved.contains(&up.route()) {
+            return Err(route_err(format!(
+                "route `{}` is reserved for corral's admin endpoints; set `admin_listen` to move them",
+                up.route()
+            )));
+        }
+        for name in up.headers.keys() {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(at(
+                    "headers",
+                    format!("`{name}` is not a valid header name"),
+                ));
+            }
+        }
+        for (name, value) in &up.headers {
+            if http::HeaderValue::from_str(&value.0).is_err() {
+                return Err(at(
+                    "headers",
+                    format!("value of `{name}` is not a valid header value"),
+                ));
+            }
+        }
+        let r = &up.retry;
+        if r.cap < r.base {
+            return Err(at(
+                "retry.cap",
+                format!("`cap` ({}) must be at least `base` ({})", r.cap, r.base),
+            ));
+        }
+        if r.base.0.is_zero() && !matches!(r.jitter, super::Jitter::None) && r.max_retries > 0 {
+            return Err(at("retry.base", "`base` must be above zero".into()));
+        }
+        if r.deadline.0.is_zero() || r.per_try_timeout.0.is_zero() {
+            return Err(at(
+                "retry.deadline",
+                "`deadline` and `per_try_timeout` must be above zero".into(),
+            ));
+        }
+        if !(0.0..=10.0).contains(&r.budget_ratio) || !r.budget_ratio.is_finite() {
+            return Err(at(
+                "retry.budget_ratio",
+                format!(
+                    "`budget_ratio` must be within 0..=10, got {}",
+                    r.budget_ratio
+                ),
+            ));
+        }
+        if r.budget_ttl.0 < std::time::Duration::from_secs(1)
+            || r.budget_ttl.0 > std::time::Duration::from_secs(60)
+        {
+            return Err(at(
+                "retry.budget_ttl",
+                "`budget_ttl` must be between 1s and 60s".into(),
+            ));
+        }
+        let b = &up.breaker;
+        let rate_ok = |x: f64| (0.0..=1.0).contains(&x);
+        if !rate_ok(b.open_error_rate) || !rate_ok(b.close_error_rate) {
+            return Err(at(
+                "breaker.open_error_rate",
+                "error rates must be within 0.0..=1.0".into(),
+            ));
+        }
+        if b.close_error_rate > b.open_error_rate {
+            return Err(at(
+                "breaker.close_error_rate",
+                format!(
+                    "`close_error_rate` ({}) must not exceed `open_error_rate` ({})",
+                    b.close_error_rate, b.open_error_rate
+                ),
+            ));
+        }
+        if b.window == 0 || b.min_samples == 0 || b.min_samples > b.window {
+            return Err(at(
+                "breaker.min_samples",
+                format!(
+                    "need 0 < `min_samples` ({}) <= `window` ({})",
+                    b.min_samples, b.window
+                ),
+            ));
+        }
+        if b.half_open_probes == 0 {
+            return Err(at(
+                "breaker.half_open_probes",
+                "`half_open_probes` must be at least 1".into(),
+            ));
+        }
+        if b.max_cooldown < b.cooldown {
+            return Err(at(
+                "breaker.max_cooldown",
+                "`max_cooldown` must be at least `cooldown`".into(),
+            ));
+        }
+        let a = &up.adaptive;
+        if !(a.rate_margin > 0.0 && a.rate_margin <= 1.0) {
+            return Err(at(
+                "adaptive.rate_margin",
+                format!("`rate_margin` must be within (0, 1], got {}", a.rate_margin),
+            ));
+        }
+        if !(a.latency_tolerance >= 1.0 && a.latency_tolerance.is_finite()) {
+            return Err(at(
+                "adaptive.latency_tolerance",
+                "`latency_tolerance` must be at least 1.0".into(),
+            ));
+        }
+        if a.initial_burst == 0
+            || a.min_concurrency == 0
+            || a.initial_concurrency < a.min_concurrency
+        {
+            return Err(at("adaptive.initial_burst", "`initial_burst`, `min_concurrency` must be at least 1 and `initial_concurrency` >= `min_concurrency`".into()));
+        }
+        if let (Some(burst), Some(rpm)) = (up.limits.burst, up.limits.rpm) {
+            if burst > rpm {
+                return Err(at(
+                    "limits.burst",
+                    format!("`burst` ({burst}) must not exceed `rpm` ({rpm})"),
+                ));
+            }
+        }
+        if up.limits.token_burst.is_some() && up.limits.tpm.is_none() {
+            return Err(at("limits.token_burst", "`token_burst` needs `tpm`".into()));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,224 @@
+//! [`ProxyError`]: everything corral itself can answer instead of the upstream.
+//!
+//! Each variant decides its HTTP status, whether a retry may cure it, and the label it carries in
+//! metrics and in the `x-corral-error` header, in exhaustive `match`es, so a new variant forces all
+//! three decisions. Responses corral makes use OpenAI's error shape; upstream answers never pass
+//! through here.
+
+use std::time::Duration;
+
+use http::{header, HeaderValue, Response, StatusCode};
+
+use crate::body::{self, Body};
+
+/// The header that marks a response as made by corral rather than the upstream.
+pub const CORRAL_ERROR_HEADER: &str = "x-corral-error";
+
+/// An answer corral gives in place of the upstream's.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("no route matches path `{0}`")]
+    NoRoute(String),
+    #[error("absolute-form request targets are refused: corral is not an open proxy; send origin-form paths such as /v1/chat/completions")]
+    AbsoluteForm,
+    #[error("CONNECT is refused: corral is not an open proxy")]
+    Connect,
+    #[error("request body exceeds the limit of {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    #[error("reading the request body failed: {0}")]
+    BodyRead(String),
+    #[error("connecting to upstream `{upstream}` failed: {reason}")]
+    UpstreamConnect { upstream: String, reason: String },
+    #[error("upstream `{upstream}` failed before sending a response: {reason}")]
+    UpstreamReset { upstream: String, reason: String },
+    #[error("upstream `{upstream}` sent no response head within {timeout:?}")]
+    TryTimeout { upstream: String, timeout: Duration },
+    #[error("the request's deadline passed before the upstream answered")]
+    DeadlineExceeded,
+    #[error("the queue for upstream `{upstream}` is full; retry later")]
+    QueueFull {
+        upstream: String,
+        retry_after: Duration,
+    },
+    #[error(
+        "waited {waited:?} in the queue for upstream `{upstream}` without a slot; retry later"
+    )]
+    QueueTimeout {
+        upstream: String,
+        waited: Duration,
+        retry_after: Duration,
+    },
+    #[error("client-side rate limit for upstream `{upstream}` has no capacity within the request's deadline")]
+    RateLimited {
+        upstream: String,
+        retry_after: Duration,
+    },
+    #[error(
+        "request needs {needed} tokens but the `{upstream}` token bucket holds at most {burst}"
+    )]
+    TooManyTokens {
+        upstream: String,
+        needed: u32,
+        burst: u32,
+    },
+    #[error("circuit breaker for upstream `{upstream}` is open after repeated upstream failures")]
+    CircuitOpen {
+        upstream: String,
+        retry_after: Duration,
+    },
+    #[error("corral is shutting down")]
+    Draining,
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ProxyError {
+    /// The status corral answers with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::NoRoute(_) => StatusCode::NOT_FOUND,
+            Self::AbsoluteForm | Self::BodyRead(_) => StatusCode::BAD_REQUEST,
+            Self::Connect => StatusCode::METHOD_NOT_ALLOWED,
+            Self::BodyTooLarge { .. } | Self::TooManyTokens { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UpstreamConnect { .. } | Self::UpstreamReset { .. } => StatusCode::BAD_GATEWAY,
+            Self::TryTimeout { .. } | Self::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+            Self::QueueFull { .. } | Self::QueueTimeout { .. } | Self::RateLimited { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            Self::CircuitOpen { .. } | Self::Draining => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// Whether another attempt at the upstream may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::UpstreamConnect { .. } | Self::UpstreamReset { .. } | Self::TryTimeout { .. } => {
+                true
+            }
+            Self::NoRoute(_)
+            | Self::AbsoluteForm
+            | Self::Connect
+            | Self::BodyTooLarge { .. }
+            | Self::BodyRead(_)
+            | Self::DeadlineExceeded
+            | Self::QueueFull { .. }
+            | Self::QueueTimeout { .. }
+            | Self::RateLimited { .. }
+            | Self::TooManyTokens { .. }
+            | Self::CircuitOpen { .. }
+            | Self::Draining
+            | Self::Internal(_) => false,
+        }
+    }
+
+    /// A short, bounded label for metrics, logs and the `x-corral-error` header.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::NoRoute(_) => "no_route",
+            Self::AbsoluteForm => "absolute_form",
+            Self::Connect => "connect_refused",
+            Self::BodyTooLarge { .. } => "body_too_large",
+            Self::BodyRead(_) => "body_read",
+            Self::UpstreamConnect { .. } => "upstream_connect",
+            Self::UpstreamReset { .. } => "upstream_reset",
+            Self::TryTimeout { .. } => "try_timeout",
+            Self::DeadlineExceeded => "deadline_exceeded",
+            Self::QueueFull { .. } => "queue_full",
+            Self::QueueTimeout { .. } => "queue_timeout",
+            Self::RateLimited { .. } => "rate_limited",
+            Self::TooManyTokens { .. } => "too_many_tokens",
+            Self::CircuitOpen { .. } => "circuit_open",
+            Self::Draining => "draining",
+            Self::Internal(_) => "internal",
+        }
+    }
+
+    /// OpenAI's `error.type` for this answer.
+    fn error_type(&self) -> &'static str {
+        match self.status() {
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            s if s.is_client_error() => "invalid_request_error",
+            _ => "corral_error",
+        }
+    }
+
+    /// When the client may try again, if corral can tell.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::QueueFull { retry_after, .. }
+            | Self::QueueTimeout { retry_after, .. }
+            | Self::RateLimited { retry_after, .. }
+            | Self::CircuitOpen { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    /// The response corral sends: OpenAI's error shape, `x-corral-error`, and `retry-after`
+    /// (whole seconds, rounded up) when known.
+    pub fn into_response(&self) -> Response<Body> {
+        let json = serde_json::json!({
+            "error": {
+                "message": self.to_string(),
+                "type": self.error_type(),
+                "param": null,
+                "code": self.label(),
+            }
+        });
+        let mut response = Response::new(body::full(json.to_string()));
+        *response.status_mut() = self.status();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(CORRAL_ERROR_HEADER, HeaderValue::from_static(self.label()));
+        if let Some(after) = self.retry_after() {
+            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+            headers.insert(
+                "retry-after-ms",
+                HeaderValue::from(after.as_millis() as u64),
+            );
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn error_response_has_openai_shape_and_marker_header() {
+        let err = ProxyError::QueueFull {
+            upstream: "openai".into(),
+            retry_after: Duration::from_millis(1500),
+        };
+        let response = err.into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[CORRAL_ERROR_HEADER], "queue_full");
+        assert_eq!(response.headers()[header::RETRY_AFTER], "2");
+        assert_eq!(response.headers()["retry-after-ms"], "1500");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["error"]["code"], "queue_full");
+        assert_eq!(json["error"]["type"], "rate_limit_error");
+        assert!(json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("openai"));
+    }
+
+    #[test]
+    fn only_transport_failures_are_retryable() {
+        assert!(ProxyError::TryTimeout {
+            upstream: "u".into(),
+            timeout: Duration::ZERO
+        }
+        .is_retryable());
+        assert!(!ProxyError::BodyTooLarge { limit: 1 }.is_retryable());
+        assert!(!ProxyError::DeadlineExceeded.is_retryable());
+    }
+}

@@ -1,0 +1,244 @@
+//! Turning a client's request into the request corral sends upstream: hop-by-hop headers
+//! stripped, Host left to the client (rewritten from the upstream URL), `x-forwarded-for`
+//! appended, configured headers injected, and the body buffered (up to the limit) as [`Bytes`]
+//! so every retry can replay it.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Uri};
+use http_body_util::{BodyExt, Limited};
+use tokio::time::Instant;
+
+use crate::config::{HeaderMode, Secret};
+use crate::error::ProxyError;
+
+/// Header a client may send to shorten (never lengthen) the request's deadline.
+pub const DEADLINE_HEADER: &str = "x-corral-deadline-ms";
+
+/// A request on its way upstream; cheap to clone for each attempt (the body is shared).
+#[derive(Clone, Debug)]
+pub struct ProxyRequest {
+    pub method: Method,
+    pub uri: Uri,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub ctx: Arc<RequestCtx>,
+}
+
+/// What the layers learn about a request and tell each other, shared by all its attempts.
+#[derive(Debug)]
+pub struct RequestCtx {
+    /// When corral received the request.
+    pub start: Instant,
+    /// When corral stops trying and answers with what it has.
+    pub deadline: Instant,
+    /// Attempts sent upstream so far.
+    attempts: AtomicU32,
+}
+
+impl RequestCtx {
+    pub fn new(start: Instant, deadline: Instant) -> Self {
+        Self {
+            start,
+            deadline,
+            attempts: AtomicU32::new(0),
+        }
+    }
+    pub fn attempts(&self) -> u32 {
+        self.attempts.load(Ordering::Relaxed)
+    }
+    pub fn count_attempt(&self) -> u32 {
+        self.attempts.fetch_add(1, Ordering::Relaxed) + 1
+    }
+    /// Time left before the deadline (zero once it has passed).
+    pub fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+}
+
+/// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus the proxy
+/// credentials meant for corral itself.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+];
+
+/// Remove hop-by-hop headers, including any the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+    headers.remove(header::UPGRADE);
+}
+
+/// Rewrite the client's headers for the upstream.
+pub fn upstream_headers(
+    mut headers: HeaderMap,
+    peer: IpAddr,
+    inject: &[(HeaderName, Secret)],
+    mode: HeaderMode,
+) -> HeaderMap {
+    strip_hop_by_hop(&mut headers);
+    headers.remove(header::HOST);
+    headers.remove(header::CONTENT_LENGTH);
+    headers.remove(DEADLINE_HEADER);
+    let forwarded = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        Some(prior) if !prior.trim().is_empty() => format!("{prior}, {peer}"),
+        _ => peer.to_string(),
+    };
+    if let Ok(value) = HeaderValue::from_str(&forwarded) {
+        headers.insert("x-forwarded-for", value);
+    }
+    for (name, value) in inject {
+        if mode == HeaderMode::Always || !headers.contains_key(name) {
+            if let Ok(mut v) = HeaderValue::from_str(&value.0) {
+                v.set_sensitive(true);
+                headers.insert(name.clone(), v);
+            }
+        }
+    }
+    headers
+}
+
+/// The deadline for a request: the configured one, shortened by the client's header.
+pub fn deadline(start: Instant, configured: Duration, headers: &HeaderMap) -> Instant {
+    let asked = headers
+        .get(DEADLINE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_millis);
+    start + asked.map_or(configured, |a| a.min(configured))
+}
+
+/// Read the whole body, refusing it once it passes `limit` bytes.
+pub async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, ProxyError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(ProxyError::BodyTooLarge { limit })
+        }
+        Err(e) => Err(ProxyError::BodyRead(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::Full;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(k, v)| {
+                (
+                    HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn strips_hop_by_hop_and_connection_named_headers() {
+        let h = map(&[
+            ("connection", "close, x-private"),
+            ("x-private", "1"),
+            ("keep-alive", "timeout=5"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("host", "127.0.0.1:8080"),
+            ("authorization", "Bearer k"),
+        ]);
+        let out = upstream_headers(h, [10, 0, 0, 1].into(), &[], HeaderMode::IfAbsent);
+        for gone in [
+            "connection",
+            "x-private",
+            "keep-alive",
+            "transfer-encoding",
+            "upgrade",
+            "host",
+        ] {
+            assert!(!out.contains_key(gone), "{gone} survived");
+        }
+        assert_eq!(out["authorization"], "Bearer k");
+        assert_eq!(out["x-forwarded-for"], "10.0.0.1");
+    }
+
+    #[test]
+    fn appends_forwarded_for_and_injects_by_mode() {
+        let inject = [(header::AUTHORIZATION, Secret("Bearer corral".into()))];
+        let h = map(&[
+            ("x-forwarded-for", "1.2.3.4"),
+            ("authorization", "Bearer client"),
+        ]);
+        let kept = upstream_headers(
+            h.clone(),
+            [127, 0, 0, 1].into(),
+            &inject,
+            HeaderMode::IfAbsent,
+        );
+        assert_eq!(kept["x-forwarded-for"], "1.2.3.4, 127.0.0.1");
+        assert_eq!(kept["authorization"], "Bearer client");
+        let forced = upstream_headers(h, [127, 0, 0, 1].into(), &inject, HeaderMode::Always);
+        assert_eq!(forced["authorization"], "Bearer corral");
+        let added = upstream_headers(
+            HeaderMap::new(),
+            [127, 0, 0, 1].into(),
+            &inject,
+            HeaderMode::IfAbsent,
+        );
+        assert_eq!(added["authorization"], "Bearer corral");
+    }
+
+    #[test]
+    fn client_deadline_only_shortens() {
+        let start = Instant::now();
+        let ten = Duration::from_secs(10);
+        assert_eq!(
+            deadline(start, ten, &map(&[(DEADLINE_HEADER, "2000")])),
+            start + Duration::from_secs(2)
+        );
+        assert_eq!(
+            deadline(start, ten, &map(&[(DEADLINE_HEADER, "99000")])),
+            start + ten
+        );
+        assert_eq!(
+            deadline(start, ten, &map(&[(DEADLINE_HEADER, "soon")])),
+            start + ten
+        );
+    }
+
+    #[tokio::test]
+    async fn body_limit() {
+        let ok = read_body(Full::new(Bytes::from_static(b"12345")), 5)
+            .await
+            .unwrap();
+        assert_eq!(&ok[..], b"12345");
+        let err = read_body(Full::new(Bytes::from_static(b"123456")), 5)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ProxyError::BodyTooLarge { limit: 5 }));
+    }
+}

@@ -1,0 +1,286 @@
+//! Every metric corral exports, registered on one explicit [`Registry`], names in this file only.
+//!
+//! Conventions: `corral_` prefix, `_total` counters, `_seconds` and `_bytes` base units, labels
+//! from bounded sets (upstream names from the config, status codes, fixed reason enums); never
+//! keys, paths or models.
+
+use prometheus::{
+    CounterVec, Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0,
+];
+const WAIT_BUCKETS: &[f64] = &[
+    0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+/// All of corral's metric families.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    request_duration: HistogramVec,
+    upstream_duration: HistogramVec,
+    in_flight: IntGaugeVec,
+    request_bytes: IntCounterVec,
+    response_bytes: IntCounterVec,
+    attempts: IntCounterVec,
+    retries: IntCounterVec,
+    backoff: HistogramVec,
+    hints_honoured: IntCounterVec,
+    budget_exhausted: IntCounterVec,
+    gave_up: IntCounterVec,
+    client_retries: IntCounterVec,
+    breaker_state: IntGaugeVec,
+    breaker_transitions: IntCounterVec,
+    queue_depth: IntGaugeVec,
+    queue_wait: HistogramVec,
+    rate_wait: HistogramVec,
+    tokens_charged: IntCounterVec,
+    upstream_throttles: IntCounterVec,
+    client_throttles: IntCounterVec,
+    learned_rate: GaugeVec,
+    learned_burst: GaugeVec,
+    reported_remaining: GaugeVec,
+    limit_source: GaugeVec,
+    concurrency_limit: IntGaugeVec,
+    corral_errors: IntCounterVec,
+    seconds_saved: CounterVec,
+}
+
+fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    r.register(Box::new(c.clone())).expect("unique metric");
+    c
+}
+fn gauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    r.register(Box::new(g.clone())).expect("unique metric");
+    g
+}
+fn fgauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    let g = GaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    r.register(Box::new(g.clone())).expect("unique metric");
+    g
+}
+fn histogram(r: &Registry, name: &str, help: &str, labels: &[&str], b: &[f64]) -> HistogramVec {
+    let opts = HistogramOpts::new(name, help).buckets(b.to_vec());
+    let h = HistogramVec::new(opts, labels).expect("valid metric");
+    r.register(Box::new(h.clone())).expect("unique metric");
+    h
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let up = &["upstream"];
+        Self {
+            requests: counter(&r, "corral_requests_total", "Client requests answered, by upstream, method and status code.", &["upstream", "method", "code"]),
+            request_duration: histogram(&r, "corral_request_duration_seconds", "Time from a client request to its response head, retries and waits included.", up, LATENCY_BUCKETS),
+            upstream_duration: histogram(&r, "corral_upstream_duration_seconds", "Time from sending one attempt upstream to its response head.", up, LATENCY_BUCKETS),
+            in_flight: gauge(&r, "corral_in_flight_requests", "Client requests being served, streams until their last byte.", up),
+            request_bytes: counter(&r, "corral_request_bytes_total", "Request body bytes received from clients.", up),
+            response_bytes: counter(&r, "corral_response_bytes_total", "Response body bytes sent to clients.", up),
+            attempts: counter(&r, "corral_upstream_attempts_total", "Attempts sent upstream, by outcome.", &["upstream", "outcome"]),
+            retries: counter(&r, "corral_retries_total", "Retries corral made, by the reason for the retry.", &["upstream", "reason"]),
+            backoff: histogram(&r, "corral_retry_backoff_seconds", "Sleep before each retry.", up, WAIT_BUCKETS),
+            hints_honoured: counter(&r, "corral_retry_after_honoured_total", "Retries whose sleep was set by the upstream's Retry-After or reset header.", up),
+            budget_exhausted: counter(&r, "corral_retry_budget_exhausted_total", "Retries refused because the retry budget was spent.", up),
+            gave_up: counter(&r, "corral_retry_gave_up_total", "Requests whose last retryable answer was passed through, by why corral stopped.", &["upstream", "why"]),
+            client_retries: counter(&r, "corral_client_retries_total", "Requests arriving with x-stainless-retry-count > 0: clients still retrying on their own.", up),
+            breaker_state: gauge(&r, "corral_breaker_state", "Circuit breaker state: 0 closed (traffic flows), 1 half-open, 2 open (traffic held).", up),
+            breaker_transitions: counter(&r, "corral_breaker_transitions_total", "Circuit breaker state changes, by new state.", &["upstream", "to"]),
+            queue_depth: gauge(&r, "corral_queue_depth", "Requests waiting for a concurrency slot.", up),
+            queue_wait: histogram(&r, "corral_queue_wait_seconds", "Time spent waiting for a concurrency slot.", up, WAIT_BUCKETS),
+            rate_wait: histogram(&r, "corral_rate_limit_wait_seconds", "Time each attempt waited for the client-side rate limit.", up, WAIT_BUCKETS),
+            tokens_charged: counter(&r, "corral_tokens_charged_total", "Estimated tokens charged to the client-side token bucket.", up),
+            upstream_throttles: counter(&r, "corral_upstream_throttled_total", "Throttling answers (429, 529) received from the upstream.", &["upstream", "code"]),
+            client_throttles: counter(&r, "corral_client_throttled_total", "429s sent to clients, by who produced them (upstream passed through, or corral).", &["upstream", "source"]),
+            learned_rate: fgauge(&r, "corral_learned_rate_per_second", "Send rate corral paces to, by bucket kind (requests or tokens).", &["upstream", "kind"]),
+            learned_burst: fgauge(&r, "corral_learned_burst", "Burst corral allows, by bucket kind.", &["upstream", "kind"]),
+            reported_remaining: fgauge(&r, "corral_upstream_remaining", "Remaining capacity as last reported by the upstream's headers.", &["upstream", "kind"]),
+            limit_source: fgauge(&r, "corral_limit_source", "1 for the source of the current pacing limit (config, headers, aimd, slow_start, none).", &["upstream", "kind", "source"]),
+            concurrency_limit: gauge(&r, "corral_concurrency_limit", "Current concurrency window (fixed or adaptive).", up),
+            corral_errors: counter(&r, "corral_errors_total", "Answers corral produced itself, by cause.", &["upstream", "cause"]),
+            seconds_saved: {
+                let c = CounterVec::new(Opts::new("corral_retry_hint_seconds_total", "Seconds of server-hinted waits honoured before retries."), up).expect("valid metric");
+                r.register(Box::new(c.clone())).expect("unique metric");
+                c
+            },
+            registry: r,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("text encoding cannot fail");
+        String::from_utf8(buf).expect("prometheus text is UTF-8")
+    }
+
+    /// Handles for one upstream, with its label values bound once.
+    pub fn upstream(&self, name: &str) -> UpstreamMetrics {
+        let v = &[name];
+        UpstreamMetrics {
+            name: name.to_owned(),
+            family: self.clone(),
+            request_duration: self.request_duration.with_label_values(v),
+            upstream_duration: self.upstream_duration.with_label_values(v),
+            in_flight: self.in_flight.with_label_values(v),
+            request_bytes: self.request_bytes.with_label_values(v),
+            response_bytes: self.response_bytes.with_label_values(v),
+            backoff: self.backoff.with_label_values(v),
+            hints_honoured: self.hints_honoured.with_label_values(v),
+            hint_seconds: self.seconds_saved.with_label_values(v),
+            budget_exhausted: self.budget_exhausted.with_label_values(v),
+            client_retries: self.client_retries.with_label_values(v),
+            breaker_state: self.breaker_state.with_label_values(v),
+            queue_depth: self.queue_depth.with_label_values(v),
+            queue_wait: self.queue_wait.with_label_values(v),
+            rate_wait: self.rate_wait.with_label_values(v),
+            tokens_charged: self.tokens_charged.with_label_values(v),
+            concurrency_limit: self.concurrency_limit.with_label_values(v),
+        }
+    }
+
+    /// A corral-made answer for a request that matched no upstream.
+    pub fn unrouted_error(&self, cause: &str) {
+        self.corral_errors
+            .with_label_values(&["(none)", cause])
+            .inc();
+    }
+}
+
+/// One upstream's metric handles.
+#[derive(Clone)]
+pub struct UpstreamMetrics {
+    name: String,
+    family: Metrics,
+    pub request_duration: Histogram,
+    pub upstream_duration: Histogram,
+    pub in_flight: IntGauge,
+    pub request_bytes: IntCounter,
+    pub response_bytes: IntCounter,
+    pub backoff: Histogram,
+    pub hints_honoured: IntCounter,
+    pub hint_seconds: prometheus::Counter,
+    pub budget_exhausted: IntCounter,
+    pub client_retries: IntCounter,
+    pub breaker_state: IntGauge,
+    pub queue_depth: IntGauge,
+    pub queue_wait: Histogram,
+    pub rate_wait: Histogram,
+    pub tokens_charged: IntCounter,
+    pub concurrency_limit: IntGauge,
+}
+
+impl UpstreamMetrics {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn request(&self, method: &str, code: u16) {
+        let code = code.to_string();
+        self.family
+            .requests
+            .with_label_values(&[&self.name, method, code.as_str()])
+            .inc();
+    }
+    pub fn attempt(&self, outcome: &str) {
+        self.family
+            .attempts
+            .with_label_values(&[&self.name, outcome])
+            .inc();
+    }
+    pub fn retry(&self, reason: &str) {
+        self.family
+            .retries
+            .with_label_values(&[&self.name, reason])
+            .inc();
+    }
+    pub fn gave_up(&self, why: &str) {
+        self.family
+            .gave_up
+            .with_label_values(&[&self.name, why])
+            .inc();
+    }
+    pub fn breaker_transition(&self, to: &str) {
+        self.family
+            .breaker_transitions
+            .with_label_values(&[&self.name, to])
+            .inc();
+    }
+    pub fn upstream_throttle(&self, code: u16) {
+        let code = code.to_string();
+        self.family
+            .upstream_throttles
+            .with_label_values(&[&self.name, code.as_str()])
+            .inc();
+    }
+    pub fn client_throttle(&self, source: &str) {
+        self.family
+            .client_throttles
+            .with_label_values(&[&self.name, source])
+            .inc();
+    }
+    pub fn corral_error(&self, cause: &str) {
+        self.family
+            .corral_errors
+            .with_label_values(&[&self.name, cause])
+            .inc();
+    }
+    pub fn learned(&self, kind: &str, rate: f64, burst: f64) {
+        self.family
+            .learned_rate
+            .with_label_values(&[&self.name, kind])
+            .set(rate);
+        self.family
+            .learned_burst
+            .with_label_values(&[&self.name, kind])
+            .set(burst);
+    }
+    pub fn remaining(&self, kind: &str, remaining: f64) {
+        self.family
+            .reported_remaining
+            .with_label_values(&[&self.name, kind])
+            .set(remaining);
+    }
+    pub fn limit_source(&self, kind: &str, source: &str) {
+        for s in ["config", "headers", "aimd", "slow_start", "none"] {
+            let v = if s == source { 1.0 } else { 0.0 };
+            self.family
+                .limit_source
+                .with_label_values(&[&self.name, kind, s])
+                .set(v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_registered_families_with_bound_labels() {
+        let m = Metrics::new();
+        let up = m.upstream("openai");
+        up.request("POST", 200);
+        up.in_flight.inc();
+        let text = m.render();
+        assert!(
+            text.contains(r#"corral_requests_total{code="200",method="POST",upstream="openai"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"corral_in_flight_requests{upstream="openai"} 1"#));
+    }
+}

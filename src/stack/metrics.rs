@@ -1,0 +1,121 @@
+//! Outermost layer: one call per client request. Counts requests by method and status, times
+//! them to the response head, keeps the in-flight gauge up until the body's last byte, and counts
+//! the bytes sent.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http::{Response, StatusCode};
+use prometheus::{IntCounter, IntGauge};
+use tokio::time::Instant;
+
+use crate::body::{Body, Guard, Guarded};
+use crate::error::ProxyError;
+use crate::forward::ProxyRequest;
+use crate::metrics::UpstreamMetrics;
+
+#[derive(Clone)]
+pub struct MetricsLayer {
+    metrics: UpstreamMetrics,
+}
+
+impl MetricsLayer {
+    pub const fn new(metrics: UpstreamMetrics) -> Self {
+        Self { metrics }
+    }
+}
+
+impl<S> tower::Layer<S> for MetricsLayer {
+    type Service = RecordMetrics<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        RecordMetrics {
+            inner,
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct RecordMetrics<S> {
+    inner: S,
+    metrics: UpstreamMetrics,
+}
+
+/// Lowers the in-flight gauge when the response body is dropped; counts bytes out.
+struct InFlight {
+    gauge: IntGauge,
+    bytes: IntCounter,
+}
+
+impl Guard for InFlight {
+    fn on_data(&mut self, len: usize) {
+        self.bytes.inc_by(len as u64);
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+impl<S> tower::Service<ProxyRequest> for RecordMetrics<S>
+where
+    S: tower::Service<ProxyRequest, Response = Response<Body>, Error = ProxyError>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = ProxyError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, ProxyError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: ProxyRequest) -> Self::Future {
+        let m = self.metrics.clone();
+        m.in_flight.inc();
+        m.request_bytes.inc_by(req.body.len() as u64);
+        if client_retry_count(&req) > 0 {
+            m.client_retries.inc();
+        }
+        let method = req.method.clone();
+        let start = Instant::now();
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let result = fut.await;
+            m.request_duration.observe(start.elapsed().as_secs_f64());
+            let guard = InFlight {
+                gauge: m.in_flight.clone(),
+                bytes: m.response_bytes.clone(),
+            };
+            match result {
+                Ok(response) => {
+                    m.request(method.as_str(), response.status().as_u16());
+                    if response.status() == StatusCode::TOO_MANY_REQUESTS {
+                        m.client_throttle("upstream");
+                    }
+                    Ok(response.map(|b| Guarded::wrap(b, guard)))
+                }
+                Err(e) => {
+                    m.request(method.as_str(), e.status().as_u16());
+                    m.corral_error(e.label());
+                    if e.status() == StatusCode::TOO_MANY_REQUESTS {
+                        m.client_throttle("corral");
+                    }
+                    Err(e)
+                }
+            }
+        })
+    }
+}
+
+/// The official SDKs' `x-stainless-retry-count`: how many times the client has retried.
+fn client_retry_count(req: &ProxyRequest) -> u32 {
+    req.headers
+        .get("x-stainless-retry-count")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}

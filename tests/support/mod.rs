@@ -1,0 +1,213 @@
+//! Test helpers: an in-process mock upstream (hyper) and corral itself on 127.0.0.1:0.
+#![allow(dead_code)]
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use corral::body::{self, Body};
+use corral::config::{self, Config};
+use corral::server::{self, App};
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// A request as the mock upstream saw it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: http::Method,
+    pub uri: http::Uri,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+type Handler =
+    Arc<dyn Fn(Seen) -> Pin<Box<dyn Future<Output = Response<Body>> + Send>> + Send + Sync>;
+
+/// An in-process upstream that records what it receives.
+pub struct MockUpstream {
+    pub addr: SocketAddr,
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+    pub calls: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl MockUpstream {
+    pub async fn start<F, Fut>(handler: F) -> Self
+    where
+        F: Fn(Seen) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Response<Body>> + Send + 'static,
+    {
+        let handler: Handler = Arc::new(move |s| Box::pin(handler(s)));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let (seen2, calls2) = (Arc::clone(&seen), Arc::clone(&calls));
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (handler, seen, calls) = (
+                    Arc::clone(&handler),
+                    Arc::clone(&seen2),
+                    Arc::clone(&calls2),
+                );
+                tokio::spawn(async move {
+                    let svc =
+                        hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                            let (handler, seen, calls) =
+                                (Arc::clone(&handler), Arc::clone(&seen), Arc::clone(&calls));
+                            async move {
+                                calls.fetch_add(1, Ordering::SeqCst);
+                                let (parts, body) = req.into_parts();
+                                let body = body
+                                    .collect()
+                                    .await
+                                    .map(|c| c.to_bytes())
+                                    .unwrap_or_default();
+                                let s = Seen {
+                                    method: parts.method,
+                                    uri: parts.uri,
+                                    headers: parts.headers,
+                                    body,
+                                };
+                                seen.lock().unwrap().push(s.clone());
+                                Ok::<_, Infallible>(handler(s).await)
+                            }
+                        });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Self {
+            addr,
+            seen,
+            calls,
+            task,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+    pub fn last(&self) -> Seen {
+        self.seen
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .expect("upstream saw a request")
+    }
+}
+
+impl Drop for MockUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A JSON response with `status`.
+pub fn json(status: u16, value: serde_json::Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(body::full(value.to_string()))
+        .unwrap()
+}
+
+/// corral running in-process on 127.0.0.1:0.
+pub struct Corral {
+    pub addr: SocketAddr,
+    pub app: Arc<App>,
+    stop: Option<oneshot::Sender<()>>,
+    pub task: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl Corral {
+    /// Start corral on the given TOML (its `listen` is replaced by an ephemeral port).
+    pub async fn start(toml: &str) -> Self {
+        let config = config::load_str("test.toml", toml).expect("test config is valid");
+        Self::start_config(config).await
+    }
+
+    pub async fn start_config(config: Config) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = App::new(&config);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(server::run(Arc::clone(&app), listener, None, async move {
+            let _ = stopped.await;
+        }));
+        Self {
+            addr,
+            app,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Begin the graceful shutdown (as SIGTERM would).
+    pub fn shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+impl Drop for Corral {
+    fn drop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+/// A config fronting `upstream` at `/v1`, plus extra TOML lines for the upstream table.
+pub fn one_upstream(upstream: &MockUpstream, extra: &str) -> String {
+    format!(
+        "drain_timeout = \"5s\"\n[[upstream]]\nname = \"mock\"\nroute = \"/v1\"\nbase_url = \"http://{}/v1\"\n{extra}\n",
+        upstream.addr
+    )
+}
+
+pub type TestClient = Client<HttpConnector, Full<Bytes>>;
+
+pub fn client() -> TestClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// Send a request and collect the whole response.
+pub async fn send(
+    client: &TestClient,
+    req: Request<Full<Bytes>>,
+) -> (http::response::Parts, Bytes) {
+    let resp = client.request(req).await.expect("corral answered");
+    let (parts, body) = resp.into_parts();
+    (parts, body.collect().await.expect("body").to_bytes())
+}
+
+pub fn post(url: &str, body: &str) -> Request<Full<Bytes>> {
+    Request::post(url)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .unwrap()
+}

@@ -45,6 +45,11 @@ impl App {
         })
     }
 
+    /// Whether `/readyz` answers 200 (listening and not draining).
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }

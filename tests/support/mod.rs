@@ -211,3 +211,48 @@ pub fn post(url: &str, body: &str) -> Request<Full<Bytes>> {
         .body(Full::new(Bytes::from(body.to_owned())))
         .unwrap()
 }
+
+/// A response body fed frame by frame from a channel, which flags when the server drops it
+/// (the connection to corral closed before the stream ended).
+pub struct ChannelBody {
+    rx: tokio::sync::mpsc::Receiver<Bytes>,
+    dropped: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ChannelBody {
+    pub fn new(
+        rx: tokio::sync::mpsc::Receiver<Bytes>,
+        dropped: Arc<std::sync::atomic::AtomicBool>,
+    ) -> Body {
+        body::boxed(Self { rx, dropped })
+    }
+}
+
+impl http_body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        self.rx.poll_recv(cx).map(|o| o.map(|b| Ok(http_body::Frame::data(b))))
+    }
+}
+
+impl Drop for ChannelBody {
+    fn drop(&mut self) {
+        self.dropped.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Poll `cond` every 10 ms for up to `limit`.
+pub async fn eventually(limit: std::time::Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    cond()
+}

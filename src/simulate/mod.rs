@@ -1,1 +1,5 @@
-//! placeholder
+//! `corral simulate`: a rate-limited fake OpenAI- and Anthropic-compatible upstream (in progress).
+
+mod config;
+
+pub use self::config::{ConfigError, LimitReport, RefillChange, SimConfig, SimulateArgs};

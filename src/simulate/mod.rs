@@ -1,5 +1,8 @@
 //! `corral simulate`: a rate-limited fake OpenAI- and Anthropic-compatible upstream (in progress).
 
 mod config;
+mod bucket;
+mod limits;
+mod headers;
 
 pub use self::config::{ConfigError, LimitReport, RefillChange, SimConfig, SimulateArgs};

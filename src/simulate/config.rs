@@ -9,8 +9,8 @@ pub enum LimitReport {
     /// The bucket capacity (burst size).
     #[default]
     Capacity,
-    /// The refill rate per minute; `remaining` is shifted so that
-    /// `(limit - remaining) / reset` still equals the refill rate.
+    /// The refill rate in effect (it follows `--refill-change`) times 60; `remaining` is
+    /// shifted so that `(limit - remaining) / reset` still equals the refill rate.
     PerMinute,
 }
 

@@ -98,3 +98,43 @@ pub async fn run(args: SimulateArgs) -> Result<(), SimulateError> {
         .await
         .map_err(SimulateError::Serve)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: SimulateArgs,
+    }
+
+    fn args(extra: &[&str]) -> SimulateArgs {
+        let argv = std::iter::once("simulate").chain(extra.iter().copied());
+        Cli::parse_from(argv).args
+    }
+
+    #[tokio::test]
+    async fn run_rejects_bad_flags_before_binding() {
+        let err = run(args(&["--capacity=0", "--listen=127.0.0.1:0"]))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, SimulateError::Config(ConfigError::ZeroCapacity)),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn run_reports_a_busy_address() {
+        let taken = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = taken.local_addr().unwrap().to_string();
+        let err = run(args(&["--listen", &addr])).await.unwrap_err();
+        assert!(matches!(err, SimulateError::Bind { .. }), "{err}");
+        assert!(
+            err.to_string().starts_with(&format!("bind {addr}: ")),
+            "{err}"
+        );
+    }
+}

@@ -1,6 +1,140 @@
-//! placeholder until the simulate branch lands
-#[derive(Debug, clap::Args)]
-pub struct SimulateArgs {}
-pub async fn run(_a: SimulateArgs) -> Result<(), std::io::Error> {
-    Ok(())
+//! `corral simulate`: a rate-limited fake OpenAI- and Anthropic-compatible upstream.
+//!
+//! Users run it to test pipelines offline; corral's tests and benchmarks use it as the
+//! upstream. It shares nothing with the proxy's request path.
+//!
+//! # Behaviour
+//! - A request token bucket (`--capacity`, `--refill`/s, optional `--refill-change AT=RATE`
+//!   schedule) starts full; each chat request takes one token at arrival, before its service
+//!   time. With `--tpm` a second bucket is charged prompt chars/4 + `max_tokens` (16 if absent).
+//!   No token: 429 at once, with `retry-after` (and `retry-after-ms` on OpenAI routes).
+//! - `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropic) answer JSON, or
+//!   SSE with `"stream": true`; every response carries the provider's rate-limit headers.
+//! - Admitted requests may be failed on purpose: `--fail-503`, `--fail-529`, `--fail-reset`
+//!   (connection closed without a response), `--slow-first-byte` for `--slow-fraction`.
+//! - `GET /v1/models`, `GET /_stats` ([`Stats`]), `POST /_reset` ([`Simulator::reset`]);
+//!   anything else is a JSON 404. `/v1/models` and the admin routes are not rate limited.
+//!
+//! # Layout
+//! - `config`: [`SimulateArgs`] (clap) -> [`SimConfig`].
+//! - `bucket`, `limits`: token buckets and the values their headers report.
+//! - `headers`: OpenAI/Anthropic rate-limit headers, Go duration strings.
+//! - `state`: buckets and fault dice behind one mutex; `stats`: counters for `/_stats`.
+//! - `service`: routing and the request flow; `openai`, `anthropic`, `request`: bodies.
+//! - `body`: buffered or channel-fed streaming response body; `server`: accept loop.
+
+mod anthropic;
+mod body;
+mod bucket;
+mod config;
+mod error;
+mod headers;
+mod limits;
+mod openai;
+mod request;
+mod server;
+mod service;
+mod state;
+mod stats;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+pub use self::config::{ConfigError, LimitReport, RefillChange, SimConfig, SimulateArgs};
+pub use self::error::SimulateError;
+pub use self::stats::Stats;
+
+/// The simulated upstream; clones share buckets and stats.
+#[derive(Debug, Clone)]
+pub struct Simulator {
+    shared: Arc<state::Shared>,
+}
+
+impl Simulator {
+    /// A simulator with full buckets whose clock (schedule, stats) starts now.
+    pub fn new(config: SimConfig) -> Self {
+        Self {
+            shared: Arc::new(state::Shared::new(config)),
+        }
+    }
+
+    /// Serves HTTP/1 and h2c on `listener` until `shutdown` resolves, then drains open
+    /// connections (bounded) and returns.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> std::io::Result<()> {
+        server::serve(self.shared, listener, shutdown).await
+    }
+
+    /// What `GET /_stats` serves.
+    pub fn stats(&self) -> Stats {
+        self.shared.stats()
+    }
+
+    /// Refills the buckets, restarts the clock of `--refill-change` and clears the stats.
+    pub fn reset(&self) {
+        self.shared.reset();
+    }
+}
+
+/// `corral simulate`: validates the flags, binds `--listen`, serves until SIGINT/SIGTERM.
+pub async fn run(args: SimulateArgs) -> Result<(), SimulateError> {
+    let config = args.into_config()?;
+    let addr = config.listen;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| SimulateError::Bind { addr, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| SimulateError::Bind { addr, source })?;
+    tracing::info!(addr = %local, "simulate listening");
+    println!("simulate listening on {local}");
+    Simulator::new(config)
+        .serve(listener, server::shutdown_signal())
+        .await
+        .map_err(SimulateError::Serve)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: SimulateArgs,
+    }
+
+    fn args(extra: &[&str]) -> SimulateArgs {
+        let argv = std::iter::once("simulate").chain(extra.iter().copied());
+        Cli::parse_from(argv).args
+    }
+
+    #[tokio::test]
+    async fn run_rejects_bad_flags_before_binding() {
+        let err = run(args(&["--capacity=0", "--listen=127.0.0.1:0"]))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, SimulateError::Config(ConfigError::ZeroCapacity)),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn run_reports_a_busy_address() {
+        let taken = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = taken.local_addr().unwrap().to_string();
+        let err = run(args(&["--listen", &addr])).await.unwrap_err();
+        assert!(matches!(err, SimulateError::Bind { .. }), "{err}");
+        assert!(
+            err.to_string().starts_with(&format!("bind {addr}: ")),
+            "{err}"
+        );
+    }
 }

@@ -1,0 +1,223 @@
+//! `corral simulate` flags ([`SimulateArgs`]) and the validated [`SimConfig`] built from them.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// What `x-ratelimit-limit-requests` (and Anthropic's `-limit`) reports.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LimitReport {
+    /// The bucket capacity (burst size).
+    #[default]
+    Capacity,
+    /// The refill rate in effect (it follows `--refill-change`) times 60; `remaining` is
+    /// shifted so that `(limit - remaining) / reset` still equals the refill rate.
+    PerMinute,
+}
+
+/// `AT=RATE`: from `AT` after start (or the last reset) on, the request refill rate is `RATE`/s.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RefillChange {
+    pub at: Duration,
+    pub rate: f64,
+}
+
+/// Flags of `corral simulate`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SimulateArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    pub listen: SocketAddr,
+    /// Request bucket capacity (burst size); the bucket starts full.
+    #[arg(long, default_value_t = 50)]
+    pub capacity: u32,
+    /// Request bucket refill, in requests per second.
+    #[arg(long, default_value_t = 20.0)]
+    pub refill: f64,
+    /// Optional tokens-per-minute bucket (prompt chars/4 + max_tokens per request).
+    #[arg(long)]
+    pub tpm: Option<u64>,
+    /// What the `limit` rate-limit headers report.
+    #[arg(long, value_enum, default_value_t = LimitReport::Capacity)]
+    pub limit_report: LimitReport,
+    /// Time to answer an admitted request (e.g. "200ms").
+    #[arg(long, default_value = "200ms", value_parser = humantime::parse_duration)]
+    pub service_time: Duration,
+    /// Uniform extra service time in `0..=jitter`.
+    #[arg(long, default_value = "0ms", value_parser = humantime::parse_duration)]
+    pub service_jitter: Duration,
+    /// `AT=RATE` (e.g. `10s=10`): change the refill rate AT after start; repeatable.
+    #[arg(long = "refill-change", value_parser = parse_refill_change)]
+    pub refill_changes: Vec<RefillChange>,
+    /// Fraction (0..1) of admitted requests answered 503.
+    #[arg(long = "fail-503", default_value_t = 0.0)]
+    pub fail_503: f64,
+    /// Fraction (0..1) of admitted requests answered 529 (overloaded).
+    #[arg(long = "fail-529", default_value_t = 0.0)]
+    pub fail_529: f64,
+    /// Fraction (0..1) of admitted requests whose connection is closed without a response.
+    #[arg(long = "fail-reset", default_value_t = 0.0)]
+    pub fail_reset: f64,
+    /// Extra delay before the response head for `--slow-fraction` of admitted requests.
+    #[arg(long, default_value = "0ms", value_parser = humantime::parse_duration)]
+    pub slow_first_byte: Duration,
+    /// Fraction (0..1) of admitted requests delayed by `--slow-first-byte`.
+    #[arg(long, default_value_t = 0.0)]
+    pub slow_fraction: f64,
+    /// Number of content events in a streamed (SSE) answer.
+    #[arg(long, default_value_t = 8)]
+    pub stream_chunks: u32,
+    /// Delay between streamed content events.
+    #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
+    pub stream_interval: Duration,
+    /// Seed for jitter and fault rolls (random when absent).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+/// Validated simulator settings; [`Default`] matches the flag defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimConfig {
+    pub listen: SocketAddr,
+    pub capacity: u32,
+    pub refill: f64,
+    pub tpm: Option<u64>,
+    pub limit_report: LimitReport,
+    pub service_time: Duration,
+    pub service_jitter: Duration,
+    /// Sorted by `at`.
+    pub refill_changes: Vec<RefillChange>,
+    pub fail_503: f64,
+    pub fail_529: f64,
+    pub fail_reset: f64,
+    pub slow_first_byte: Duration,
+    pub slow_fraction: f64,
+    pub stream_chunks: u32,
+    pub stream_interval: Duration,
+    pub seed: Option<u64>,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8000)),
+            capacity: 50,
+            refill: 20.0,
+            tpm: None,
+            limit_report: LimitReport::Capacity,
+            service_time: Duration::from_millis(200),
+            service_jitter: Duration::ZERO,
+            refill_changes: Vec::new(),
+            fail_503: 0.0,
+            fail_529: 0.0,
+            fail_reset: 0.0,
+            slow_first_byte: Duration::ZERO,
+            slow_fraction: 0.0,
+            stream_chunks: 8,
+            stream_interval: Duration::from_millis(20),
+            seed: None,
+        }
+    }
+}
+
+/// A flag value that parsed but makes no sense.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ConfigError {
+    #[error("`--capacity` must be at least 1")]
+    ZeroCapacity,
+    #[error("`--tpm` must be at least 1")]
+    ZeroTpm,
+    #[error("`--{flag}` must be a finite rate >= 0, got {value}")]
+    BadRate { flag: &'static str, value: f64 },
+    #[error("`--{flag}` must be a fraction in 0..=1, got {value}")]
+    BadFraction { flag: &'static str, value: f64 },
+    #[error("`--fail-503` + `--fail-529` + `--fail-reset` must not exceed 1, got {sum}")]
+    FaultsOverOne { sum: f64 },
+    #[error("`--stream-chunks` must be at least 1")]
+    ZeroChunks,
+}
+
+impl SimulateArgs {
+    /// Validates the flags; same as `SimConfig::try_from(self)`.
+    pub fn into_config(self) -> Result<SimConfig, ConfigError> {
+        SimConfig::try_from(self)
+    }
+}
+
+impl TryFrom<SimulateArgs> for SimConfig {
+    type Error = ConfigError;
+
+    fn try_from(a: SimulateArgs) -> Result<Self, ConfigError> {
+        if a.capacity == 0 {
+            return Err(ConfigError::ZeroCapacity);
+        }
+        if a.tpm == Some(0) {
+            return Err(ConfigError::ZeroTpm);
+        }
+        check_rate("refill", a.refill)?;
+        for change in &a.refill_changes {
+            check_rate("refill-change", change.rate)?;
+        }
+        for (flag, value) in [
+            ("fail-503", a.fail_503),
+            ("fail-529", a.fail_529),
+            ("fail-reset", a.fail_reset),
+            ("slow-fraction", a.slow_fraction),
+        ] {
+            if !(0.0..=1.0).contains(&value) {
+                return Err(ConfigError::BadFraction { flag, value });
+            }
+        }
+        let sum = a.fail_503 + a.fail_529 + a.fail_reset;
+        if sum > 1.0 + 1e-9 {
+            return Err(ConfigError::FaultsOverOne { sum });
+        }
+        if a.stream_chunks == 0 {
+            return Err(ConfigError::ZeroChunks);
+        }
+        let mut refill_changes = a.refill_changes;
+        refill_changes.sort_by_key(|c| c.at);
+        Ok(Self {
+            listen: a.listen,
+            capacity: a.capacity,
+            refill: a.refill,
+            tpm: a.tpm,
+            limit_report: a.limit_report,
+            service_time: a.service_time,
+            service_jitter: a.service_jitter,
+            refill_changes,
+            fail_503: a.fail_503,
+            fail_529: a.fail_529,
+            fail_reset: a.fail_reset,
+            slow_first_byte: a.slow_first_byte,
+            slow_fraction: a.slow_fraction,
+            stream_chunks: a.stream_chunks,
+            stream_interval: a.stream_interval,
+            seed: a.seed,
+        })
+    }
+}
+
+fn check_rate(flag: &'static str, value: f64) -> Result<(), ConfigError> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(())
+    } else {
+        Err(ConfigError::BadRate { flag, value })
+    }
+}
+
+/// clap value parser for `AT=RATE`.
+pub fn parse_refill_change(s: &str) -> Result<RefillChange, String> {
+    let (at, rate) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected AT=RATE (e.g. `10s=10`), got `{s}`"))?;
+    let at = humantime::parse_duration(at.trim()).map_err(|e| format!("AT `{at}`: {e}"))?;
+    let rate: f64 = rate
+        .trim()
+        .parse()
+        .map_err(|e| format!("RATE `{rate}`: {e}"))?;
+    Ok(RefillChange { at, rate })
+}
+
+#[cfg(test)]
+#[path = "config_tests.rs"]
+mod tests;

@@ -1,0 +1,145 @@
+use super::*;
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+struct Cli {
+    #[command(flatten)]
+    args: SimulateArgs,
+}
+
+fn parse(extra: &[&str]) -> Result<SimulateArgs, clap::Error> {
+    let argv = std::iter::once("simulate").chain(extra.iter().copied());
+    Cli::try_parse_from(argv).map(|c| c.args)
+}
+
+fn config(extra: &[&str]) -> Result<SimConfig, ConfigError> {
+    parse(extra).expect("flags parse").into_config()
+}
+
+#[test]
+fn defaults_match_sim_config_default() {
+    assert_eq!(config(&[]).unwrap(), SimConfig::default());
+}
+
+#[test]
+fn all_flags_parse() {
+    let c = config(&[
+        "--listen=0.0.0.0:9000",
+        "--capacity=5",
+        "--refill=2.5",
+        "--tpm=1000",
+        "--limit-report=per-minute",
+        "--service-time=5ms",
+        "--service-jitter=1ms",
+        "--refill-change=20s=1",
+        "--refill-change=10s=0",
+        "--fail-503=0.1",
+        "--fail-529=0.2",
+        "--fail-reset=0.3",
+        "--slow-first-byte=1s",
+        "--slow-fraction=0.5",
+        "--stream-chunks=3",
+        "--stream-interval=1ms",
+        "--seed=7",
+    ])
+    .unwrap();
+    assert_eq!(c.capacity, 5);
+    assert_eq!(c.refill, 2.5);
+    assert_eq!(c.tpm, Some(1000));
+    assert_eq!(c.limit_report, LimitReport::PerMinute);
+    assert_eq!(c.service_time, Duration::from_millis(5));
+    // Sorted by `at`.
+    assert_eq!(
+        c.refill_changes,
+        vec![
+            RefillChange {
+                at: Duration::from_secs(10),
+                rate: 0.0
+            },
+            RefillChange {
+                at: Duration::from_secs(20),
+                rate: 1.0
+            },
+        ]
+    );
+    assert_eq!(c.stream_chunks, 3);
+    assert_eq!(c.seed, Some(7));
+}
+
+#[test]
+fn clap_rejects_malformed_values() {
+    for bad in [
+        "--service-time=fast",
+        "--refill-change=10s",
+        "--refill-change=soon=3",
+        "--refill-change=10s=lots",
+        "--limit-report=hourly",
+        "--capacity=-1",
+        "--listen=localhost",
+    ] {
+        assert!(parse(&[bad]).is_err(), "{bad} should not parse");
+    }
+}
+
+#[test]
+fn refill_change_message_names_the_format() {
+    let err = parse_refill_change("10s").unwrap_err();
+    assert!(err.contains("AT=RATE"), "{err}");
+}
+
+#[test]
+fn validation_rejects_nonsense() {
+    let cases: &[(&[&str], ConfigError)] = &[
+        (&["--capacity=0"], ConfigError::ZeroCapacity),
+        (&["--tpm=0"], ConfigError::ZeroTpm),
+        (
+            &["--refill=-1"],
+            ConfigError::BadRate {
+                flag: "refill",
+                value: -1.0,
+            },
+        ),
+        (
+            &["--refill=inf"],
+            ConfigError::BadRate {
+                flag: "refill",
+                value: f64::INFINITY,
+            },
+        ),
+        (
+            &["--refill-change=1s=-2"],
+            ConfigError::BadRate {
+                flag: "refill-change",
+                value: -2.0,
+            },
+        ),
+        (
+            &["--fail-503=1.5"],
+            ConfigError::BadFraction {
+                flag: "fail-503",
+                value: 1.5,
+            },
+        ),
+        (
+            &["--slow-fraction=-0.1"],
+            ConfigError::BadFraction {
+                flag: "slow-fraction",
+                value: -0.1,
+            },
+        ),
+        (
+            &["--fail-503=0.6", "--fail-529=0.6"],
+            ConfigError::FaultsOverOne { sum: 1.2 },
+        ),
+        (&["--stream-chunks=0"], ConfigError::ZeroChunks),
+    ];
+    for (flags, want) in cases {
+        assert_eq!(&config(flags).unwrap_err(), want, "{flags:?}");
+    }
+}
+
+#[test]
+fn error_messages_name_the_flag() {
+    let err = config(&["--fail-529=2"]).unwrap_err().to_string();
+    assert_eq!(err, "`--fail-529` must be a fraction in 0..=1, got 2");
+}

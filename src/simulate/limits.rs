@@ -1,0 +1,145 @@
+//! The request bucket and optional tokens-per-minute bucket, and what their headers report.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::bucket::Bucket;
+use super::config::{LimitReport, SimConfig};
+
+/// Tokens assumed for the answer when a request names no `max_tokens`.
+pub const DEFAULT_MAX_TOKENS: u64 = 16;
+
+/// Which bucket refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Requests,
+    Tokens,
+}
+
+/// One bucket as the rate-limit headers describe it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct View {
+    pub limit: u64,
+    pub remaining: u64,
+    /// Until the bucket is full again.
+    pub reset: Duration,
+}
+
+/// A refusal: which bucket, and how long until the request would fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Denied {
+    pub kind: Kind,
+    pub retry_after: Duration,
+}
+
+/// The outcome of one arrival, with the header values as of that arrival.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    pub requests: View,
+    pub tokens: Option<View>,
+    pub denied: Option<Denied>,
+}
+
+/// Both buckets; lives behind the simulator's mutex.
+#[derive(Debug)]
+pub struct Limiter {
+    requests: Bucket,
+    tokens: Option<Bucket>,
+    report: LimitReport,
+}
+
+impl Limiter {
+    pub fn new(config: &SimConfig, now: Instant) -> Self {
+        let requests = Bucket::new(
+            f64::from(config.capacity),
+            config.refill,
+            config.refill_changes.clone(),
+            now,
+        );
+        let tokens = config
+            .tpm
+            .map(|tpm| Bucket::new(tpm as f64, tpm as f64 / 60.0, Vec::new(), now));
+        Self {
+            requests,
+            tokens,
+            report: config.limit_report,
+        }
+    }
+
+    pub fn reset(&mut self, now: Instant) {
+        self.requests.reset(now);
+        if let Some(t) = &mut self.tokens {
+            t.reset(now);
+        }
+    }
+
+    /// Takes one request token and `cost` tokens-per-minute tokens, or neither.
+    pub fn admit(&mut self, now: Instant, cost: u64) -> Admission {
+        self.requests.refill(now);
+        if let Some(t) = &mut self.tokens {
+            t.refill(now);
+        }
+        let cost = cost as f64;
+        let denied = if self.requests.tokens() < 1.0 {
+            Some(Denied {
+                kind: Kind::Requests,
+                retry_after: self.requests.time_until(1.0),
+            })
+        } else {
+            match &self.tokens {
+                Some(t) if t.tokens() < cost => Some(Denied {
+                    kind: Kind::Tokens,
+                    retry_after: t.time_until(cost),
+                }),
+                _ => None,
+            }
+        };
+        if denied.is_none() {
+            self.requests.try_take(now, 1.0);
+            if let Some(t) = &mut self.tokens {
+                t.try_take(now, cost);
+            }
+        }
+        Admission {
+            requests: view(self.report, &self.requests, now),
+            tokens: self.tokens.as_ref().map(|t| view(self.report, t, now)),
+            denied,
+        }
+    }
+}
+
+fn view(report: LimitReport, bucket: &Bucket, now: Instant) -> View {
+    let (limit, remaining) = reported(report, bucket.capacity(), bucket.rate(now), bucket.tokens());
+    View {
+        limit,
+        remaining,
+        reset: bucket.time_until_full(),
+    }
+}
+
+/// `(limit, remaining)` for a bucket holding `left` of `capacity` tokens, refilling at `rate`/s.
+///
+/// In per-minute mode `limit` is `rate * 60` and `remaining` is `left + (limit - capacity)`
+/// (at least 0), so `(limit - remaining) / reset` still equals the refill rate for a client
+/// that infers the rate from the headers.
+pub fn reported(report: LimitReport, capacity: f64, rate: f64, left: f64) -> (u64, u64) {
+    let left = left.max(0.0).floor() as u64;
+    match report {
+        LimitReport::Capacity => (capacity as u64, left),
+        LimitReport::PerMinute => {
+            let limit = (rate * 60.0).round() as u64;
+            let shifted = left as i128 + limit as i128 - capacity as i128;
+            (limit, shifted.max(0) as u64)
+        }
+    }
+}
+
+/// Tokens charged to the tokens-per-minute bucket: prompt chars / 4 + `max_tokens`.
+pub fn token_cost(prompt_chars: usize, max_tokens: Option<u64>) -> u64 {
+    (prompt_chars / 4) as u64 + max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)
+}
+
+#[cfg(test)]
+#[path = "limits_tests.rs"]
+mod tests;

@@ -1,0 +1,256 @@
+//! Routes one request: admin (`/_stats`, `/_reset`), `/v1/models`, and the two rate-limited
+//! chat routes.
+//!
+//! A chat request is stamped on arrival, its body read, then charged to the buckets as of
+//! the arrival instant: a refusal is a 429 at once; an admitted request waits its service
+//! time (plus jitter and any slow-first-byte delay) before its fault roll is applied.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use tokio::time::Instant;
+
+use super::body::{self, SimBody};
+use super::error::ConnectionReset;
+use super::limits::{token_cost, Admission, Kind};
+use super::request::{Answer, ChatRequest};
+use super::state::{Fault, Shared};
+use super::{anthropic, headers, openai};
+
+/// Largest request body read; more is a 413.
+const MAX_BODY: usize = 8 * 1024 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Api {
+    OpenAi,
+    Anthropic,
+}
+
+pub async fn handle<B>(
+    shared: &Shared,
+    req: Request<B>,
+) -> Result<Response<SimBody>, ConnectionReset>
+where
+    B: http_body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let route = (req.method(), req.uri().path());
+    tracing::debug!(method = %route.0, path = route.1, "request");
+    let response = match route {
+        (&Method::POST, "/v1/chat/completions") => return chat(shared, Api::OpenAi, req).await,
+        (&Method::POST, "/v1/messages") => return chat(shared, Api::Anthropic, req).await,
+        (&Method::GET, "/v1/models") => json(StatusCode::OK, openai::models(unix_now())),
+        (&Method::GET, "/_stats") => {
+            let stats = serde_json::to_vec(&shared.stats()).expect("stats serialize");
+            json(StatusCode::OK, stats)
+        }
+        (&Method::POST, "/_reset") => {
+            shared.reset();
+            json(StatusCode::OK, &b"{\"reset\":true}"[..])
+        }
+        (_, "/v1/chat/completions" | "/v1/messages" | "/v1/models" | "/_stats" | "/_reset") => {
+            let body = openai::error("method not allowed", "invalid_request_error", None);
+            json(StatusCode::METHOD_NOT_ALLOWED, body)
+        }
+        (_, path) => {
+            let message = format!("unknown path {path}");
+            json(
+                StatusCode::NOT_FOUND,
+                openai::error(&message, "invalid_request_error", None),
+            )
+        }
+    };
+    Ok(response)
+}
+
+async fn chat<B>(
+    shared: &Shared,
+    api: Api,
+    req: Request<B>,
+) -> Result<Response<SimBody>, ConnectionReset>
+where
+    B: http_body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let arrival = Instant::now();
+    let in_flight = shared.stats.arrive(arrival);
+    let bytes = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => {
+            let status = if e.is::<http_body_util::LengthLimitError>() {
+                StatusCode::PAYLOAD_TOO_LARGE
+            } else {
+                StatusCode::BAD_REQUEST
+            };
+            let message = format!("could not read the request body: {e}");
+            return Ok(finish(
+                shared,
+                status,
+                HeaderMap::new(),
+                error(api, status, &message),
+            ));
+        }
+    };
+    let parsed = ChatRequest::parse(&bytes);
+    let cost = parsed
+        .as_ref()
+        .map_or(0, |r| token_cost(r.prompt_chars, r.max_tokens));
+    let (admission, fate) = shared.admit(arrival, cost);
+    let headers = rate_headers(api, &admission);
+    let (Some(fate), None) = (fate, admission.denied) else {
+        return Ok(finish(
+            shared,
+            StatusCode::TOO_MANY_REQUESTS,
+            headers,
+            refusal(api, &admission),
+        ));
+    };
+    let request = match parsed {
+        Ok(request) => request,
+        Err(e) => {
+            let status = StatusCode::BAD_REQUEST;
+            return Ok(finish(
+                shared,
+                status,
+                headers,
+                error(api, status, &e.to_string()),
+            ));
+        }
+    };
+    if !fate.delay.is_zero() {
+        tokio::time::sleep(fate.delay).await;
+    }
+    let status = match fate.fault {
+        None => StatusCode::OK,
+        Some(Fault::Unavailable) => StatusCode::SERVICE_UNAVAILABLE,
+        Some(Fault::Overloaded) => StatusCode::from_u16(529).expect("529 is a valid status"),
+        Some(Fault::Reset) => {
+            shared.stats.reset_connection();
+            tracing::debug!("injected connection reset");
+            return Err(ConnectionReset);
+        }
+    };
+    if status != StatusCode::OK {
+        return Ok(finish(shared, status, headers, fault_body(api, status)));
+    }
+    let answer = answer_for(shared, api, &request);
+    let mut response = if request.stream {
+        let interval = shared.config.stream_interval;
+        let events = match api {
+            Api::OpenAi => openai::stream_events(&answer, interval, request.include_usage),
+            Api::Anthropic => anthropic::stream_events(&answer, interval),
+        };
+        let mut r = Response::new(body::stream(events, in_flight));
+        let h = r.headers_mut();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        r
+    } else {
+        let bytes = match api {
+            Api::OpenAi => openai::completion(&answer),
+            Api::Anthropic => anthropic::message(&answer),
+        };
+        json(StatusCode::OK, bytes)
+    };
+    response.headers_mut().extend(headers);
+    shared.stats.status(StatusCode::OK.as_u16());
+    Ok(response)
+}
+
+fn answer_for(shared: &Shared, api: Api, request: &ChatRequest) -> Answer {
+    let n = shared.next_id();
+    let (id, default_model) = match api {
+        Api::OpenAi => (format!("chatcmpl-sim{n}"), openai::MODEL),
+        Api::Anthropic => (format!("msg_sim{n}"), anthropic::MODEL),
+    };
+    Answer {
+        id,
+        model: request
+            .model
+            .clone()
+            .unwrap_or_else(|| default_model.to_owned()),
+        created: unix_now(),
+        prompt_tokens: request.prompt_tokens(),
+        chunks: shared.config.stream_chunks,
+    }
+}
+
+fn rate_headers(api: Api, admission: &Admission) -> HeaderMap {
+    let mut h = HeaderMap::with_capacity(12);
+    match api {
+        Api::OpenAi => headers::openai(&mut h, admission),
+        Api::Anthropic => headers::anthropic(&mut h, admission, SystemTime::now()),
+    }
+    h
+}
+
+fn refusal(api: Api, admission: &Admission) -> Bytes {
+    let kind = admission.denied.map_or(Kind::Requests, |d| d.kind);
+    let (what, limit) = match kind {
+        Kind::Requests => ("requests", admission.requests.limit),
+        Kind::Tokens => ("tokens", admission.tokens.map_or(0, |t| t.limit)),
+    };
+    let retry = admission.denied.map_or(Duration::ZERO, |d| d.retry_after);
+    let message = format!(
+        "Rate limit reached for {what} (corral simulate): limit {limit}. Please try again in {}.",
+        headers::go_duration(Duration::from_millis(headers::ceil_millis(retry)))
+    );
+    match api {
+        Api::OpenAi => openai::error(&message, what, Some("rate_limit_exceeded")),
+        Api::Anthropic => anthropic::error("rate_limit_error", &message),
+    }
+}
+
+fn fault_body(api: Api, status: StatusCode) -> Bytes {
+    match (api, status.as_u16()) {
+        (Api::Anthropic, 529) => anthropic::error("overloaded_error", "Overloaded"),
+        (Api::Anthropic, _) => anthropic::error("api_error", "Service unavailable (simulated)"),
+        (Api::OpenAi, 529) => openai::error("Overloaded (simulated)", "server_error", None),
+        (Api::OpenAi, _) => openai::error(
+            "The server is temporarily unavailable (simulated)",
+            "server_error",
+            None,
+        ),
+    }
+}
+
+fn error(api: Api, status: StatusCode, message: &str) -> Bytes {
+    match (api, status) {
+        (Api::Anthropic, StatusCode::PAYLOAD_TOO_LARGE) => {
+            anthropic::error("request_too_large", message)
+        }
+        (Api::Anthropic, _) => anthropic::error("invalid_request_error", message),
+        (Api::OpenAi, _) => openai::error(message, "invalid_request_error", None),
+    }
+}
+
+/// A buffered JSON answer from a chat route, counted in the stats.
+fn finish(
+    shared: &Shared,
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response<SimBody> {
+    shared.stats.status(status.as_u16());
+    let mut response = json(status, body);
+    response.headers_mut().extend(headers);
+    response
+}
+
+fn json(status: StatusCode, body: impl Into<Bytes>) -> Response<SimBody> {
+    let mut response = Response::new(SimBody::full(body));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

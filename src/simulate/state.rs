@@ -1,0 +1,184 @@
+//! State shared by every connection: config, buckets and dice behind one mutex, stats.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+
+use super::config::SimConfig;
+use super::limits::{Admission, Limiter};
+use super::stats::{Recorder, Stats};
+
+/// An injected failure for an admitted request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// 503 with an error body.
+    Unavailable,
+    /// 529 "overloaded".
+    Overloaded,
+    /// Connection closed without a response.
+    Reset,
+}
+
+/// What happens to an admitted request: how long it takes, and whether it fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fate {
+    /// Service time, jitter and any slow-first-byte delay, before the response head.
+    pub delay: Duration,
+    pub fault: Option<Fault>,
+}
+
+#[derive(Debug)]
+pub struct Shared {
+    pub config: SimConfig,
+    core: Mutex<Core>,
+    pub stats: Recorder,
+    next_id: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Core {
+    limiter: Limiter,
+    rng: SmallRng,
+}
+
+impl Shared {
+    pub fn new(config: SimConfig) -> Self {
+        let now = Instant::now();
+        let rng = match config.seed {
+            Some(seed) => SmallRng::seed_from_u64(seed),
+            None => SmallRng::from_os_rng(),
+        };
+        Self {
+            core: Mutex::new(Core {
+                limiter: Limiter::new(&config, now),
+                rng,
+            }),
+            stats: Recorder::new(now),
+            next_id: AtomicU64::new(1),
+            config,
+        }
+    }
+
+    /// Charges one request (and `cost` tokens) as of `arrival`; an admitted request also
+    /// gets its [`Fate`].
+    pub fn admit(&self, arrival: Instant, cost: u64) -> (Admission, Option<Fate>) {
+        let mut core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
+        let admission = core.limiter.admit(arrival, cost);
+        let fate = admission
+            .denied
+            .is_none()
+            .then(|| roll(&self.config, &mut core.rng));
+        (admission, fate)
+    }
+
+    /// Refills the buckets, restarts the refill schedule and clears the stats.
+    pub fn reset(&self) {
+        let now = Instant::now();
+        let mut core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
+        core.limiter.reset(now);
+        self.stats.clear(now);
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.stats.snapshot(Instant::now())
+    }
+
+    /// A process-unique number for response ids.
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Relaxed)
+    }
+}
+
+fn roll(config: &SimConfig, rng: &mut impl Rng) -> Fate {
+    let mut delay = config.service_time;
+    if !config.service_jitter.is_zero() {
+        let max = u64::try_from(config.service_jitter.as_nanos()).unwrap_or(u64::MAX);
+        delay += Duration::from_nanos(rng.random_range(0..=max));
+    }
+    if config.slow_fraction > 0.0 && rng.random_bool(config.slow_fraction) {
+        delay += config.slow_first_byte;
+    }
+    let fault = if config.fail_503 + config.fail_529 + config.fail_reset > 0.0 {
+        let x: f64 = rng.random();
+        if x < config.fail_503 {
+            Some(Fault::Unavailable)
+        } else if x < config.fail_503 + config.fail_529 {
+            Some(Fault::Overloaded)
+        } else if x < config.fail_503 + config.fail_529 + config.fail_reset {
+            Some(Fault::Reset)
+        } else {
+            None
+        }
+    } else {
+        None
+    };
+    Fate { delay, fault }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rolls(config: SimConfig, n: usize) -> Vec<Fate> {
+        let mut rng = SmallRng::seed_from_u64(1);
+        (0..n).map(|_| roll(&config, &mut rng)).collect()
+    }
+
+    #[test]
+    fn no_faults_or_jitter_by_default() {
+        for fate in rolls(SimConfig::default(), 100) {
+            assert_eq!(
+                fate,
+                Fate {
+                    delay: Duration::from_millis(200),
+                    fault: None
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn fractions_of_one_always_fire() {
+        let config = SimConfig {
+            fail_529: 1.0,
+            ..SimConfig::default()
+        };
+        assert!(rolls(config, 100)
+            .iter()
+            .all(|f| f.fault == Some(Fault::Overloaded)));
+        let config = SimConfig {
+            slow_fraction: 1.0,
+            slow_first_byte: Duration::from_secs(1),
+            ..SimConfig::default()
+        };
+        assert!(rolls(config, 100)
+            .iter()
+            .all(|f| f.delay == Duration::from_millis(1200)));
+    }
+
+    #[test]
+    fn faults_split_by_their_fractions() {
+        let config = SimConfig {
+            fail_503: 0.2,
+            fail_529: 0.3,
+            fail_reset: 0.1,
+            service_jitter: Duration::from_millis(10),
+            ..SimConfig::default()
+        };
+        let fates = rolls(config, 10_000);
+        let share = |f: Option<Fault>| fates.iter().filter(|x| x.fault == f).count() as f64 / 1e4;
+        assert!((share(Some(Fault::Unavailable)) - 0.2).abs() < 0.03);
+        assert!((share(Some(Fault::Overloaded)) - 0.3).abs() < 0.03);
+        assert!((share(Some(Fault::Reset)) - 0.1).abs() < 0.03);
+        assert!((share(None) - 0.4).abs() < 0.03);
+        let (lo, hi) = (Duration::from_millis(200), Duration::from_millis(210));
+        assert!(fates.iter().all(|f| (lo..=hi).contains(&f.delay)));
+        assert!(fates
+            .iter()
+            .any(|f| f.delay > lo + Duration::from_millis(5)));
+    }
+}

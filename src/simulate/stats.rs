@@ -1,0 +1,181 @@
+//! What the simulator saw: request counts by status, arrivals over time, peak concurrency.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Width of one `arrivals_per_100ms` slot.
+pub const SLOT: Duration = Duration::from_millis(100);
+/// Arrivals later than this after start/reset (6 hours) are counted but not bucketed.
+pub const MAX_SLOTS: usize = 6 * 60 * 60 * 10;
+/// Statuses counted (0..=599); anything else is folded into 599.
+const STATUSES: usize = 600;
+
+/// Snapshot served at `GET /_stats`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Stats {
+    /// Since start or the last reset.
+    pub elapsed_ms: u64,
+    /// Arrivals on the rate-limited routes (every status, and resets).
+    pub requests: u64,
+    /// Responses by status code, e.g. `{"200": 40, "429": 10}`.
+    pub by_status: BTreeMap<String, u64>,
+    /// Connections closed without a response by `--fail-reset`.
+    pub resets: u64,
+    /// Arrivals per 100 ms slot since start/reset (index = slot).
+    pub arrivals_per_100ms: Vec<u32>,
+    /// Most requests being answered at once (streams count until their last event).
+    pub max_in_flight: u64,
+}
+
+/// Lock-free counters plus one mutex around the arrival histogram.
+#[derive(Debug)]
+pub struct Recorder {
+    requests: AtomicU64,
+    resets: AtomicU64,
+    by_status: Box<[AtomicU64]>,
+    in_flight: Arc<AtomicU64>,
+    max_in_flight: AtomicU64,
+    arrivals: Mutex<Arrivals>,
+}
+
+#[derive(Debug)]
+struct Arrivals {
+    start: Instant,
+    slots: Vec<u32>,
+}
+
+/// Counts one request as in flight until dropped.
+#[derive(Debug)]
+pub struct InFlight(Arc<AtomicU64>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
+impl Recorder {
+    pub fn new(now: Instant) -> Self {
+        Self {
+            requests: AtomicU64::new(0),
+            resets: AtomicU64::new(0),
+            by_status: (0..STATUSES).map(|_| AtomicU64::new(0)).collect(),
+            in_flight: Arc::new(AtomicU64::new(0)),
+            max_in_flight: AtomicU64::new(0),
+            arrivals: Mutex::new(Arrivals {
+                start: now,
+                slots: Vec::with_capacity(1024),
+            }),
+        }
+    }
+
+    /// Records an arrival at `now`; the guard keeps it in flight.
+    pub fn arrive(&self, now: Instant) -> InFlight {
+        self.requests.fetch_add(1, Relaxed);
+        let current = self.in_flight.fetch_add(1, Relaxed) + 1;
+        self.max_in_flight.fetch_max(current, Relaxed);
+        let mut arrivals = self.arrivals.lock().unwrap_or_else(PoisonError::into_inner);
+        let slot =
+            (now.saturating_duration_since(arrivals.start).as_millis() / SLOT.as_millis()) as usize;
+        if slot < MAX_SLOTS {
+            if arrivals.slots.len() <= slot {
+                arrivals.slots.resize(slot + 1, 0);
+            }
+            arrivals.slots[slot] += 1;
+        }
+        InFlight(Arc::clone(&self.in_flight))
+    }
+
+    pub fn status(&self, status: u16) {
+        let i = usize::from(status).min(STATUSES - 1);
+        self.by_status[i].fetch_add(1, Relaxed);
+    }
+
+    pub fn reset_connection(&self) {
+        self.resets.fetch_add(1, Relaxed);
+    }
+
+    /// Clears the counters; requests still in flight keep counting as in flight.
+    pub fn clear(&self, now: Instant) {
+        let mut arrivals = self.arrivals.lock().unwrap_or_else(PoisonError::into_inner);
+        arrivals.start = now;
+        arrivals.slots.clear();
+        self.requests.store(0, Relaxed);
+        self.resets.store(0, Relaxed);
+        for count in self.by_status.iter() {
+            count.store(0, Relaxed);
+        }
+        self.max_in_flight
+            .store(self.in_flight.load(Relaxed), Relaxed);
+    }
+
+    pub fn snapshot(&self, now: Instant) -> Stats {
+        let arrivals = self.arrivals.lock().unwrap_or_else(PoisonError::into_inner);
+        let by_status = self
+            .by_status
+            .iter()
+            .enumerate()
+            .filter_map(|(code, n)| {
+                let n = n.load(Relaxed);
+                (n > 0).then(|| (code.to_string(), n))
+            })
+            .collect();
+        Stats {
+            elapsed_ms: now.saturating_duration_since(arrivals.start).as_millis() as u64,
+            requests: self.requests.load(Relaxed),
+            by_status,
+            resets: self.resets.load(Relaxed),
+            arrivals_per_100ms: arrivals.slots.clone(),
+            max_in_flight: self.max_in_flight.load(Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time::advance;
+
+    #[tokio::test(start_paused = true)]
+    async fn counts_arrivals_by_slot_status_and_peak() {
+        let r = Recorder::new(Instant::now());
+        let a = r.arrive(Instant::now());
+        let b = r.arrive(Instant::now());
+        r.status(200);
+        r.status(429);
+        drop(a);
+        advance(Duration::from_millis(250)).await;
+        let c = r.arrive(Instant::now());
+        r.status(200);
+        drop((b, c));
+        let s = r.snapshot(Instant::now());
+        assert_eq!(s.elapsed_ms, 250);
+        assert_eq!(s.requests, 3);
+        assert_eq!(s.arrivals_per_100ms, vec![2, 0, 1]);
+        assert_eq!(s.max_in_flight, 2);
+        let want: BTreeMap<String, u64> = [("200".into(), 2), ("429".into(), 1)].into();
+        assert_eq!(s.by_status, want);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn clear_restarts_the_clock_but_keeps_live_requests_in_flight() {
+        let r = Recorder::new(Instant::now());
+        let live = r.arrive(Instant::now());
+        let _gone = r.arrive(Instant::now());
+        r.status(503);
+        r.reset_connection();
+        advance(Duration::from_secs(1)).await;
+        r.clear(Instant::now());
+        let s = r.snapshot(Instant::now());
+        assert_eq!((s.elapsed_ms, s.requests, s.resets), (0, 0, 0));
+        assert!(s.by_status.is_empty() && s.arrivals_per_100ms.is_empty());
+        assert_eq!(s.max_in_flight, 2);
+        drop(live);
+        let _next = r.arrive(Instant::now());
+        assert_eq!(r.snapshot(Instant::now()).max_in_flight, 2);
+    }
+}

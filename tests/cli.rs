@@ -1,0 +1,477 @@
+//! The real `corral` binary: `check-config` accepts the example and rejects each mistake with
+//! `file:line: key: reason`; the `--upstream` quick start and the env overrides serve; SIGTERM
+//! drains in-flight requests and exits 0; no credential ever reaches the logs.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+use support::*;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::task::JoinHandle;
+
+const BIN: &str = env!("CARGO_BIN_EXE_corral");
+
+/// A `corral` command with a clean environment for its own variables.
+fn corral_cmd(args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .env_remove("CORRAL_CONFIG")
+        .env_remove("CORRAL_LISTEN")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// A file in the temp dir, removed on drop.
+struct TempConfig(std::path::PathBuf);
+
+impl TempConfig {
+    fn new(name: &str, text: &str) -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::SeqCst);
+        let path =
+            std::env::temp_dir().join(format!("corral-cli-{}-{n}-{name}.toml", std::process::id()));
+        std::fs::write(&path, text).expect("write temp config");
+        Self(path)
+    }
+    fn path(&self) -> &str {
+        self.0.to_str().expect("utf-8 temp path")
+    }
+}
+
+impl Drop for TempConfig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+// ===== check-config =====
+
+/// A valid config; each rejection test changes one line of it.
+const SAMPLE: &str = r#"listen = "127.0.0.1:0"
+drain_timeout = "5s"
+
+[[upstream]]
+name = "openai"
+route = "/v1"
+base_url = "https://api.openai.com/v1"
+
+[upstream.headers]
+Authorization = "Bearer ${CORRAL_CLI_TEST_KEY}"
+
+[upstream.retry]
+base = "500ms"
+cap = "30s"
+
+[[upstream]]
+name = "local"
+route = "/local"
+base_url = "http://127.0.0.1:8000/v1"
+"#;
+
+/// Run `corral check-config` on `text` with one line replaced; (exit code, stdout, stderr, path).
+async fn check(name: &str, from: &str, to: &str, key_set: bool) -> (i32, String, String, String) {
+    assert!(SAMPLE.contains(from), "sample has no `{from}`");
+    let file = TempConfig::new(name, &SAMPLE.replacen(from, to, 1));
+    let mut cmd = corral_cmd(&["check-config", file.path()]);
+    if key_set {
+        cmd.env("CORRAL_CLI_TEST_KEY", "sk-cli-sample");
+    } else {
+        cmd.env_remove("CORRAL_CLI_TEST_KEY");
+    }
+    let out = cmd.output().await.expect("run corral check-config");
+    let text = |b: Vec<u8>| String::from_utf8(b).expect("utf-8 output");
+    (
+        out.status.code().expect("exited"),
+        text(out.stdout),
+        text(out.stderr).trim_end().to_owned(),
+        file.path().to_owned(),
+    )
+}
+
+#[tokio::test]
+async fn check_config_accepts_the_example_config() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/corral.toml");
+    let out = corral_cmd(&["check-config", path])
+        .env("OPENAI_API_KEY", "sk-example-openai")
+        .env("ANTHROPIC_API_KEY", "sk-ant-example")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+    for needle in [
+        r#"name = "openai""#,
+        r#"name = "anthropic""#,
+        r#"name = "vllm""#,
+        r#"concurrency = "auto""#,
+        r#"Authorization = "*****""#,
+    ] {
+        assert!(stdout.contains(needle), "missing {needle} in\n{stdout}");
+    }
+    assert!(!stdout.contains("sk-example-openai") && !stdout.contains("sk-ant-example"));
+}
+
+#[tokio::test]
+async fn check_config_prints_the_sample_with_defaults_and_hides_secrets() {
+    let (code, stdout, stderr, _) = check("valid", "", "", true).await;
+    assert_eq!(code, 0, "stderr: {stderr}");
+    assert!(stdout.contains("max_retries = 6"), "{stdout}");
+    assert!(!stdout.contains("sk-cli-sample"), "{stdout}");
+}
+
+#[tokio::test]
+async fn check_config_rejects_an_unknown_key() {
+    let (code, _, stderr, path) = check("unknown", "cap = \"30s\"", "retries = 3", true).await;
+    assert_eq!(code, 2);
+    let want = format!(
+        "{path}:14: upstream.retry.retries: unknown field `retries`, expected one of `max_retries`"
+    );
+    assert!(stderr.starts_with(&want), "{stderr}");
+}
+
+#[tokio::test]
+async fn check_config_rejects_a_bad_url() {
+    let (code, _, stderr, path) = check(
+        "url",
+        "https://api.openai.com/v1",
+        "ftp://api.openai.com/v1",
+        true,
+    )
+    .await;
+    assert_eq!(code, 2);
+    assert_eq!(
+        stderr,
+        format!("{path}:7: upstream.base_url: URL `ftp://api.openai.com/v1` has scheme `ftp`; use http or https")
+    );
+}
+
+#[tokio::test]
+async fn check_config_rejects_a_bad_duration() {
+    let (code, _, stderr, path) = check("duration", "\"30s\"", "\"30 parsecs\"", true).await;
+    assert_eq!(code, 2);
+    let want = format!("{path}:14: upstream.retry.cap: invalid duration `30 parsecs`");
+    assert!(stderr.starts_with(&want), "{stderr}");
+    assert!(
+        stderr.ends_with(r#"write e.g. "500ms" or "30s""#),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn check_config_rejects_a_duplicate_route() {
+    let (code, _, stderr, path) = check("route", "\"/local\"", "\"/v1\"", true).await;
+    assert_eq!(code, 2);
+    assert_eq!(
+        stderr,
+        format!(
+            "{path}:18: upstream[1].route: duplicate route `/v1` (also used by upstream `openai`)"
+        )
+    );
+}
+
+#[tokio::test]
+async fn check_config_rejects_a_missing_env_var() {
+    let (code, stdout, stderr, path) = check("env", "", "", false).await;
+    assert_eq!(code, 2);
+    assert!(stdout.is_empty());
+    assert_eq!(
+        stderr,
+        format!("{path}:10: upstream.headers.Authorization: environment variable `CORRAL_CLI_TEST_KEY` is not set")
+    );
+}
+
+#[tokio::test]
+async fn check_config_rejects_cap_below_base() {
+    let (code, _, stderr, path) = check("cap", "cap = \"30s\"", "cap = \"100ms\"", true).await;
+    assert_eq!(code, 2);
+    assert_eq!(
+        stderr,
+        format!("{path}:14: upstream[0].retry.cap: `cap` (100ms) must be at least `base` (500ms)")
+    );
+}
+
+#[tokio::test]
+async fn run_rejects_a_bad_upstream_flag_before_binding() {
+    let out = corral_cmd(&["--listen", "127.0.0.1:0", "--upstream", "localhost:8000"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.starts_with("(command line): --upstream: "),
+        "{stderr}"
+    );
+}
+
+// ===== a running corral =====
+
+/// The binary, serving; its stderr collected line by line.
+struct Running {
+    child: Child,
+    addr: SocketAddr,
+    log: Arc<Mutex<Vec<String>>>,
+    reader: JoinHandle<()>,
+}
+
+/// `addr` from a `corral listening` line, text (`addr=127.0.0.1:PORT`) or JSON.
+fn listening_addr(line: &str) -> Option<SocketAddr> {
+    if !line.contains("corral listening") {
+        return None;
+    }
+    if let Ok(json) = serde_json::from_str::<serde_json::Value>(line) {
+        return json["addr"].as_str()?.parse().ok();
+    }
+    let rest = &line[line.find("addr=")? + 5..];
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+impl Running {
+    async fn spawn(mut cmd: Command) -> Self {
+        let mut child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn corral");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let log2 = Arc::clone(&log);
+        let reader = tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            let mut tx = Some(tx);
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(addr) = listening_addr(&line) {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(addr);
+                    }
+                }
+                log2.lock().unwrap().push(line);
+            }
+        });
+        let addr = match tokio::time::timeout(Duration::from_secs(10), rx).await {
+            Ok(Ok(addr)) => addr,
+            _ => panic!(
+                "corral never logged `corral listening`; stderr:\n{}",
+                log.lock().unwrap().join("\n")
+            ),
+        };
+        Self {
+            child,
+            addr,
+            log,
+            reader,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn log_has(&self, needle: &str) -> bool {
+        self.log.lock().unwrap().iter().any(|l| l.contains(needle))
+    }
+
+    /// `kill -TERM <pid>`, as an orchestrator would.
+    fn sigterm(&self) {
+        let pid = self.child.id().expect("corral still running");
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM {pid} failed");
+    }
+
+    /// Wait for the process to exit; its status and every stderr line.
+    async fn wait(mut self) -> (ExitStatus, Vec<String>) {
+        let status = tokio::time::timeout(Duration::from_secs(15), self.child.wait())
+            .await
+            .expect("corral exited within 15 s")
+            .expect("wait for corral");
+        tokio::time::timeout(Duration::from_secs(5), &mut self.reader)
+            .await
+            .expect("stderr closed")
+            .unwrap();
+        let log = std::mem::take(&mut *self.log.lock().unwrap());
+        (status, log)
+    }
+}
+
+fn get(url: &str) -> Request<Full<Bytes>> {
+    Request::get(url).body(Full::new(Bytes::new())).unwrap()
+}
+
+#[tokio::test]
+async fn quick_start_forwards_to_the_upstream_flag() {
+    let upstream = MockUpstream::start(|seen| async move {
+        json(200, serde_json::json!({"path": seen.uri.path()}))
+    })
+    .await;
+    let corral = Running::spawn(corral_cmd(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &upstream.url("/v1"),
+    ]))
+    .await;
+    let c = client();
+    let (parts, body) = send(&c, post(&corral.url("/v1/chat/completions"), "{}")).await;
+    assert_eq!(parts.status, 200);
+    assert_eq!(&body[..], br#"{"path":"/v1/chat/completions"}"#);
+    assert_eq!(upstream.calls(), 1);
+    let (parts, body) = send(&c, get(&corral.url("/elsewhere"))).await;
+    assert_eq!(parts.status, 404);
+    assert_eq!(parts.headers["x-corral-error"], "no_route");
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["error"]["code"], "no_route");
+    assert!(
+        eventually(Duration::from_secs(5), || corral.log_has("status=200")).await,
+        "no request line logged"
+    );
+    assert!(corral.log_has("duration_ms="));
+}
+
+#[tokio::test]
+async fn env_vars_choose_the_config_file_and_override_its_listen() {
+    let upstream = MockUpstream::start(|_| async { json(200, serde_json::json!({})) }).await;
+    // If CORRAL_LISTEN were ignored, corral would bind 8080 and the port check below fails.
+    let file = TempConfig::new(
+        "env",
+        &format!(
+            "listen = \"127.0.0.1:8080\"\n[[upstream]]\nname = \"mock\"\nroute = \"/llm\"\nbase_url = \"{}\"\n",
+            upstream.url("/v1")
+        ),
+    );
+    let mut cmd = corral_cmd(&[]);
+    cmd.env("CORRAL_CONFIG", file.path())
+        .env("CORRAL_LISTEN", "127.0.0.1:0");
+    let corral = Running::spawn(cmd).await;
+    assert_ne!(corral.addr.port(), 8080);
+    let (parts, _) = send(&client(), post(&corral.url("/llm/models"), "{}")).await;
+    assert_eq!(parts.status, 200);
+    assert_eq!(upstream.last().uri.path(), "/v1/models");
+}
+
+#[tokio::test]
+async fn sigterm_drains_in_flight_requests_then_exits_zero() {
+    let upstream = MockUpstream::start(|_| async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        json(200, serde_json::json!({"slow": true}))
+    })
+    .await;
+    let corral = Running::spawn(corral_cmd(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &upstream.url("/v1"),
+    ]))
+    .await;
+    let addr = corral.addr;
+    let in_flight = tokio::spawn(send_owned(corral.url("/v1/chat/completions")));
+    assert!(eventually(Duration::from_secs(5), || upstream.calls() == 1).await);
+    corral.sigterm();
+    assert!(
+        eventually(Duration::from_secs(5), || std::net::TcpStream::connect(
+            addr
+        )
+        .is_err())
+        .await,
+        "corral still accepts connections after SIGTERM"
+    );
+    assert!(
+        !in_flight.is_finished(),
+        "the listener should close while the slow request is still in flight"
+    );
+    let (status, body) = in_flight.await.unwrap();
+    assert_eq!(status, 200, "the in-flight request completed");
+    assert_eq!(&body[..], br#"{"slow":true}"#);
+    let (exit, log) = corral.wait().await;
+    assert!(exit.success(), "exit {exit:?}; stderr:\n{}", log.join("\n"));
+    assert!(std::net::TcpStream::connect(addr).is_err());
+    assert!(log.iter().any(|l| l.contains("draining")), "{log:?}");
+}
+
+async fn send_owned(url: String) -> (u16, Bytes) {
+    let (parts, body) = send(&client(), post(&url, "{}")).await;
+    (parts.status.as_u16(), body)
+}
+
+#[tokio::test]
+async fn secrets_never_reach_the_logs() {
+    const SECRETS: [&str; 4] = [
+        "sk-client-secret",
+        "sk-ant-secret",
+        "azure-secret",
+        "sk-injected-secret",
+    ];
+    let upstream = MockUpstream::start(|_| async { json(200, serde_json::json!({})) }).await;
+    let file = TempConfig::new(
+        "secrets",
+        &format!(
+            "listen = \"127.0.0.1:0\"\n[[upstream]]\nname = \"mock\"\nroute = \"/v1\"\nbase_url = \"{}\"\nbody_limit = \"1KiB\"\n[upstream.headers]\nAuthorization = \"Bearer ${{SECRET_VAR}}\"\n",
+            upstream.url("/v1")
+        ),
+    );
+    let mut cmd = corral_cmd(&["--log-format", "json", "--config", file.path()]);
+    cmd.env("SECRET_VAR", "sk-injected-secret")
+        .env("RUST_LOG", "debug");
+    let corral = Running::spawn(cmd).await;
+    let c = client();
+    let with_secrets = |path: &str, body: String| {
+        Request::post(corral.url(path))
+            .header("authorization", "Bearer sk-client-secret")
+            .header("x-api-key", "sk-ant-secret")
+            .header("api-key", "azure-secret")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap()
+    };
+    let (ok, _) = send(&c, with_secrets("/v1/chat/completions", "{}".into())).await;
+    assert_eq!(ok.status, 200);
+    assert_eq!(upstream.last().headers["x-api-key"], "sk-ant-secret");
+    let (injected, _) = send(&c, post(&corral.url("/v1/models"), "{}")).await;
+    assert_eq!(injected.status, 200);
+    assert_eq!(
+        upstream.last().headers["authorization"],
+        "Bearer sk-injected-secret"
+    );
+    let (not_found, _) = send(&c, with_secrets("/v2/nowhere", "{}".into())).await;
+    assert_eq!(not_found.status, 404);
+    let (too_large, _) = send(&c, with_secrets("/v1/chat/completions", "x".repeat(2048))).await;
+    assert_eq!(too_large.status, 413);
+    assert_eq!(upstream.calls(), 2);
+
+    corral.sigterm();
+    let (exit, log) = corral.wait().await;
+    assert!(exit.success(), "exit {exit:?}");
+    let all = log.join("\n");
+    for secret in SECRETS {
+        assert!(!all.contains(secret), "`{secret}` was logged:\n{all}");
+    }
+    let mut statuses = Vec::new();
+    for line in &log {
+        let json: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
+        if json["message"] != "request" {
+            continue;
+        }
+        assert_eq!(json["upstream"], "mock", "{line}");
+        for field in ["status", "attempts", "duration_ms"] {
+            assert!(json[field].is_u64(), "`{field}` missing in {line}");
+        }
+        statuses.push(json["status"].as_u64().unwrap());
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 200, 413], "request lines:\n{all}");
+}

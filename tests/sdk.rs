@@ -1,0 +1,154 @@
+//! The official `openai` Python SDK through corral: a chat completion, a streamed one, and an
+//! upstream 400 that must surface as `openai.BadRequestError`.
+//!
+//! The mock upstream and corral run in-process; `tests/python/test_openai_sdk.py` runs under
+//! `$CORRAL_PYTHON` (a venv with `openai`; `.ci/run` makes one). Without it the test fails, unless
+//! `CORRAL_SKIP_PYTHON=1`.
+
+mod support;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use http::Response;
+use support::*;
+
+use corral::body::{self, Body};
+
+/// Answers `/v1/chat/completions` in OpenAI's shape: JSON, SSE when `stream` is true, and a 400
+/// with an OpenAI error body for model `bad-model`. Any other request, or a missing client key,
+/// gets a status the SDK would report as the wrong error.
+async fn openai_mock() -> MockUpstream {
+    MockUpstream::start(|seen| async move {
+        if seen.uri.path() != "/v1/chat/completions" {
+            return json(404, error_body("no such path", "not_found"));
+        }
+        if seen.headers.get("authorization").map(|v| v.as_bytes()) != Some(b"Bearer sk-test") {
+            return json(
+                401,
+                error_body("missing the client's key", "invalid_api_key"),
+            );
+        }
+        let request: serde_json::Value = serde_json::from_slice(&seen.body).unwrap_or_default();
+        let model = request["model"].as_str().unwrap_or_default().to_owned();
+        if model == "bad-model" {
+            return json(
+                400,
+                error_body(
+                    "The model `bad-model` does not exist or you do not have access to it.",
+                    "model_not_found",
+                ),
+            );
+        }
+        if request["stream"] == true {
+            return sse(&model);
+        }
+        json(
+            200,
+            serde_json::json!({
+                "id": "chatcmpl-mock",
+                "object": "chat.completion",
+                "created": 1_700_000_000,
+                "model": model,
+                "choices": [{
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "Hello from the mock upstream."},
+                    "finish_reason": "stop",
+                    "logprobs": null
+                }],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
+            }),
+        )
+    })
+    .await
+}
+
+fn error_body(message: &str, code: &str) -> serde_json::Value {
+    serde_json::json!({"error": {
+        "message": message,
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": code,
+    }})
+}
+
+/// A streamed completion: a role chunk, three content chunks, a finish chunk, `[DONE]`.
+fn sse(model: &str) -> Response<Body> {
+    let chunk = |delta: serde_json::Value, finish: Option<&str>| {
+        let json = serde_json::json!({
+            "id": "chatcmpl-mock",
+            "object": "chat.completion.chunk",
+            "created": 1_700_000_000,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null}]
+        });
+        format!("data: {json}\n\n")
+    };
+    let mut text = chunk(
+        serde_json::json!({"role": "assistant", "content": ""}),
+        None,
+    );
+    for word in ["one", " two", " three"] {
+        text += &chunk(serde_json::json!({"content": word}), None);
+    }
+    text += &chunk(serde_json::json!({}), Some("stop"));
+    text += "data: [DONE]\n\n";
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(body::full(text))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn openai_python_sdk_through_corral() {
+    let python = match std::env::var("CORRAL_PYTHON") {
+        Ok(p) if !p.is_empty() => p,
+        _ if std::env::var("CORRAL_SKIP_PYTHON").as_deref() == Ok("1") => {
+            eprintln!("skipped: CORRAL_SKIP_PYTHON=1, the openai SDK test did not run");
+            return;
+        }
+        _ => panic!(
+            "CORRAL_PYTHON is not set: run `bash .ci/run` (it creates .venv with the openai SDK), \
+             or set CORRAL_PYTHON to a python that has `openai` installed \
+             (or CORRAL_SKIP_PYTHON=1 to skip this test)"
+        ),
+    };
+    let upstream = openai_mock().await;
+    let corral = Corral::start(&one_upstream(&upstream, "")).await;
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/python/test_openai_sdk.py"
+    );
+    let mut cmd = tokio::process::Command::new(&python);
+    cmd.arg(script)
+        .env("OPENAI_BASE_URL", corral.url("/v1"))
+        .env("OPENAI_API_KEY", "sk-test")
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    for var in [
+        "OPENAI_ORG_ID",
+        "OPENAI_PROJECT_ID",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ] {
+        cmd.env_remove(var);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
+        .await
+        .expect("the SDK script finished within 120 s")
+        .unwrap_or_else(|e| panic!("cannot run CORRAL_PYTHON=`{python}`: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{python} {script} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(stdout.contains("3 passed, 0 failed"), "{stdout}");
+    assert_eq!(upstream.calls(), 3, "one upstream call per SDK request");
+}

@@ -4,6 +4,7 @@
 //! - [`simulate`]: `corral simulate`, a rate-limited fake OpenAI/Anthropic upstream for offline tests.
 
 pub mod body;
+pub mod classify;
 pub mod cli;
 pub mod client;
 pub mod config;

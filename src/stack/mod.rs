@@ -3,10 +3,25 @@
 //! Order, outermost first (a request passes down, its response back up):
 //!
 //! 0. [`metrics`]: one call per client request: counts, duration, in-flight until the body ends.
+//! 1. [`concurrency`]: the window and its bounded FIFO queue. Outside Retry, so a request keeps
+//!    its slot across its retries (a retry never queues behind newer requests), and the slot
+//!    moves into the response body: a stream is in flight until its last byte.
+//! 2. [`retry`]: re-calls everything below it, so each of the following sees every attempt.
+//! 3. [`breaker`]: every attempt passes the gate (a retry that bypassed it would recreate the
+//!    herd) and reports its outcome. Before the rate limiter, so requests held by an open
+//!    breaker take no tokens, and when it closes they are paced out by (4), never all at once.
+//! 4. [`rate_limit`]: configured ceilings and learned pacing, taken by every attempt, first and
+//!    retries alike; it learns from every attempt's answer.
+//! 5. [`timeout`]: per-try time to response head (bounded by the deadline), attempt metrics.
 //!
 //! The innermost service is the pooled [`UpstreamClient`](crate::client::UpstreamClient).
 
+pub mod breaker;
+pub mod concurrency;
 pub mod metrics;
+pub mod rate_limit;
+pub mod retry;
+pub mod timeout;
 
 use std::sync::Arc;
 
@@ -25,26 +40,63 @@ use crate::metrics::UpstreamMetrics;
 pub type Stack = BoxCloneSyncService<ProxyRequest, Response<Body>, ProxyError>;
 
 /// Handles on the stack's shared state, for `/status`.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct StackState {
-    _private: Arc<()>,
+    pub window: Arc<concurrency::Window>,
+    pub breaker: Option<Arc<breaker::BreakerShared>>,
+    pub rate_limit: Arc<rate_limit::RateLimitShared>,
 }
 
 /// Build the stack for one upstream.
 pub fn build(config: &UpstreamConfig, metrics: &UpstreamMetrics) -> (Stack, StackState) {
     let client = UpstreamClient::new(config.name(), config.connect_timeout.0);
+    let limits = &config.limits;
+    let window = concurrency::Window::new(
+        limits.max_concurrency.get(),
+        limits.queue_size,
+        limits.queue_timeout.0,
+        metrics.clone(),
+    );
+    let breaker = config
+        .breaker
+        .enabled
+        .then(|| breaker::BreakerShared::new(&config.breaker, metrics.clone()));
+    let rate_limit = rate_limit::RateLimitShared::new(config, metrics.clone());
+    let retry = retry::RetryShared::new(&config.retry, metrics.clone());
     let service = ServiceBuilder::new()
-        // Outside everything: one observation per client request, streams counted to the end.
+        // 0. Outside everything: one observation per client request, streams counted to the end.
         .layer(metrics::MetricsLayer::new(metrics.clone()))
+        // 1. One slot per client request, held across retries and until the body ends.
+        .layer(concurrency::ConcurrencyLayer::new(Arc::clone(&window)))
+        // 2. Re-runs 3-5 for each attempt.
+        .layer(retry::RetryLayer::new(retry))
+        // 3. Every attempt passes the breaker (optional: `breaker.enabled = false`).
+        .option_layer(breaker.clone().map(breaker::BreakerLayer::new))
+        // 4. Every attempt takes its tokens; every answer teaches the pacers.
+        .layer(rate_limit::RateLimitLayer::new(Arc::clone(&rate_limit)))
+        // 5. Per-try timeout and per-attempt metrics, right before the wire.
+        .layer(timeout::TimeoutLayer::new(
+            config.retry.per_try_timeout.0,
+            metrics.clone(),
+        ))
         .service(client);
-    (BoxCloneSyncService::new(service), StackState::default())
+    let state = StackState {
+        window,
+        breaker,
+        rate_limit,
+    };
+    (BoxCloneSyncService::new(service), state)
 }
 
 /// A JSON summary of one upstream's stack for `/status`.
 pub fn status(upstream: &crate::router::Upstream) -> serde_json::Value {
+    let s = &upstream.state;
     serde_json::json!({
         "name": upstream.name,
         "route": upstream.route,
         "in_flight": upstream.metrics.in_flight.get(),
+        "concurrency": {"limit": s.window.limit(), "in_use": s.window.in_use(), "queued": s.window.waiting()},
+        "breaker": s.breaker.as_ref().map(|b| b.phase().name()),
+        "rate_limit": s.rate_limit.status(),
     })
 }

@@ -1,0 +1,193 @@
+//! Circuit breaker per upstream: a gate in front of every attempt (it sits inside Retry), fed the
+//! classified outcome of each. While open, requests wait (up to their deadline) instead of
+//! failing, or with `on_open = "reject"` get a 503 with Retry-After. When it closes, waiters go
+//! on to the rate limiter, which paces them: never all at once.
+
+pub mod state;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::Response;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+use self::state::{Admit, Breaker, Phase};
+use crate::body::Body;
+use crate::classify::Outcome;
+use crate::config::{BreakerConfig, OnOpen};
+use crate::error::ProxyError;
+use crate::forward::ProxyRequest;
+use crate::metrics::UpstreamMetrics;
+
+/// One upstream's breaker, shared by all its requests.
+pub struct BreakerShared {
+    state: Mutex<Breaker>,
+    changed: Notify,
+    rng: Mutex<SmallRng>,
+    on_open: OnOpen,
+    metrics: UpstreamMetrics,
+}
+
+impl BreakerShared {
+    pub fn new(config: &BreakerConfig, metrics: UpstreamMetrics) -> Arc<Self> {
+        metrics.breaker_state.set(0);
+        Arc::new(Self {
+            state: Mutex::new(Breaker::new(config.clone())),
+            changed: Notify::new(),
+            rng: Mutex::new(SmallRng::from_os_rng()),
+            on_open: config.on_open,
+            metrics,
+        })
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.state.lock().expect("breaker lock").phase()
+    }
+
+    fn transitioned(&self, phase: Phase) {
+        self.metrics.breaker_state.set(phase.gauge());
+        self.metrics.breaker_transition(phase.name());
+        tracing::warn!(
+            upstream = self.metrics.name(),
+            state = phase.name(),
+            "circuit breaker changed state"
+        );
+        self.changed.notify_waiters();
+    }
+
+    /// Wait until admitted or the deadline passes.
+    async fn admit(&self, deadline: Instant) -> Result<bool, ProxyError> {
+        loop {
+            let notified = self.changed.notified();
+            let (verdict, changed) = self
+                .state
+                .lock()
+                .expect("breaker lock")
+                .admit(Instant::now());
+            if changed {
+                self.transitioned(self.phase());
+            }
+            let until = match verdict {
+                Admit::Pass { probe } => return Ok(probe),
+                Admit::Wait(until) => until,
+            };
+            let retry_after = until.map_or(Duration::from_secs(1), |u| {
+                u.saturating_duration_since(Instant::now())
+            });
+            if self.on_open == OnOpen::Reject || Instant::now() >= deadline {
+                return Err(ProxyError::CircuitOpen {
+                    upstream: self.metrics.name().to_owned(),
+                    retry_after,
+                });
+            }
+            let wake = until.map_or(deadline, |u| u.min(deadline));
+            tokio::select! {
+                () = notified => {}
+                () = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+
+    fn record(&self, outcome: Outcome, probe: bool) {
+        let mut state = self.state.lock().expect("breaker lock");
+        let changed = if outcome.reached_upstream() {
+            let jitter = self.rng.lock().expect("rng lock").random::<f64>();
+            state.record(outcome.is_upstream_failure(), probe, Instant::now(), jitter)
+        } else {
+            if probe {
+                state.release_probe();
+            }
+            false
+        };
+        let phase = state.phase();
+        drop(state);
+        if changed {
+            self.transitioned(phase);
+        }
+    }
+}
+
+/// Gives a half-open probe's slot back if its request is dropped (client gone) unanswered.
+struct ProbeSlot {
+    shared: Arc<BreakerShared>,
+    probe: Option<bool>,
+}
+
+impl Drop for ProbeSlot {
+    fn drop(&mut self) {
+        if self.probe == Some(true) {
+            self.shared
+                .state
+                .lock()
+                .expect("breaker lock")
+                .release_probe();
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct BreakerLayer {
+    shared: Arc<BreakerShared>,
+}
+
+impl BreakerLayer {
+    pub const fn new(shared: Arc<BreakerShared>) -> Self {
+        Self { shared }
+    }
+}
+
+impl<S> tower::Layer<S> for BreakerLayer {
+    type Service = CircuitBreaker<S>;
+    fn layer(&self, inner: S) -> CircuitBreaker<S> {
+        CircuitBreaker {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct CircuitBreaker<S> {
+    inner: S,
+    shared: Arc<BreakerShared>,
+}
+
+impl<S> tower::Service<ProxyRequest> for CircuitBreaker<S>
+where
+    S: tower::Service<ProxyRequest, Response = Response<Body>, Error = ProxyError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    type Response = Response<Body>;
+    type Error = ProxyError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, ProxyError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: ProxyRequest) -> Self::Future {
+        let shared = Arc::clone(&self.shared);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let probe = shared.admit(req.ctx.deadline).await?;
+            let mut slot = ProbeSlot {
+                shared: Arc::clone(&shared),
+                probe: Some(probe),
+            };
+            let result = inner.oneshot(req).await;
+            slot.probe = None;
+            shared.record(Outcome::of(&result), probe);
+            result
+        })
+    }
+}

@@ -1,0 +1,243 @@
+//! Concurrency window: at most `limit` requests in flight per upstream, the rest in a bounded
+//! FIFO queue (tokio's fair semaphore) for at most `queue_timeout` or their deadline. Overflow
+//! and timeouts get a 429 with a Retry-After estimated from the queue; nothing is dropped
+//! silently. The permit moves into the response body, so a stream counts as in flight until its
+//! last byte. The limit can move at run time (adaptive concurrency): growing adds permits,
+//! shrinking forgets free ones and takes the rest as debt from permits coming back.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::Response;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use crate::body::{Body, Guard, Guarded};
+use crate::error::ProxyError;
+use crate::forward::ProxyRequest;
+use crate::metrics::UpstreamMetrics;
+
+/// One upstream's window, shared by all its requests.
+pub struct Window {
+    semaphore: Arc<Semaphore>,
+    limit: AtomicU32,
+    debt: AtomicU32,
+    waiting: AtomicUsize,
+    queue_size: usize,
+    queue_timeout: Duration,
+    /// Smoothed time a request holds its slot, for Retry-After estimates (microseconds).
+    hold_micros: AtomicU32,
+    metrics: UpstreamMetrics,
+}
+
+impl Window {
+    pub fn new(
+        limit: u32,
+        queue_size: usize,
+        queue_timeout: Duration,
+        metrics: UpstreamMetrics,
+    ) -> Arc<Self> {
+        metrics.concurrency_limit.set(i64::from(limit));
+        Arc::new(Self {
+            semaphore: Arc::new(Semaphore::new(limit as usize)),
+            limit: AtomicU32::new(limit),
+            debt: AtomicU32::new(0),
+            waiting: AtomicUsize::new(0),
+            queue_size,
+            queue_timeout,
+            hold_micros: AtomicU32::new(1_000_000),
+            metrics,
+        })
+    }
+
+    pub fn limit(&self) -> u32 {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    pub fn in_use(&self) -> usize {
+        (self.limit() as usize).saturating_sub(self.semaphore.available_permits())
+    }
+
+    /// Move the limit to `new` (at least 1).
+    pub fn set_limit(&self, new: u32) {
+        let new = new.max(1);
+        let old = self.limit.swap(new, Ordering::AcqRel);
+        if new > old {
+            let mut grow = new - old;
+            // Cancel outstanding debt first.
+            while grow > 0 {
+                let debt = self.debt.load(Ordering::Acquire);
+                if debt == 0 {
+                    break;
+                }
+                let pay = debt.min(grow);
+                if self
+                    .debt
+                    .compare_exchange(debt, debt - pay, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    grow -= pay;
+                }
+            }
+            self.semaphore.add_permits(grow as usize);
+        } else if new < old {
+            let shrink = (old - new) as usize;
+            let forgotten = self.semaphore.forget_permits(shrink);
+            self.debt
+                .fetch_add((shrink - forgotten) as u32, Ordering::AcqRel);
+        }
+        self.metrics.concurrency_limit.set(i64::from(new));
+    }
+
+    fn retry_after(&self, waiting: usize) -> Duration {
+        let hold = Duration::from_micros(u64::from(self.hold_micros.load(Ordering::Relaxed)));
+        let per_slot = hold.as_secs_f64() / f64::from(self.limit().max(1));
+        Duration::from_secs_f64((per_slot * (waiting as f64 + 1.0)).clamp(1.0, 600.0))
+    }
+
+    async fn acquire(self: &Arc<Self>, deadline: Instant) -> Result<Slot, ProxyError> {
+        let upstream = || self.metrics.name().to_owned();
+        if let Ok(permit) = Arc::clone(&self.semaphore).try_acquire_owned() {
+            self.metrics.queue_wait.observe(0.0);
+            return Ok(Slot::new(self, permit));
+        }
+        let waiting = self.waiting.fetch_add(1, Ordering::AcqRel);
+        let _queued = Queued(self);
+        if waiting >= self.queue_size {
+            return Err(ProxyError::QueueFull {
+                upstream: upstream(),
+                retry_after: self.retry_after(waiting),
+            });
+        }
+        self.metrics.queue_depth.set(waiting as i64 + 1);
+        let start = Instant::now();
+        let until = (start + self.queue_timeout).min(deadline);
+        match tokio::time::timeout_at(until, Arc::clone(&self.semaphore).acquire_owned()).await {
+            Ok(Ok(permit)) => {
+                self.metrics
+                    .queue_wait
+                    .observe(start.elapsed().as_secs_f64());
+                Ok(Slot::new(self, permit))
+            }
+            Ok(Err(_closed)) => Err(ProxyError::Internal("concurrency window closed".into())),
+            Err(_) => Err(ProxyError::QueueTimeout {
+                upstream: upstream(),
+                waited: start.elapsed(),
+                retry_after: self.retry_after(self.waiting()),
+            }),
+        }
+    }
+}
+
+/// Keeps the waiting count (and the queue-depth gauge) right however the wait ends.
+struct Queued<'a>(&'a Window);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        let left = self.0.waiting.fetch_sub(1, Ordering::AcqRel) - 1;
+        self.0.metrics.queue_depth.set(left as i64);
+    }
+}
+
+/// A held slot; dropping it (when the response body ends) frees it, or pays down debt.
+pub struct Slot {
+    window: Arc<Window>,
+    permit: Option<OwnedSemaphorePermit>,
+    since: Instant,
+}
+
+impl Slot {
+    fn new(window: &Arc<Window>, permit: OwnedSemaphorePermit) -> Self {
+        Self {
+            window: Arc::clone(window),
+            permit: Some(permit),
+            since: Instant::now(),
+        }
+    }
+}
+
+impl Guard for Slot {}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let held = self.since.elapsed().as_micros().min(u128::from(u32::MAX)) as u32;
+        let old = self.window.hold_micros.load(Ordering::Relaxed);
+        self.window
+            .hold_micros
+            .store(old / 8 * 7 + held / 8, Ordering::Relaxed);
+        let permit = self.permit.take().expect("slot holds a permit");
+        let paid = self
+            .window
+            .debt
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| d.checked_sub(1))
+            .is_ok();
+        if paid {
+            permit.forget();
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct ConcurrencyLayer {
+    window: Arc<Window>,
+}
+
+impl ConcurrencyLayer {
+    pub const fn new(window: Arc<Window>) -> Self {
+        Self { window }
+    }
+}
+
+impl<S> tower::Layer<S> for ConcurrencyLayer {
+    type Service = Concurrency<S>;
+    fn layer(&self, inner: S) -> Concurrency<S> {
+        Concurrency {
+            inner,
+            window: Arc::clone(&self.window),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Concurrency<S> {
+    inner: S,
+    window: Arc<Window>,
+}
+
+impl<S> tower::Service<ProxyRequest> for Concurrency<S>
+where
+    S: tower::Service<ProxyRequest, Response = Response<Body>, Error = ProxyError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    type Response = Response<Body>;
+    type Error = ProxyError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, ProxyError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: ProxyRequest) -> Self::Future {
+        let window = Arc::clone(&self.window);
+        let mut inner = self.inner.clone();
+        Box::pin(async move {
+            let slot = window.acquire(req.ctx.deadline).await?;
+            let response = tower::Service::call(&mut inner, req).await?;
+            Ok(response.map(|body| Guarded::wrap(body, slot)))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

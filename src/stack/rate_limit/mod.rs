@@ -1,0 +1,320 @@
+//! Client-side rate limit for one upstream: configured ceilings (governor buckets for requests
+//! and tokens per minute) and the learned pacers, taken by every attempt in FIFO order while its
+//! deadline allows; beyond it, a 429 with a Retry-After computed from the bucket. Optionally one
+//! set of buckets per API key, keyed by a hash of the credential (never the credential).
+//!
+//! It sits inside Retry, so retries pay for their tokens like first attempts, and it sees every
+//! attempt's answer, which is what the pacers learn from.
+
+pub mod buckets;
+pub mod estimate;
+pub mod learn;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::num::NonZeroU32;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderMap, Response};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+use self::buckets::{take, Bucket};
+use self::learn::{Kind, Pacer, Ticket};
+use crate::body::Body;
+use crate::classify::Outcome;
+use crate::config::{LearnMode, Partition, UpstreamConfig};
+use crate::error::ProxyError;
+use crate::forward::ProxyRequest;
+use crate::metrics::UpstreamMetrics;
+
+/// Most partitions kept; requests with further keys share the upstream's default buckets.
+const MAX_PARTITIONS: usize = 10_000;
+
+/// The buckets of one partition (the upstream, or one API key of it).
+pub struct Buckets {
+    turn: tokio::sync::Mutex<()>,
+    requests: Option<Bucket>,
+    tokens: Option<Bucket>,
+    pacers: Option<Mutex<[Pacer; 2]>>,
+    answered: Notify,
+}
+
+impl Buckets {
+    fn new(config: &UpstreamConfig) -> Self {
+        let l = &config.limits;
+        let requests = l.rpm.map(|rpm| {
+            let burst = l
+                .burst
+                .unwrap_or_else(|| NonZeroU32::new((rpm.get() / 60).max(1)).expect("non-zero"));
+            Bucket::per_minute(rpm, burst)
+        });
+        let tokens = l.tpm.map(|tpm| {
+            let burst = l
+                .token_burst
+                .unwrap_or_else(|| NonZeroU32::new((tpm.get() / 6).max(1)).expect("non-zero"));
+            Bucket::per_minute(tpm, burst)
+        });
+        let a = &config.adaptive;
+        let now = Instant::now();
+        let pacers = (config.rate_limit == LearnMode::Auto).then(|| {
+            Mutex::new([
+                Pacer::new(Kind::Requests, a.initial_burst, a.rate_margin, now),
+                Pacer::new(Kind::Tokens, a.initial_burst, a.rate_margin, now),
+            ])
+        });
+        Self {
+            turn: tokio::sync::Mutex::new(()),
+            requests,
+            tokens,
+            pacers,
+            answered: Notify::new(),
+        }
+    }
+
+    /// Wait for this request's turn and capacity. Returns the pacers' tickets.
+    async fn acquire(
+        &self,
+        cost: u32,
+        deadline: Instant,
+        upstream: &str,
+    ) -> Result<Option<[Ticket; 2]>, ProxyError> {
+        let limited = |retry_after: Duration| ProxyError::RateLimited {
+            upstream: upstream.to_owned(),
+            retry_after,
+        };
+        let _turn = tokio::time::timeout_at(deadline, self.turn.lock())
+            .await
+            .map_err(|_| limited(Duration::from_secs(1)))?;
+        if let Some(bucket) = &self.requests {
+            take(bucket, 1, deadline).await.map_err(limited)?;
+        }
+        if let Some(bucket) = &self.tokens {
+            take(bucket, cost, deadline).await.map_err(limited)?;
+        }
+        let Some(pacers) = &self.pacers else {
+            return Ok(None);
+        };
+        let mut tickets = [None, None];
+        for (i, units) in [1.0, f64::from(cost)].into_iter().enumerate() {
+            loop {
+                let answered = self.answered.notified();
+                let verdict =
+                    pacers.lock().expect("pacer lock")[i].try_acquire(units, Instant::now());
+                match verdict {
+                    Ok(ticket) => {
+                        tickets[i] = Some(ticket);
+                        break;
+                    }
+                    Err(Some(wait)) if Instant::now() + wait > deadline => {
+                        return Err(limited(wait))
+                    }
+                    Err(Some(wait)) => {
+                        tokio::time::sleep(wait.max(Duration::from_micros(200))).await
+                    }
+                    Err(None) => {
+                        // Slow start: wait for an answer to teach us more (or re-check soon).
+                        let wake = (Instant::now() + Duration::from_millis(250)).min(deadline);
+                        if Instant::now() >= deadline {
+                            return Err(limited(Duration::from_secs(1)));
+                        }
+                        tokio::select! {
+                            () = answered => {}
+                            () = tokio::time::sleep_until(wake) => {}
+                        }
+                    }
+                }
+            }
+        }
+        Ok(Some([
+            tickets[0].expect("acquired"),
+            tickets[1].expect("acquired"),
+        ]))
+    }
+
+    fn observe(
+        &self,
+        tickets: [Ticket; 2],
+        outcome: Outcome,
+        headers: Option<&HeaderMap>,
+        metrics: &UpstreamMetrics,
+    ) {
+        let Some(pacers) = &self.pacers else { return };
+        let throttled = matches!(outcome, Outcome::Throttled(_));
+        let wall = SystemTime::now();
+        let now = Instant::now();
+        let mut pacers = pacers.lock().expect("pacer lock");
+        for (pacer, ticket) in pacers.iter_mut().zip(tickets) {
+            let report = headers.and_then(|h| learn::report(h, ticket_kind(pacer), wall));
+            pacer.observe(ticket, throttled, report, now);
+            let kind = ticket_kind(pacer).label();
+            metrics.learned(kind, pacer.rate(), pacer.burst());
+            metrics.limit_source(kind, pacer.source().label());
+            if let Some(r) = pacer.last_remaining {
+                metrics.remaining(kind, r);
+            }
+        }
+        drop(pacers);
+        self.answered.notify_waiters();
+    }
+
+    /// A JSON view for `/status`.
+    pub fn status(&self) -> serde_json::Value {
+        let ceiling = |b: &Option<Bucket>| {
+            b.as_ref().map(
+                |b| serde_json::json!({"per_second": b.per_second(), "burst": b.burst().get()}),
+            )
+        };
+        let learned = self.pacers.as_ref().map(|p| {
+            let p = p.lock().expect("pacer lock");
+            p.iter()
+                .map(|pacer| {
+                    serde_json::json!({
+                        "kind": ticket_kind(pacer).label(),
+                        "source": pacer.source().label(),
+                        "rate_per_second": pacer.rate(),
+                        "burst": pacer.burst(),
+                        "remaining_reported": pacer.last_remaining,
+                        "throttles_seen": pacer.throttles,
+                    })
+                })
+                .collect::<Vec<_>>()
+        });
+        serde_json::json!({
+            "config_requests": ceiling(&self.requests),
+            "config_tokens": ceiling(&self.tokens),
+            "learned": learned,
+        })
+    }
+}
+
+fn ticket_kind(p: &Pacer) -> Kind {
+    p.kind()
+}
+
+/// All partitions of one upstream.
+pub struct RateLimitShared {
+    default: Arc<Buckets>,
+    by_key: Option<(Mutex<HashMap<u64, Arc<Buckets>>>, RandomState)>,
+    config: UpstreamConfig,
+    metrics: UpstreamMetrics,
+}
+
+impl RateLimitShared {
+    pub fn new(config: &UpstreamConfig, metrics: UpstreamMetrics) -> Arc<Self> {
+        let by_key = (config.limits.partition == Partition::ApiKey)
+            .then(|| (Mutex::new(HashMap::new()), RandomState::new()));
+        Arc::new(Self {
+            default: Arc::new(Buckets::new(config)),
+            by_key,
+            config: config.clone(),
+            metrics,
+        })
+    }
+
+    fn buckets(&self, headers: &HeaderMap) -> Arc<Buckets> {
+        let Some((map, hasher)) = &self.by_key else {
+            return Arc::clone(&self.default);
+        };
+        let credential = ["authorization", "x-api-key", "api-key"]
+            .iter()
+            .find_map(|h| headers.get(*h));
+        let Some(credential) = credential else {
+            return Arc::clone(&self.default);
+        };
+        let mut h = hasher.build_hasher();
+        credential.as_bytes().hash(&mut h);
+        let key = h.finish();
+        let mut map = map.lock().expect("partition lock");
+        if let Some(b) = map.get(&key) {
+            return Arc::clone(b);
+        }
+        if map.len() >= MAX_PARTITIONS {
+            return Arc::clone(&self.default);
+        }
+        Arc::clone(
+            map.entry(key)
+                .or_insert_with(|| Arc::new(Buckets::new(&self.config))),
+        )
+    }
+
+    pub fn status(&self) -> serde_json::Value {
+        let mut v = self.default.status();
+        if let Some((map, _)) = &self.by_key {
+            v["partitions"] = serde_json::json!(map.lock().expect("partition lock").len());
+        }
+        v
+    }
+}
+
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    shared: Arc<RateLimitShared>,
+}
+
+impl RateLimitLayer {
+    pub const fn new(shared: Arc<RateLimitShared>) -> Self {
+        Self { shared }
+    }
+}
+
+impl<S> tower::Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+    fn layer(&self, inner: S) -> RateLimit<S> {
+        RateLimit {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct RateLimit<S> {
+    inner: S,
+    shared: Arc<RateLimitShared>,
+}
+
+impl<S> tower::Service<ProxyRequest> for RateLimit<S>
+where
+    S: tower::Service<ProxyRequest, Response = Response<Body>, Error = ProxyError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    type Response = Response<Body>;
+    type Error = ProxyError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, ProxyError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: ProxyRequest) -> Self::Future {
+        let shared = Arc::clone(&self.shared);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let m = &shared.metrics;
+            let cost =
+                estimate::estimate_tokens(&req.body, shared.config.limits.default_max_tokens);
+            let buckets = shared.buckets(&req.headers);
+            let start = Instant::now();
+            let tickets = buckets.acquire(cost, req.ctx.deadline, m.name()).await?;
+            m.rate_wait.observe(start.elapsed().as_secs_f64());
+            if shared.config.limits.tpm.is_some() {
+                m.tokens_charged.inc_by(u64::from(cost));
+            }
+            let result = inner.oneshot(req).await;
+            if let Some(tickets) = tickets {
+                let headers = result.as_ref().ok().map(Response::headers);
+                buckets.observe(tickets, Outcome::of(&result), headers, m);
+            }
+            result
+        })
+    }
+}

@@ -1,0 +1,150 @@
+//! Classification: may this answer be retried, and why? (The schedule lives in `backoff`,
+//! `hints` and the budget.)
+
+use http::response::Parts;
+
+use crate::classify::{should_retry_header, Outcome};
+use crate::config::RetryConfig;
+
+/// Codes in a 429's body that no wait cures: OpenAI's billing error, Anthropic's spend limit.
+const PERMANENT_CODES: [&str; 2] = ["insufficient_quota", "enforced_spend_limit_reached"];
+
+/// The verdict on one answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Hand it to the client.
+    Done,
+    /// Try again, for this reason (a metric label).
+    Retry(&'static str),
+}
+
+/// Judge an upstream response head (and, for 429s, its buffered body).
+pub fn judge_response(parts: &Parts, body: &[u8], config: &RetryConfig) -> Verdict {
+    let outcome = Outcome::of_status(parts.status);
+    let by_status = match outcome {
+        Outcome::Throttled(_) => !is_permanent_429(parts, body, config),
+        Outcome::ServerError(500) => config.retry_500,
+        Outcome::ServerError(s) => matches!(s, 502..=504),
+        _ => false,
+    };
+    let retry = should_retry_header(&parts.headers).unwrap_or(by_status);
+    if retry && !matches!(outcome, Outcome::Success | Outcome::ClientError(_)) {
+        Verdict::Retry(outcome.label())
+    } else if retry && should_retry_header(&parts.headers) == Some(true) {
+        Verdict::Retry("should_retry")
+    } else {
+        Verdict::Done
+    }
+}
+
+/// A 429 no wait can cure: a billing code, a configured code, or Anthropic's spend-limit shape
+/// (no `retry-after`, a billing message).
+fn is_permanent_429(parts: &Parts, body: &[u8], config: &RetryConfig) -> bool {
+    if parts.status != 429 {
+        return false;
+    }
+    let Ok(json) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return false;
+    };
+    let error = &json["error"];
+    let fields = [
+        &error["code"],
+        &error["type"],
+        &error["details"]["error_code"],
+        &error["details"]["code"],
+    ];
+    let codes: Vec<&str> = fields.iter().filter_map(|v| v.as_str()).collect();
+    let listed =
+        |c: &&str| PERMANENT_CODES.contains(c) || config.permanent_codes.iter().any(|p| p == c);
+    if codes.iter().any(listed) {
+        return true;
+    }
+    let message = error["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let billing = ["spend limit", "billing", "credit balance", "quota"]
+        .iter()
+        .any(|w| message.contains(w));
+    billing && !parts.headers.contains_key(http::header::RETRY_AFTER)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Response;
+
+    fn parts(status: u16, headers: &[(&str, &str)]) -> Parts {
+        let mut b = Response::builder().status(status);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn status_rules() {
+        let c = RetryConfig::default();
+        for s in [429, 529, 500, 502, 503, 504] {
+            assert!(
+                matches!(judge_response(&parts(s, &[]), b"", &c), Verdict::Retry(_)),
+                "{s}"
+            );
+        }
+        for s in [200, 400, 401, 403, 404, 413, 422, 501] {
+            assert_eq!(
+                judge_response(&parts(s, &[]), b"", &c),
+                Verdict::Done,
+                "{s}"
+            );
+        }
+        let no500 = RetryConfig {
+            retry_500: false,
+            ..RetryConfig::default()
+        };
+        assert_eq!(judge_response(&parts(500, &[]), b"", &no500), Verdict::Done);
+    }
+
+    #[test]
+    fn should_retry_header_overrides() {
+        let c = RetryConfig::default();
+        assert_eq!(
+            judge_response(&parts(503, &[("x-should-retry", "false")]), b"", &c),
+            Verdict::Done
+        );
+        assert_eq!(
+            judge_response(&parts(409, &[("x-should-retry", "true")]), b"", &c),
+            Verdict::Retry("should_retry")
+        );
+    }
+
+    #[test]
+    fn permanent_429s() {
+        let c = RetryConfig {
+            permanent_codes: vec!["org_banned".into()],
+            ..RetryConfig::default()
+        };
+        let quota = br#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+        assert_eq!(
+            judge_response(&parts(429, &[("retry-after", "1")]), quota, &c),
+            Verdict::Done
+        );
+        let spend = br#"{"type":"error","error":{"type":"rate_limit_error","message":"You have reached your specified API usage limits (spend limit)."}}"#;
+        assert_eq!(judge_response(&parts(429, &[]), spend, &c), Verdict::Done);
+        let configured = br#"{"error":{"code":"org_banned","message":"x"}}"#;
+        assert_eq!(
+            judge_response(&parts(429, &[]), configured, &c),
+            Verdict::Done
+        );
+        let transient =
+            br#"{"error":{"code":"rate_limit_exceeded","message":"Rate limit reached"}}"#;
+        assert_eq!(
+            judge_response(&parts(429, &[("retry-after", "1")]), transient, &c),
+            Verdict::Retry("429")
+        );
+        assert_eq!(
+            judge_response(&parts(429, &[]), b"not json", &c),
+            Verdict::Retry("429")
+        );
+    }
+}

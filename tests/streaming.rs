@@ -14,22 +14,34 @@ use support::*;
 use tokio::sync::mpsc;
 
 /// A mock whose SSE events the test releases one at a time through the returned sender.
-async fn sse_upstream() -> (MockUpstream, Arc<Mutex<Option<mpsc::Sender<Bytes>>>>, Arc<AtomicBool>) {
+async fn sse_upstream() -> (
+    MockUpstream,
+    Arc<Mutex<Option<mpsc::Sender<Bytes>>>>,
+    Arc<AtomicBool>,
+) {
     let sender = Arc::new(Mutex::new(None));
     let dropped = Arc::new(AtomicBool::new(false));
     let (s2, d2) = (Arc::clone(&sender), Arc::clone(&dropped));
     let upstream = MockUpstream::start(move |_| {
         let (tx, rx) = mpsc::channel(16);
         *s2.lock().unwrap() = Some(tx);
-        let body = ChannelBody::new(rx, Arc::clone(&d2));
-        async move { Response::builder().header("content-type", "text/event-stream").body(body).unwrap() }
+        let body = ChannelBody::boxed(rx, Arc::clone(&d2));
+        async move {
+            Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(body)
+                .unwrap()
+        }
     })
     .await;
     (upstream, sender, dropped)
 }
 
 fn tx(slot: &Arc<Mutex<Option<mpsc::Sender<Bytes>>>>) -> mpsc::Sender<Bytes> {
-    slot.lock().unwrap().take().expect("upstream got the request")
+    slot.lock()
+        .unwrap()
+        .take()
+        .expect("upstream got the request")
 }
 
 #[tokio::test]
@@ -37,20 +49,32 @@ async fn first_event_arrives_while_upstream_holds_the_rest() {
     let (upstream, slot, _) = sse_upstream().await;
     let corral = Corral::start(&one_upstream(&upstream, "")).await;
     let response = client()
-        .request(post(&corral.url("/v1/chat/completions"), r#"{"stream":true}"#))
+        .request(post(
+            &corral.url("/v1/chat/completions"),
+            r#"{"stream":true}"#,
+        ))
         .await
         .unwrap();
     assert_eq!(response.headers()["content-type"], "text/event-stream");
     let mut body = response.into_body();
     let sender = tx(&slot);
-    sender.send(Bytes::from_static(b"data: {\"n\":1}\n\n")).await.unwrap();
+    sender
+        .send(Bytes::from_static(b"data: {\"n\":1}\n\n"))
+        .await
+        .unwrap();
     let first = tokio::time::timeout(Duration::from_secs(5), body.frame())
         .await
         .expect("the first event arrived while the upstream still holds the rest")
         .unwrap()
         .unwrap();
-    assert_eq!(first.data_ref().unwrap(), &Bytes::from_static(b"data: {\"n\":1}\n\n"));
-    sender.send(Bytes::from_static(b"data: [DONE]\n\n")).await.unwrap();
+    assert_eq!(
+        first.data_ref().unwrap(),
+        &Bytes::from_static(b"data: {\"n\":1}\n\n")
+    );
+    sender
+        .send(Bytes::from_static(b"data: [DONE]\n\n"))
+        .await
+        .unwrap();
     drop(sender);
     let rest = body.collect().await.unwrap().to_bytes();
     assert_eq!(&rest[..], b"data: [DONE]\n\n");
@@ -61,11 +85,17 @@ async fn client_disconnect_cancels_the_upstream_stream() {
     let (upstream, slot, dropped) = sse_upstream().await;
     let corral = Corral::start(&one_upstream(&upstream, "")).await;
     let response = client()
-        .request(post(&corral.url("/v1/chat/completions"), r#"{"stream":true}"#))
+        .request(post(
+            &corral.url("/v1/chat/completions"),
+            r#"{"stream":true}"#,
+        ))
         .await
         .unwrap();
     let sender = tx(&slot);
-    sender.send(Bytes::from_static(b"data: 1\n\n")).await.unwrap();
+    sender
+        .send(Bytes::from_static(b"data: 1\n\n"))
+        .await
+        .unwrap();
     let mut body = response.into_body();
     body.frame().await.unwrap().unwrap();
     assert!(!dropped.load(Ordering::SeqCst));
@@ -111,7 +141,10 @@ async fn shutdown_drains_an_in_flight_stream() {
     let (upstream, slot, _) = sse_upstream().await;
     let mut corral = Corral::start(&one_upstream(&upstream, "")).await;
     let response = client()
-        .request(post(&corral.url("/v1/chat/completions"), r#"{"stream":true}"#))
+        .request(post(
+            &corral.url("/v1/chat/completions"),
+            r#"{"stream":true}"#,
+        ))
         .await
         .unwrap();
     let sender = tx(&slot);
@@ -119,15 +152,29 @@ async fn shutdown_drains_an_in_flight_stream() {
     // Readiness flips first; the listener closes.
     assert!(eventually(Duration::from_secs(5), || !corral.app.is_ready()).await);
     assert!(
-        eventually(Duration::from_secs(5), || std::net::TcpStream::connect(corral.addr).is_err()).await,
+        eventually(Duration::from_secs(5), || std::net::TcpStream::connect(
+            corral.addr
+        )
+        .is_err())
+        .await,
         "listener still accepting during the drain"
     );
     // The in-flight stream still completes.
-    sender.send(Bytes::from_static(b"data: 1\n\n")).await.unwrap();
-    sender.send(Bytes::from_static(b"data: [DONE]\n\n")).await.unwrap();
+    sender
+        .send(Bytes::from_static(b"data: 1\n\n"))
+        .await
+        .unwrap();
+    sender
+        .send(Bytes::from_static(b"data: [DONE]\n\n"))
+        .await
+        .unwrap();
     drop(sender);
     let all = response.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(&all[..], b"data: 1\n\ndata: [DONE]\n\n");
     let task = corral.task.take().unwrap();
-    tokio::time::timeout(Duration::from_secs(5), task).await.expect("server stopped after the drain").unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("server stopped after the drain")
+        .unwrap()
+        .unwrap();
 }

@@ -220,7 +220,8 @@ pub struct ChannelBody {
 }
 
 impl ChannelBody {
-    pub fn new(
+    /// A boxed body reading from `rx`; `dropped` turns true when it is dropped.
+    pub fn boxed(
         rx: tokio::sync::mpsc::Receiver<Bytes>,
         dropped: Arc<std::sync::atomic::AtomicBool>,
     ) -> Body {
@@ -235,7 +236,9 @@ impl http_body::Body for ChannelBody {
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
-        self.rx.poll_recv(cx).map(|o| o.map(|b| Ok(http_body::Frame::data(b))))
+        self.rx
+            .poll_recv(cx)
+            .map(|o| o.map(|b| Ok(http_body::Frame::data(b))))
     }
 }
 

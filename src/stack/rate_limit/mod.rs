@@ -12,7 +12,7 @@ pub mod learn;
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::hash::{BuildHasher, RandomState};
 use std::num::NonZeroU32;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -197,10 +197,13 @@ fn ticket_kind(p: &Pacer) -> Kind {
     p.kind()
 }
 
+/// Buckets per credential hash.
+type PartitionMap = HashMap<u64, Arc<Buckets>>;
+
 /// All partitions of one upstream.
 pub struct RateLimitShared {
     default: Arc<Buckets>,
-    by_key: Option<(Mutex<HashMap<u64, Arc<Buckets>>>, RandomState)>,
+    by_key: Option<(Mutex<PartitionMap>, RandomState)>,
     config: UpstreamConfig,
     metrics: UpstreamMetrics,
 }
@@ -227,9 +230,7 @@ impl RateLimitShared {
         let Some(credential) = credential else {
             return Arc::clone(&self.default);
         };
-        let mut h = hasher.build_hasher();
-        credential.as_bytes().hash(&mut h);
-        let key = h.finish();
+        let key = hasher.hash_one(credential.as_bytes());
         let mut map = map.lock().expect("partition lock");
         if let Some(b) = map.get(&key) {
             return Arc::clone(b);

@@ -1,1 +1,266 @@
+//! Retry in virtual time against a scripted inner service.
 
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Response, StatusCode};
+use http_body_util::BodyExt;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use tokio::time::Instant;
+use tower::{Layer, ServiceExt};
+
+use super::*;
+use crate::config::{HumanDuration, Jitter};
+use crate::forward::RequestCtx;
+
+/// Answers from a script, recording when each attempt arrived.
+#[derive(Clone)]
+struct Script {
+    answers: Arc<Mutex<VecDeque<Response<Body>>>>,
+    times: Arc<Mutex<Vec<Instant>>>,
+    calls: Arc<AtomicUsize>,
+}
+
+fn answer(status: u16, headers: &[(&str, &str)], body: &str) -> Response<Body> {
+    let mut b = Response::builder().status(status);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    b.body(crate::body::full(body.to_owned())).unwrap()
+}
+
+impl Script {
+    fn new(answers: Vec<Response<Body>>) -> Self {
+        Self {
+            answers: Arc::new(Mutex::new(answers.into())),
+            times: Arc::default(),
+            calls: Arc::default(),
+        }
+    }
+    fn service(
+        &self,
+    ) -> impl tower::Service<
+        ProxyRequest,
+        Response = Response<Body>,
+        Error = ProxyError,
+        Future = impl Send,
+    > + Clone
+           + Send
+           + 'static {
+        let s = self.clone();
+        tower::service_fn(move |_req: ProxyRequest| {
+            let s = s.clone();
+            async move {
+                s.calls.fetch_add(1, Ordering::SeqCst);
+                s.times.lock().unwrap().push(Instant::now());
+                let next = s.answers.lock().unwrap().pop_front();
+                Ok::<_, ProxyError>(next.unwrap_or_else(|| answer(200, &[], "ok")))
+            }
+        })
+    }
+}
+
+fn config(jitter: Jitter) -> RetryConfig {
+    RetryConfig {
+        jitter,
+        floor_jitter: HumanDuration::from_millis(500),
+        ..RetryConfig::default()
+    }
+}
+
+fn request(deadline: Duration) -> ProxyRequest {
+    let now = Instant::now();
+    ProxyRequest {
+        method: http::Method::POST,
+        uri: "http://127.0.0.1/v1/chat/completions".parse().unwrap(),
+        headers: Default::default(),
+        body: Default::default(),
+        ctx: Arc::new(RequestCtx::new(now, now + deadline)),
+    }
+}
+
+fn retry(config: &RetryConfig, seed: u64) -> RetryLayer {
+    let m = crate::metrics::Metrics::new().upstream("t");
+    RetryLayer::new(RetryShared::with_rng(
+        config,
+        m,
+        SmallRng::seed_from_u64(seed),
+    ))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_400_is_returned_on_the_first_attempt() {
+    let script = Script::new(vec![answer(400, &[], r#"{"error":{"message":"bad"}}"#)]);
+    let svc = retry(&config(Jitter::Full), 1).layer(script.service());
+    let response = svc.oneshot(request(Duration::from_secs(60))).await.unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(script.calls.load(Ordering::SeqCst), 1);
+    assert!(response.headers().get("x-should-retry").is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_is_a_floor_with_jitter_on_top() {
+    // 80 requests told "retry-after: 30" must not all return at second 30.
+    let mut returns = Vec::new();
+    for seed in 0..80 {
+        let script = Script::new(vec![answer(429, &[("retry-after", "30")], "{}")]);
+        let svc = retry(&config(Jitter::Full), seed).layer(script.service());
+        let start = Instant::now();
+        let response = svc
+            .oneshot(request(Duration::from_secs(600)))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let times = script.times.lock().unwrap().clone();
+        let waited = times[1] - start;
+        assert!(
+            waited >= Duration::from_secs(30),
+            "slept {waited:?}, under the server's floor"
+        );
+        // tokio timers round up to the millisecond.
+        assert!(
+            waited <= Duration::from_millis(30_501),
+            "slept {waited:?}, more than floor + floor_jitter"
+        );
+        returns.push(waited);
+    }
+    returns.sort();
+    returns.dedup();
+    assert!(
+        returns.len() > 70,
+        "returns are spread, not synchronized: {} distinct",
+        returns.len()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn gives_up_after_max_retries_passing_the_last_answer_marked() {
+    let storm: Vec<_> = (0..10)
+        .map(|i| answer(503, &[("x-attempt", &i.to_string())], "busy"))
+        .collect();
+    let script = Script::new(storm);
+    let cfg = RetryConfig {
+        max_retries: 3,
+        ..config(Jitter::Full)
+    };
+    let svc = retry(&cfg, 2).layer(script.service());
+    let response = svc
+        .oneshot(request(Duration::from_secs(600)))
+        .await
+        .unwrap();
+    assert_eq!(
+        script.calls.load(Ordering::SeqCst),
+        4,
+        "first attempt plus 3 retries"
+    );
+    assert_eq!(response.status(), 503);
+    assert_eq!(
+        response.headers()["x-attempt"],
+        "3",
+        "the upstream's last answer"
+    );
+    assert_eq!(response.headers()["x-should-retry"], "false");
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"busy", "the upstream's body, untouched");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_storm_longer_than_the_deadline_ends_within_it() {
+    let script = Script::new((0..1000).map(|_| answer(503, &[], "down")).collect());
+    let cfg = RetryConfig {
+        max_retries: 1000,
+        ..config(Jitter::Full)
+    };
+    let svc = retry(&cfg, 3).layer(script.service());
+    let start = Instant::now();
+    let response = svc.oneshot(request(Duration::from_secs(20))).await.unwrap();
+    assert!(
+        start.elapsed() <= Duration::from_secs(20),
+        "ended after {:?}",
+        start.elapsed()
+    );
+    assert_eq!(response.status(), 503);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hint_beyond_the_deadline_passes_the_429_through_unchanged() {
+    let script = Script::new(vec![answer(429, &[("retry-after", "120")], "slow down")]);
+    let svc = retry(&config(Jitter::Full), 4).layer(script.service());
+    let start = Instant::now();
+    let response = svc.oneshot(request(Duration::from_secs(60))).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO, "gave up at once");
+    assert_eq!(response.status(), 429);
+    assert_eq!(response.headers()["retry-after"], "120");
+    assert!(
+        response.headers().get("x-should-retry").is_none(),
+        "not retried, so unchanged"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn permanent_429_is_not_retried() {
+    let quota = r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+    let script = Script::new(vec![answer(429, &[("retry-after", "1")], quota)]);
+    let svc = retry(&config(Jitter::Full), 5).layer(script.service());
+    let response = svc.oneshot(request(Duration::from_secs(60))).await.unwrap();
+    assert_eq!(response.status(), 429);
+    assert_eq!(script.calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_budget_caps_retries_during_an_outage() {
+    // ratio 0.2 and 1 retry per second of reserve over 10 s: 100 failing requests in one burst
+    // may add at most about 0.2 * 100 + 10 retries, not 100 * max_retries.
+    let cfg = RetryConfig {
+        budget_min_per_second: 1,
+        budget_ratio: 0.2,
+        max_retries: 6,
+        ..config(Jitter::Full)
+    };
+    let script = Script::new((0..10_000).map(|_| answer(503, &[], "down")).collect());
+    let layer = retry(&cfg, 6);
+    let svc = layer.layer(script.service());
+    let handles: Vec<_> = (0..100)
+        .map(|_| tokio::spawn(svc.clone().oneshot(request(Duration::from_secs(600)))))
+        .collect();
+    for h in handles {
+        assert_eq!(h.await.unwrap().unwrap().status(), 503);
+    }
+    let calls = script.calls.load(Ordering::SeqCst);
+    assert!(
+        calls <= 100 + 35,
+        "{calls} attempts: the budget let too many retries through"
+    );
+    assert!(calls > 100, "some retries were allowed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn connection_errors_are_retried() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = Arc::clone(&calls);
+    let flaky = tower::service_fn(move |_req: ProxyRequest| {
+        let n = c.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if n == 0 {
+                Err(ProxyError::UpstreamConnect {
+                    upstream: "t".into(),
+                    reason: "refused".into(),
+                })
+            } else {
+                Ok(answer(200, &[], "ok"))
+            }
+        }
+    });
+    let svc = retry(&config(Jitter::Full), 7).layer(flaky);
+    assert_eq!(
+        svc.oneshot(request(Duration::from_secs(60)))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}

@@ -21,6 +21,8 @@ use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
 
+pub mod gradient;
+
 /// One upstream's window, shared by all its requests.
 pub struct Window {
     semaphore: Arc<Semaphore>,
@@ -31,6 +33,8 @@ pub struct Window {
     queue_timeout: Duration,
     /// Smoothed time a request holds its slot, for Retry-After estimates (microseconds).
     hold_micros: AtomicU32,
+    /// With `concurrency = "auto"`: the latency-gradient limit.
+    gradient: Option<std::sync::Mutex<gradient::Gradient>>,
     metrics: UpstreamMetrics,
 }
 
@@ -50,8 +54,38 @@ impl Window {
             queue_size,
             queue_timeout,
             hold_micros: AtomicU32::new(1_000_000),
+            gradient: None,
             metrics,
         })
+    }
+
+    /// A window whose limit follows the upstream's latency, between `min` and `max`.
+    pub fn adaptive(
+        initial: u32,
+        min: u32,
+        max: u32,
+        tolerance: f64,
+        queue_size: usize,
+        queue_timeout: Duration,
+        metrics: UpstreamMetrics,
+    ) -> Arc<Self> {
+        let initial = initial.clamp(min, max);
+        let mut window = Arc::into_inner(Self::new(initial, queue_size, queue_timeout, metrics))
+            .expect("fresh window");
+        window.gradient = Some(std::sync::Mutex::new(gradient::Gradient::new(
+            initial, min, max, tolerance,
+        )));
+        Arc::new(window)
+    }
+
+    /// Feed the time from slot to response head into the adaptive limit, if there is one.
+    fn sample(&self, latency: Duration) {
+        if let Some(g) = &self.gradient {
+            let new = g.lock().expect("gradient lock").sample(latency);
+            if new != self.limit() {
+                self.set_limit(new);
+            }
+        }
     }
 
     pub fn limit(&self) -> u32 {
@@ -234,6 +268,7 @@ where
         Box::pin(async move {
             let slot = window.acquire(req.ctx.deadline).await?;
             let response = tower::Service::call(&mut inner, req).await?;
+            window.sample(slot.since.elapsed());
             Ok(response.map(|body| Guarded::wrap(body, slot)))
         })
     }

@@ -31,7 +31,7 @@ use tower::ServiceBuilder;
 
 use crate::body::Body;
 use crate::client::UpstreamClient;
-use crate::config::UpstreamConfig;
+use crate::config::{ConcurrencyMode, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
@@ -51,12 +51,25 @@ pub struct StackState {
 pub fn build(config: &UpstreamConfig, metrics: &UpstreamMetrics) -> (Stack, StackState) {
     let client = UpstreamClient::new(config.name(), config.connect_timeout.0);
     let limits = &config.limits;
-    let window = concurrency::Window::new(
-        limits.max_concurrency.get(),
-        limits.queue_size,
-        limits.queue_timeout.0,
-        metrics.clone(),
-    );
+    let a = &config.adaptive;
+    let window = match config.concurrency {
+        ConcurrencyMode::Fixed => concurrency::Window::new(
+            limits.max_concurrency.get(),
+            limits.queue_size,
+            limits.queue_timeout.0,
+            metrics.clone(),
+        ),
+        // `max_concurrency` stays the hard ceiling.
+        ConcurrencyMode::Auto => concurrency::Window::adaptive(
+            a.initial_concurrency,
+            a.min_concurrency,
+            limits.max_concurrency.get(),
+            a.latency_tolerance,
+            limits.queue_size,
+            limits.queue_timeout.0,
+            metrics.clone(),
+        ),
+    };
     let breaker = config
         .breaker
         .enabled

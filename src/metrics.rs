@@ -48,7 +48,7 @@ pub struct Metrics {
     limit_source: GaugeVec,
     concurrency_limit: IntGaugeVec,
     corral_errors: IntCounterVec,
-    seconds_saved: CounterVec,
+    hint_seconds: CounterVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -111,7 +111,7 @@ impl Metrics {
             limit_source: fgauge(&r, "corral_limit_source", "1 for the source of the current pacing limit (config, headers, aimd, slow_start, none).", &["upstream", "kind", "source"]),
             concurrency_limit: gauge(&r, "corral_concurrency_limit", "Current concurrency window (fixed or adaptive).", up),
             corral_errors: counter(&r, "corral_errors_total", "Answers corral produced itself, by cause.", &["upstream", "cause"]),
-            seconds_saved: {
+            hint_seconds: {
                 let c = CounterVec::new(Opts::new("corral_retry_hint_seconds_total", "Seconds of server-hinted waits honoured before retries."), up).expect("valid metric");
                 r.register(Box::new(c.clone())).expect("unique metric");
                 c
@@ -142,7 +142,7 @@ impl Metrics {
             response_bytes: self.response_bytes.with_label_values(v),
             backoff: self.backoff.with_label_values(v),
             hints_honoured: self.hints_honoured.with_label_values(v),
-            hint_seconds: self.seconds_saved.with_label_values(v),
+            hint_seconds: self.hint_seconds.with_label_values(v),
             budget_exhausted: self.budget_exhausted.with_label_values(v),
             client_retries: self.client_retries.with_label_values(v),
             breaker_state: self.breaker_state.with_label_values(v),

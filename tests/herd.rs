@@ -17,7 +17,11 @@ struct Run {
     stats: Stats,
 }
 
+/// The herds run one at a time: two at once on a two-core machine measure each other.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn herd(tasks: usize, capacity: u32, refill: f64, corral_extra: &str) -> Run {
+    let _serial = SERIAL.lock().await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let sim_addr = listener.local_addr().unwrap();
     let sim = Simulator::new(SimConfig {

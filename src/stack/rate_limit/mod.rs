@@ -150,9 +150,9 @@ impl Buckets {
         let now = Instant::now();
         let mut pacers = pacers.lock().expect("pacer lock");
         for (pacer, ticket) in pacers.iter_mut().zip(tickets) {
-            let report = headers.and_then(|h| learn::report(h, ticket_kind(pacer), wall));
+            let report = headers.and_then(|h| learn::report(h, pacer.kind(), wall));
             pacer.observe(ticket, throttled, report, now);
-            let kind = ticket_kind(pacer).label();
+            let kind = pacer.kind().label();
             metrics.learned(kind, pacer.rate(), pacer.burst());
             metrics.limit_source(kind, pacer.source().label());
             if let Some(r) = pacer.last_remaining {
@@ -175,7 +175,7 @@ impl Buckets {
             p.iter()
                 .map(|pacer| {
                     serde_json::json!({
-                        "kind": ticket_kind(pacer).label(),
+                        "kind": pacer.kind().label(),
                         "source": pacer.source().label(),
                         "rate_per_second": pacer.rate(),
                         "burst": pacer.burst(),
@@ -191,10 +191,6 @@ impl Buckets {
             "learned": learned,
         })
     }
-}
-
-fn ticket_kind(p: &Pacer) -> Kind {
-    p.kind()
 }
 
 /// Buckets per credential hash.

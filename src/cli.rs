@@ -39,6 +39,15 @@ pub enum Command {
     },
     /// Run a rate-limited fake OpenAI/Anthropic upstream, for offline tests.
     Simulate(crate::simulate::SimulateArgs),
+    /// Benchmarks that print figures.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// The thundering-herd benchmark: hand-written retry loops against corral, side by side.
+    Herd(crate::herd::HerdArgs),
 }
 
 /// Running the proxy.

@@ -10,6 +10,7 @@ pub mod client;
 pub mod config;
 pub mod error;
 pub mod forward;
+pub mod herd;
 pub mod metrics;
 pub mod router;
 pub mod server;

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use corral::cli::{init_logging, Cli, Command};
+use corral::cli::{init_logging, BenchCommand, Cli, Command};
 use corral::{config, server, shutdown};
 
 fn main() -> ExitCode {
@@ -28,6 +28,21 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("corral simulate: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Some(Command::Bench(BenchCommand::Herd(args))) => {
+            // corral's own per-request log lines would drown the figures.
+            std::env::set_var(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            );
+            init_logging(cli.log_format);
+            match runtime().block_on(corral::herd::main(args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("corral bench herd: {e}");
                     ExitCode::FAILURE
                 }
             }

@@ -1,0 +1,350 @@
+//! `corral bench herd`: the thundering-herd benchmark. N tasks fired at once at `corral
+//! simulate` (a token bucket answering OpenAI-style 429s), once per strategy, in one run:
+//! hand-written client retry loops (deterministic exponential backoff, equal jitter, full
+//! jitter; base 1 s, cap 30 s, 6 retries, Retry-After ignored as such loops do) and clients that
+//! never retry going through corral, unconfigured (learning the limit) and with its rate limit
+//! set to the simulator's. Everything runs in this process on 127.0.0.1; the simulator is fresh
+//! for each strategy.
+
+mod report;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+pub use self::report::{svg, table};
+use crate::config::{self, Jitter};
+use crate::simulate::{SimConfig, Simulator};
+use crate::stack::retry::backoff::Backoff;
+
+/// The benchmark's flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct HerdArgs {
+    /// Tasks fired at once.
+    #[arg(long, default_value_t = 500)]
+    pub tasks: usize,
+    /// The simulator's bucket capacity.
+    #[arg(long, default_value_t = 50)]
+    pub capacity: u32,
+    /// The simulator's refill, requests per second.
+    #[arg(long, default_value_t = 20.0)]
+    pub refill: f64,
+    /// Scale time by 10: refill x10, service time, backoff base and cap /10.
+    #[arg(long)]
+    pub quick: bool,
+    /// Run only these strategies (default: all).
+    #[arg(long, value_enum)]
+    pub strategy: Vec<Strategy>,
+    /// Where the table (herd.md) and chart (herd.svg) go.
+    #[arg(long, default_value = "bench-out")]
+    pub out: std::path::PathBuf,
+}
+
+/// One way of getting N tasks through the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Strategy {
+    /// Client-side `base * 2^n` backoff, no jitter.
+    Deterministic,
+    /// Client-side equal jitter.
+    EqualJitter,
+    /// Client-side full jitter.
+    FullJitter,
+    /// Clients that never retry, through corral with default settings.
+    CorralAuto,
+    /// Clients that never retry, through corral with its limit set to the simulator's.
+    CorralConfigured,
+}
+
+impl Strategy {
+    pub const ALL: [Strategy; 5] = [
+        Strategy::Deterministic,
+        Strategy::EqualJitter,
+        Strategy::FullJitter,
+        Strategy::CorralAuto,
+        Strategy::CorralConfigured,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Strategy::Deterministic => "client: deterministic backoff",
+            Strategy::EqualJitter => "client: equal jitter",
+            Strategy::FullJitter => "client: full jitter",
+            Strategy::CorralAuto => "corral, unconfigured",
+            Strategy::CorralConfigured => "corral, limit set",
+        }
+    }
+}
+
+/// The experiment's shape, after `--quick` scaling.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub tasks: usize,
+    pub capacity: u32,
+    pub refill: f64,
+    pub service: Duration,
+    pub base: Duration,
+    pub cap: Duration,
+    pub max_retries: u32,
+}
+
+impl Spec {
+    pub fn from_args(a: &HerdArgs) -> Self {
+        let scale = if a.quick { 10.0 } else { 1.0 };
+        Self {
+            tasks: a.tasks,
+            capacity: a.capacity,
+            refill: a.refill * scale,
+            service: Duration::from_millis(200).div_f64(scale),
+            base: Duration::from_secs(1).div_f64(scale),
+            cap: Duration::from_secs(30).div_f64(scale),
+            max_retries: 6,
+        }
+    }
+
+    /// The physical bound: (N - capacity) / refill.
+    pub fn bound(&self) -> Duration {
+        Duration::from_secs_f64(
+            (self.tasks.saturating_sub(self.capacity as usize)) as f64 / self.refill,
+        )
+    }
+}
+
+/// What one strategy achieved.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    pub strategy: Strategy,
+    pub makespan: Duration,
+    pub ok: usize,
+    pub failed: usize,
+    pub upstream_429: u64,
+    pub client_429: u64,
+    pub upstream_requests: u64,
+    pub latencies: Vec<Duration>,
+    pub arrivals_per_100ms: Vec<u32>,
+}
+
+impl RunResult {
+    pub fn retries_per_task(&self, tasks: usize) -> f64 {
+        self.upstream_requests.saturating_sub(tasks as u64) as f64 / tasks as f64
+    }
+
+    pub fn percentile(&self, p: f64) -> Duration {
+        if self.latencies.is_empty() {
+            return Duration::ZERO;
+        }
+        let mut l = self.latencies.clone();
+        l.sort();
+        l[((l.len() - 1) as f64 * p).round() as usize]
+    }
+
+    /// Variance of upstream arrivals per whole second.
+    pub fn arrival_variance(&self) -> f64 {
+        let per_s: Vec<f64> = self
+            .arrivals_per_100ms
+            .chunks(10)
+            .map(|c| c.iter().map(|n| f64::from(*n)).sum())
+            .collect();
+        if per_s.is_empty() {
+            return 0.0;
+        }
+        let mean = per_s.iter().sum::<f64>() / per_s.len() as f64;
+        per_s.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / per_s.len() as f64
+    }
+}
+
+/// Run `strategies` one after another.
+pub async fn run(spec: &Spec, strategies: &[Strategy]) -> std::io::Result<Vec<RunResult>> {
+    let mut results = Vec::new();
+    for s in strategies {
+        let result = run_one(spec, *s).await?;
+        eprintln!(
+            "{:<30} makespan {:>7.2}s  ok {:>4}  failed {:>4}  upstream 429s {:>5}",
+            s.label(),
+            result.makespan.as_secs_f64(),
+            result.ok,
+            result.failed,
+            result.upstream_429
+        );
+        results.push(result);
+    }
+    Ok(results)
+}
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// One strategy against a fresh simulator.
+pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResult> {
+    let sim_listener = TcpListener::bind("127.0.0.1:0").await?;
+    let sim_addr = sim_listener.local_addr()?;
+    let sim = Simulator::new(SimConfig {
+        capacity: spec.capacity,
+        refill: spec.refill,
+        service_time: spec.service,
+        ..SimConfig::default()
+    });
+    let (stop_sim, sim_stopped) = oneshot::channel::<()>();
+    let sim_task = tokio::spawn(sim.clone().serve(sim_listener, async {
+        let _ = sim_stopped.await;
+    }));
+
+    let (target, corral) = match strategy {
+        Strategy::CorralAuto | Strategy::CorralConfigured => {
+            let limits = if strategy == Strategy::CorralConfigured {
+                format!(
+                    "[upstream.limits]\nrpm = {}\nburst = {}\n",
+                    (spec.refill * 60.0).round() as u64,
+                    spec.capacity
+                )
+            } else {
+                String::new()
+            };
+            let toml = format!("[[upstream]]\nname = \"sim\"\nroute = \"/v1\"\nbase_url = \"http://{sim_addr}/v1\"\n{limits}");
+            let config =
+                config::load_str("(herd benchmark)", &toml).map_err(std::io::Error::other)?;
+            let listener = TcpListener::bind("127.0.0.1:0").await?;
+            let addr = listener.local_addr()?;
+            let (stop, stopped) = oneshot::channel::<()>();
+            let task = tokio::spawn(crate::server::run(
+                crate::server::App::new(&config),
+                listener,
+                None,
+                async {
+                    let _ = stopped.await;
+                },
+            ));
+            (
+                format!("http://{addr}/v1/chat/completions"),
+                Some((stop, task)),
+            )
+        }
+        _ => (format!("http://{sim_addr}/v1/chat/completions"), None),
+    };
+
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let client_429 = Arc::new(AtomicU64::new(0));
+    let jitter = match strategy {
+        Strategy::Deterministic => Some(Jitter::None),
+        Strategy::EqualJitter => Some(Jitter::Equal),
+        Strategy::FullJitter => Some(Jitter::Full),
+        _ => None,
+    };
+    let backoff = jitter.map(|jitter| Backoff {
+        base: spec.base,
+        cap: spec.cap,
+        jitter,
+    });
+    let start = Instant::now();
+    let handles: Vec<_> = (0..spec.tasks)
+        .map(|i| {
+            let (client, target, client_429) = (client.clone(), target.clone(), Arc::clone(&client_429));
+            let max_retries = spec.max_retries;
+            tokio::spawn(async move {
+                let body = Bytes::from(format!(
+                    r#"{{"model":"sim","messages":[{{"role":"user","content":"task {i}"}}],"max_tokens":16}}"#
+                ));
+                let mut rng = SmallRng::from_os_rng();
+                let mut previous = Duration::ZERO;
+                let mut attempt = 0;
+                let ok = loop {
+                    let status = post(&client, &target, body.clone()).await;
+                    if status == Some(200) {
+                        break true;
+                    }
+                    if status == Some(429) {
+                        client_429.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let Some(backoff) = backoff else { break false };
+                    if attempt >= max_retries {
+                        break false;
+                    }
+                    let sleep = backoff.sleep(attempt, previous, &mut rng);
+                    tokio::time::sleep(sleep).await;
+                    previous = sleep;
+                    attempt += 1;
+                };
+                (ok, start.elapsed())
+            })
+        })
+        .collect();
+    let mut latencies = Vec::with_capacity(spec.tasks);
+    let mut ok = 0;
+    for h in handles {
+        let (success, latency) = h.await.map_err(std::io::Error::other)?;
+        ok += usize::from(success);
+        latencies.push(latency);
+    }
+    let makespan = start.elapsed();
+    let stats = sim.stats();
+    if let Some((stop, task)) = corral {
+        let _ = stop.send(());
+        let _ = task.await;
+    }
+    let _ = stop_sim.send(());
+    let _ = sim_task.await;
+    let slots = (makespan.as_millis() / 100) as usize + 1;
+    let mut arrivals = stats.arrivals_per_100ms.clone();
+    arrivals.resize(slots, 0);
+    Ok(RunResult {
+        strategy,
+        makespan,
+        ok,
+        failed: spec.tasks - ok,
+        upstream_429: stats.by_status.get("429").copied().unwrap_or(0),
+        client_429: client_429.load(Ordering::Relaxed),
+        upstream_requests: stats.requests,
+        latencies,
+        arrivals_per_100ms: arrivals,
+    })
+}
+
+/// POST and drain the answer; `None` when the connection failed.
+async fn post(client: &HttpClient, url: &str, body: Bytes) -> Option<u16> {
+    let req = http::Request::post(url)
+        .header("content-type", "application/json")
+        .body(Full::new(body))
+        .ok()?;
+    let response = client.request(req).await.ok()?;
+    let status = response.status().as_u16();
+    let _ = response.into_body().collect().await;
+    Some(status)
+}
+
+/// `corral bench herd`: run, print the table, write `herd.md` and `herd.svg`.
+pub async fn main(args: HerdArgs) -> std::io::Result<()> {
+    let spec = Spec::from_args(&args);
+    let strategies = if args.strategy.is_empty() {
+        Strategy::ALL.to_vec()
+    } else {
+        args.strategy.clone()
+    };
+    eprintln!(
+        "herd: {} tasks, bucket {} refilled at {}/s, service {:?}; bound {:.2}s",
+        spec.tasks,
+        spec.capacity,
+        spec.refill,
+        spec.service,
+        spec.bound().as_secs_f64()
+    );
+    let results = run(&spec, &strategies).await?;
+    let md = table(&spec, &results);
+    println!("{md}");
+    std::fs::create_dir_all(&args.out)?;
+    std::fs::write(args.out.join("herd.md"), &md)?;
+    std::fs::write(args.out.join("herd.svg"), svg(&spec, &results))?;
+    eprintln!(
+        "wrote {} and {}",
+        args.out.join("herd.md").display(),
+        args.out.join("herd.svg").display()
+    );
+    Ok(())
+}

@@ -1,0 +1,130 @@
+//! The herd benchmark's table (markdown) and chart (SVG, upstream arrivals per 100 ms, one panel
+//! per strategy, the refill rate as a dashed line).
+
+use std::fmt::Write;
+
+use super::{RunResult, Spec};
+
+/// A markdown table of every run, with the bound for comparison.
+pub fn table(spec: &Spec, results: &[RunResult]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{} tasks at once; bucket {} refilled at {}/s; service {} ms; bound (N - capacity) / refill = {:.2} s\n",
+        spec.tasks,
+        spec.capacity,
+        spec.refill,
+        spec.service.as_millis(),
+        spec.bound().as_secs_f64()
+    );
+    out.push_str("| strategy | makespan s | vs bound | ok | failed | upstream 429s | client 429s | retries/task | p50 s | p99 s | var(arrivals/s) |\n");
+    out.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for r in results {
+        let _ = writeln!(
+            out,
+            "| {} | {:.2} | {:.2}x | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.1} |",
+            r.strategy.label(),
+            r.makespan.as_secs_f64(),
+            r.makespan.as_secs_f64() / spec.bound().as_secs_f64().max(1e-9),
+            r.ok,
+            r.failed,
+            r.upstream_429,
+            r.client_429,
+            r.retries_per_task(spec.tasks),
+            r.percentile(0.5).as_secs_f64(),
+            r.percentile(0.99).as_secs_f64(),
+            r.arrival_variance(),
+        );
+    }
+    out
+}
+
+/// An SVG chart: one panel per strategy, arrivals per 100 ms over time.
+pub fn svg(spec: &Spec, results: &[RunResult]) -> String {
+    const W: f64 = 900.0;
+    const PANEL: f64 = 110.0;
+    const LEFT: f64 = 60.0;
+    const TOP: f64 = 30.0;
+    let slots = results
+        .iter()
+        .map(|r| r.arrivals_per_100ms.len())
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let peak = results
+        .iter()
+        .flat_map(|r| r.arrivals_per_100ms.iter())
+        .copied()
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let peak = f64::from(peak);
+    let height = TOP + PANEL * results.len() as f64 + 30.0;
+    let x = |i: usize| LEFT + (W - LEFT - 10.0) * i as f64 / slots as f64;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{LEFT}" y="18" font-size="14">Upstream arrivals per 100 ms ({} tasks, bucket {}, refill {}/s; dashed: refill)</text>"#,
+        spec.tasks, spec.capacity, spec.refill
+    );
+    let refill_per_slot = spec.refill / 10.0;
+    for (n, r) in results.iter().enumerate() {
+        let top = TOP + PANEL * n as f64;
+        let base = top + PANEL - 20.0;
+        let y = |v: f64| base - (PANEL - 30.0) * (v / peak);
+        let _ = writeln!(
+            s,
+            r##"<text x="{LEFT}" y="{}" fill="#333">{} — makespan {:.1} s, {} upstream 429s</text>"##,
+            top + 8.0,
+            r.strategy.label(),
+            r.makespan.as_secs_f64(),
+            r.upstream_429
+        );
+        let _ = writeln!(
+            s,
+            r##"<line x1="{LEFT}" y1="{base}" x2="{}" y2="{base}" stroke="#999"/>"##,
+            W - 10.0
+        );
+        let _ = writeln!(
+            s,
+            r##"<text x="4" y="{}" fill="#666">{}</text>"##,
+            y(peak) + 4.0,
+            peak
+        );
+        let _ = writeln!(
+            s,
+            r##"<line x1="{LEFT}" y1="{0}" x2="{1}" y2="{0}" stroke="#c33" stroke-dasharray="4 3"/>"##,
+            y(refill_per_slot),
+            W - 10.0
+        );
+        let points: String = r
+            .arrivals_per_100ms
+            .iter()
+            .enumerate()
+            .map(|(i, v)| format!("{:.1},{:.1} ", x(i), y(f64::from(*v))))
+            .collect();
+        let _ = writeln!(
+            s,
+            r##"<polyline fill="none" stroke="#1f5fa8" stroke-width="1.2" points="{}"/>"##,
+            points.trim_end()
+        );
+    }
+    let seconds = slots as f64 / 10.0;
+    for t in 0..=10 {
+        let sec = seconds * f64::from(t) / 10.0;
+        let _ = writeln!(
+            s,
+            r##"<text x="{:.1}" y="{}" fill="#666" text-anchor="middle">{:.0}s</text>"##,
+            x((sec * 10.0) as usize),
+            height - 8.0,
+            sec
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}

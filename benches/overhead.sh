@@ -1,0 +1,414 @@
+#!/usr/bin/env bash
+# The overhead benchmark: what corral costs per request compared with going direct and with
+# haproxy, the reference lean retrying proxy.
+#
+#   benches/overhead.sh            # builds corral (cargo build --release), runs, prints a table
+#
+# nginx answers POST /v1/chat/completions with a static JSON (benches/overhead/nginx.conf.in).
+# wrk (64 connections, 2 threads) POSTs a ~1 KB chat-completions request
+# (benches/overhead/payload.json, benches/overhead/post.lua) in one run:
+#
+#   direct                    wrk -> nginx
+#   haproxy                   wrk -> haproxy (retries 3, retry-on all-retryable-errors) -> nginx
+#   corral (RUST_LOG=warn)    wrk -> corral --upstream http://nginx/v1 (default stack) -> nginx
+#   corral (default logging)  the same, with corral's default `info` log (one line per request)
+#
+# Each case gets a 2 s warm-up, then a measured run; each proxy is started fresh for its case
+# and stopped after it. Per proxy: requests/s, p50 and p99 latency (wrk), CPU microseconds per
+# request (utime + stime from /proc/PID/stat across the measured run, all threads, divided by the
+# requests wrk completed) and peak RSS (VmHWM from /proc/PID/status at the end; each proxy is
+# one process). The table goes to stdout and to bench-out/overhead.md.
+#
+# Fairness: nginx runs one process with one event loop, the same fixed upstream for every case.
+# haproxy (one thread per CPU, its 2.6 default) and corral (one tokio worker per CPU, its
+# default) keep their thread defaults; haproxy logs nothing (no `log` line), like corral at
+# RUST_LOG=warn. Both keep client and upstream connections alive.
+#
+# wrk, nginx, the proxy and the machine's other work share the same cores, so only the ratios
+# within one run mean anything. Before each case the script waits (up to QUIET_WAIT seconds in
+# all) for other processes to leave the machine mostly idle, and the notes give each case's load
+# average and the CPU share other processes took during it, with a warning above 10%.
+#
+# Environment: CORRAL_BIN (skip the build and use this binary), CARGO_TARGET_DIR, DURATION (10s),
+# WARMUP (2s), CONNECTIONS (64), THREADS (2), QUIET_WAIT (20), OUT (bench-out/overhead.md).
+# Takes about 55 s after the build.
+# Needs: apt-get install wrk nginx-light haproxy curl. Everything listens on 127.0.0.1 only.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/.." && pwd)
+cd "$root"
+
+DURATION=${DURATION:-10s}
+WARMUP=${WARMUP:-2s}
+CONNECTIONS=${CONNECTIONS:-64}
+THREADS=${THREADS:-2}
+OUT=${OUT:-bench-out/overhead.md}
+
+die() {
+    echo "overhead.sh: $*" >&2
+    exit 1
+}
+
+# ----- prerequisites -----
+
+find_tool() { # name -> path on PATH or in the sbin directories, or nothing
+    command -v "$1" 2>/dev/null || { for d in /usr/sbin /sbin /usr/local/sbin; do
+        [[ -x $d/$1 ]] && { echo "$d/$1"; return 0; }
+    done; }
+}
+missing=()
+WRK=$(find_tool wrk) || true
+NGINX=$(find_tool nginx) || true
+HAPROXY=$(find_tool haproxy) || true
+CURL=$(find_tool curl) || true
+[[ -n $WRK ]] || missing+=("wrk (package wrk)")
+[[ -n $NGINX ]] || missing+=("nginx (package nginx-light or nginx)")
+[[ -n $HAPROXY ]] || missing+=("haproxy (package haproxy)")
+[[ -n $CURL ]] || missing+=("curl (package curl)")
+if ((${#missing[@]})); then
+    printf 'overhead.sh: missing %s\n' "${missing[@]}" >&2
+    die "install them with: apt-get install wrk nginx-light haproxy curl"
+fi
+[[ -r /proc/self/stat ]] || die "needs Linux /proc"
+for f in nginx.conf.in haproxy.cfg.in post.lua payload.json; do
+    [[ -f $here/overhead/$f ]] || die "missing benches/overhead/$f"
+done
+
+if [[ -n ${CORRAL_BIN:-} ]]; then
+    CORRAL=$CORRAL_BIN
+else
+    command -v cargo >/dev/null || die "cargo not found (or set CORRAL_BIN to a built corral)"
+    echo "building corral (cargo build --release)..." >&2
+    cargo build --release --quiet || die "cargo build --release failed"
+    CORRAL=${CARGO_TARGET_DIR:-target}/release/corral
+fi
+[[ -x $CORRAL ]] || die "corral binary not found at $CORRAL"
+
+# ----- processes: every one we start is recorded and killed by PID on exit -----
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/corral-overhead.XXXXXX")
+PIDS=()
+# Run a private copy: a concurrent `cargo build` may replace target/release/corral mid-run.
+cp "$CORRAL" "$TMP/corral"
+CORRAL_SRC=$CORRAL
+CORRAL=$TMP/corral
+
+alive() { # pid: running (not gone, not a zombie waiting to be reaped)
+    local stat
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    stat=${stat##*) }
+    [[ ${stat:0:1} != Z ]]
+}
+stop_pid() { # pid: TERM, up to 2 s, then KILL
+    local pid=$1 i
+    if alive "$pid"; then
+        kill -TERM "$pid" 2>/dev/null || true
+        for ((i = 0; i < 40; i++)); do
+            alive "$pid" || break
+            sleep 0.05
+        done
+        if alive "$pid"; then kill -KILL "$pid" 2>/dev/null || true; fi
+    fi
+    wait "$pid" 2>/dev/null || true
+}
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do stop_pid "$pid"; done
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+start() { # log-file command... ; sets STARTED to the PID (the command itself, no wrapper)
+    "${@:2}" >"$1" 2>&1 &
+    STARTED=$!
+    PIDS+=("$STARTED")
+}
+
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+USED_PORTS=" "
+pick_port() { # variable-name: a free port on 127.0.0.1, distinct from those picked before
+    local p i
+    for ((i = 0; i < 200; i++)); do
+        p=$((20000 + RANDOM % 40000))
+        [[ $USED_PORTS == *" $p "* ]] && continue
+        port_busy "$p" && continue
+        USED_PORTS+="$p "
+        printf -v "$1" '%s' "$p"
+        return 0
+    done
+    die "no free port found"
+}
+
+wait_listening() { # port pid name log
+    local i
+    for ((i = 0; i < 200; i++)); do
+        kill -0 "$2" 2>/dev/null || { cat "$4" >&2; die "$3 exited at startup (log above)"; }
+        port_busy "$1" && return 0
+        sleep 0.05
+    done
+    cat "$4" >&2
+    die "$3 did not listen on 127.0.0.1:$1 within 10 s"
+}
+
+check_answer() { # url name: one POST must come back 200 with nginx's JSON
+    local code
+    code=$("$CURL" -sS -o "$TMP/answer" -w '%{http_code}' --max-time 5 \
+        -H 'content-type: application/json' --data-binary "@$here/overhead/payload.json" "$1") ||
+        die "$2: request to $1 failed"
+    [[ $code == 200 ]] && grep -q chatcmpl-overhead "$TMP/answer" ||
+        die "$2: expected 200 with nginx's JSON from $1, got $code: $(head -c 300 "$TMP/answer")"
+}
+
+# ----- measurements -----
+
+CLK_TCK=$(getconf CLK_TCK)
+cpu_ticks() { # pid -> utime + stime (all threads), in clock ticks
+    local stat
+    stat=$(<"/proc/$1/stat")
+    stat=${stat##*) } # fields from 3 (state) on; comm may contain spaces
+    awk '{ print $12 + $13 }' <<<"$stat"
+}
+hwm_kib() { awk '/^VmHWM:/ { print $2 }' "/proc/$1/status"; }
+threads_of() { awk '/^Threads:/ { print $2 }' "/proc/$1/status"; }
+host_cpu() { # -> "busy total" jiffies over all CPUs
+    awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print t - $5 - $6, t }' /proc/stat
+}
+to_ms() { # wrk latency ("812.00us", "1.23ms", "2.01s") -> ms
+    awk -v v="$1" 'BEGIN {
+        if (v ~ /us$/) { sub(/us$/, "", v); print v / 1000 }
+        else if (v ~ /ms$/) { sub(/ms$/, "", v); print v + 0 }
+        else if (v ~ /m$/) { sub(/m$/, "", v); print v * 60000 }
+        else if (v ~ /s$/) { sub(/s$/, "", v); print v * 1000 }
+        else print "nan" }'
+}
+
+# Before each case, wait (QUIET_WAIT seconds in all, default 20) until other processes leave at
+# least ~3/4 of the machine idle: a concurrent compile halves a proxy's throughput.
+QUIET_LEFT=${QUIET_WAIT:-20}
+QUIET_WAITED=0
+wait_quiet() {
+    local a b busy
+    while :; do
+        a=$(host_cpu)
+        sleep 0.5
+        b=$(host_cpu)
+        busy=$(awk -v a="$a" -v b="$b" 'BEGIN { split(a, x, " "); split(b, y, " ");
+            printf "%.0f", 100 * (y[1] - x[1]) / (y[2] - x[2] + 1e-9) }')
+        ((busy <= 25)) && return 0
+        if ((QUIET_LEFT <= 0)); then
+            echo "  (machine still ${busy}% busy with other work; measuring anyway)" >&2
+            return 0
+        fi
+        ((QUIET_LEFT -= 1, QUIET_WAITED += 1))
+        sleep 0.5
+    done
+}
+
+run_wrk() { # duration url out-file [--latency]
+    OVERHEAD_PAYLOAD="$here/overhead/payload.json" timeout 60 "$WRK" -t"$THREADS" \
+        -c"$CONNECTIONS" -d"$1" ${4:-} -s "$here/overhead/post.lua" "$2" >"$3" 2>&1 ||
+        { cat "$3" >&2; die "wrk failed against $2"; }
+}
+
+declare -A RPS P50 P99 CPU RSS ERR LOAD BUSY FOREIGN NGINX_CPU THR EXTRA
+CASES=()
+
+# measure name url proxy-pid|"" : warm up, then the measured run; fills the arrays above.
+measure() {
+    local name=$1 url=$2 pid=$3 out="$TMP/wrk-${#CASES[@]}.txt"
+    CASES+=("$name")
+    check_answer "$url" "$name"
+    wait_quiet
+    run_wrk "$WARMUP" "$url" "$TMP/warmup.txt"
+    LOAD[$name]=$(cut -d' ' -f1-3 /proc/loadavg)
+    local c0="" c1=0 n0 n1 h0 h1 reqs
+    [[ -n $pid ]] && c0=$(cpu_ticks "$pid")
+    n0=$(cpu_ticks "$NGINX_PID")
+    h0=$(host_cpu)
+    local TIMEFORMAT='%U %S' # wrk's own CPU seconds, from bash's `time`
+    { time run_wrk "$DURATION" "$url" "$out" --latency; } 2>"$TMP/wrk-time.txt"
+    h1=$(host_cpu)
+    n1=$(cpu_ticks "$NGINX_PID")
+    [[ -n $pid ]] && c1=$(cpu_ticks "$pid")
+    reqs=$(awk '/ requests in / { print $1 }' "$out")
+    [[ -n $reqs && $reqs -gt 0 ]] || { cat "$out" >&2; die "$name: wrk completed no requests"; }
+    RPS[$name]=$(awk '/^Requests\/sec:/ { print $2 }' "$out")
+    P50[$name]=$(to_ms "$(awk '$1 == "50%" { print $2 }' "$out")")
+    P99[$name]=$(to_ms "$(awk '$1 == "99%" { print $2 }' "$out")")
+    ERR[$name]=$(awk '/Non-2xx or 3xx responses:/ { n += $NF }
+        /Socket errors:/ { gsub(/,/, ""); n += $4 + $6 + $8 + $10 } END { print n + 0 }' "$out")
+    BUSY[$name]=$(awk -v a="$h0" -v b="$h1" 'BEGIN { split(a, x, " "); split(b, y, " ");
+        printf "%.0f", 100 * (y[1] - x[1]) / (y[2] - x[2]) }')
+    # CPU the rest of the machine (not wrk, nginx or the proxy) used during the run, as a share
+    # of all cores: other work competing with this case.
+    FOREIGN[$name]=$(awk -v a="$h0" -v b="$h1" -v ours=$((n1 - n0 + c1 - ${c0:-0})) \
+        -v wrk="$(cat "$TMP/wrk-time.txt")" -v hz="$CLK_TCK" 'BEGIN { split(a, x, " ");
+        split(b, y, " "); split(wrk, w, " "); f = (y[1] - x[1]) - ours - (w[1] + w[2]) * hz;
+        printf "%.0f", f < 0 ? 0 : 100 * f / (y[2] - x[2]) }')
+    NGINX_CPU[$name]=$(awk -v d=$((n1 - n0)) -v r="$reqs" -v hz="$CLK_TCK" \
+        'BEGIN { printf "%.1f", d / hz * 1e6 / r }')
+    if [[ -n $pid ]]; then
+        CPU[$name]=$(awk -v d=$((c1 - c0)) -v r="$reqs" -v hz="$CLK_TCK" \
+            'BEGIN { printf "%.1f", d / hz * 1e6 / r }')
+        RSS[$name]=$(awk -v k="$(hwm_kib "$pid")" 'BEGIN { printf "%.1f", k / 1024 }')
+        THR[$name]=$(threads_of "$pid")
+    fi
+    echo "  $name: ${RPS[$name]} req/s, p50 ${P50[$name]} ms, p99 ${P99[$name]} ms" >&2
+}
+
+# What corral's own metrics say about the run: was the learned limit still pacing?
+corral_notes() { # name port log
+    local m
+    m=$("$CURL" -sS --max-time 5 "http://127.0.0.1:$2/metrics") || return 0
+    EXTRA[$1]=$(awk -v lines="$(wc -l <"$3")" '
+        /^corral_limit_source\{/ && /kind="requests"/ && $NF == 1 {
+            match($0, /source="[^"]*"/); src = substr($0, RSTART + 8, RLENGTH - 9) }
+        /^corral_rate_limit_wait_seconds_sum/ { wsum = $NF }
+        /^corral_rate_limit_wait_seconds_count/ { wcount = $NF }
+        /^corral_retries_total\{/ { retries += $NF }
+        /^corral_rate_limit_wait_seconds_bucket/ && /le="0.001"/ { w1ms = $NF }
+        /^corral_learned_burst\{/ && /kind="requests"/ { burst = $NF }
+        /^corral_queue_wait_seconds_sum/ { qsum = $NF }
+        END { printf "pacing source `%s` (learned burst %d), rate-limit wait mean %.0f µs over " \
+            "%d attempts (%.1f%% under 1 ms), queue wait %.3f s, %d retries, %d log lines",
+            src, burst, 1e6 * wsum / wcount, wcount, 100 * w1ms / wcount, qsum, retries, lines }
+    ' <<<"$m")
+}
+
+# ----- run -----
+
+pick_port NGINX_PORT
+pick_port HAPROXY_PORT
+pick_port CORRAL_PORT
+pick_port CORRAL_PORT2
+
+user_line=""
+[[ $(id -u) == 0 ]] && user_line="user $(id -un) $(id -gn);" # workers keep our user
+temp_paths=""
+nginx_v=$("$NGINX" -V 2>&1)
+for m in client_body proxy fastcgi uwsgi scgi; do
+    flag=--http-${m//_/-}-temp-path
+    [[ $m == client_body || ($nginx_v == *"$flag"* && $nginx_v != *"--without-http_${m}_module"*) ]] &&
+        temp_paths+="${m}_temp_path $TMP/$m; "
+done
+sed -e "s|@TMP@|$TMP|g" -e "s|@PORT@|$NGINX_PORT|g" -e "s|@USER@|$user_line|" \
+    -e "s|@TEMP_PATHS@|$temp_paths|" "$here/overhead/nginx.conf.in" >"$TMP/nginx.conf"
+sed -e "s|@PORT@|$HAPROXY_PORT|g" -e "s|@UPSTREAM_PORT@|$NGINX_PORT|g" \
+    "$here/overhead/haproxy.cfg.in" >"$TMP/haproxy.cfg"
+"$NGINX" -e "$TMP/nginx-error.log" -p "$TMP" -c "$TMP/nginx.conf" -t >"$TMP/nginx-t.log" 2>&1 ||
+    { cat "$TMP/nginx-t.log" >&2; die "nginx rejected its config"; }
+"$HAPROXY" -c -f "$TMP/haproxy.cfg" >"$TMP/haproxy-c.log" 2>&1 ||
+    { cat "$TMP/haproxy-c.log" >&2; die "haproxy rejected its config"; }
+
+started_at=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
+uptime_before=$(uptime)
+echo "overhead: wrk -t$THREADS -c$CONNECTIONS -d$DURATION (after a $WARMUP warm-up) per case" >&2
+
+start "$TMP/nginx.log" "$NGINX" -e "$TMP/nginx-error.log" -p "$TMP" -c "$TMP/nginx.conf"
+NGINX_PID=$STARTED
+wait_listening "$NGINX_PORT" "$NGINX_PID" nginx "$TMP/nginx-error.log"
+measure direct "http://127.0.0.1:$NGINX_PORT/v1/chat/completions" ""
+RSS_NGINX=$(awk -v k="$(hwm_kib "$NGINX_PID")" 'BEGIN { printf "%.1f", k / 1024 }')
+
+start "$TMP/haproxy.log" "$HAPROXY" -db -f "$TMP/haproxy.cfg"
+pid=$STARTED
+wait_listening "$HAPROXY_PORT" "$pid" haproxy "$TMP/haproxy.log"
+measure haproxy "http://127.0.0.1:$HAPROXY_PORT/v1/chat/completions" "$pid"
+stop_pid "$pid"
+
+upstream="http://127.0.0.1:$NGINX_PORT/v1"
+start "$TMP/corral-warn.log" env RUST_LOG=warn "$CORRAL" --listen "127.0.0.1:$CORRAL_PORT" \
+    --upstream "$upstream"
+pid=$STARTED
+wait_listening "$CORRAL_PORT" "$pid" corral "$TMP/corral-warn.log"
+measure "corral (RUST_LOG=warn)" "http://127.0.0.1:$CORRAL_PORT/v1/chat/completions" "$pid"
+corral_notes "corral (RUST_LOG=warn)" "$CORRAL_PORT" "$TMP/corral-warn.log"
+stop_pid "$pid"
+
+start "$TMP/corral-info.log" env -u RUST_LOG "$CORRAL" --listen "127.0.0.1:$CORRAL_PORT2" \
+    --upstream "$upstream"
+pid=$STARTED
+wait_listening "$CORRAL_PORT2" "$pid" corral "$TMP/corral-info.log"
+measure "corral (default logging)" "http://127.0.0.1:$CORRAL_PORT2/v1/chat/completions" "$pid"
+corral_notes "corral (default logging)" "$CORRAL_PORT2" "$TMP/corral-info.log"
+stop_pid "$pid"
+
+uptime_after=$(uptime)
+
+# ----- report -----
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f%%", 100 * a / b }'; }
+minus() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%+.2f", a - b }'; }
+verdict() { awk -v ok="$1" 'BEGIN { print (ok ? "met" : "MISSED") }'; }
+
+report() {
+    local n
+    echo "## corral overhead benchmark"
+    echo
+    echo "- date: $started_at"
+    echo "- machine: $(nproc) CPUs, $(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)," \
+        "$(uname -sr)"
+    echo "- versions: $("$WRK" -v 2>&1 | head -1 | cut -d' ' -f1-2), $("$NGINX" -v 2>&1 | cut -d' ' -f3)," \
+        "$("$HAPROXY" -v | head -1 | cut -d' ' -f1-3), $("$CORRAL" --version) ($CORRAL_SRC," \
+        "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown))"
+    echo "- load: before \`$(sed 's/^ *//' <<<"$uptime_before")\`; after \`$(sed 's/^ *//' <<<"$uptime_after")\`"
+    echo "- workload: wrk -t$THREADS -c$CONNECTIONS -d$DURATION --latency after a $WARMUP warm-up," \
+        "POST $(($(wc -c <"$here/overhead/payload.json") - 1)) B JSON to /v1/chat/completions;" \
+        "nginx answers a static $(sed -n "s/.*return 200 '\(.*\)';/\1/p" "$here/overhead/nginx.conf.in" |
+            tr -d '\n' | wc -c) B JSON"
+    echo
+    echo "| run | req/s | p50 ms | p99 ms | CPU µs/req | peak RSS MiB | vs direct | vs haproxy | p99 − haproxy ms | errors |"
+    echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    for n in "${CASES[@]}"; do
+        printf '| %s | %.0f | %.3f | %.3f | %s | %s | %s | %s | %s | %s |\n' "$n" "${RPS[$n]}" \
+            "${P50[$n]}" "${P99[$n]}" "${CPU[$n]:-—}" "${RSS[$n]:-—}" \
+            "$(ratio "${RPS[$n]}" "${RPS[direct]}")" "$(ratio "${RPS[$n]}" "${RPS[haproxy]}")" \
+            "$(minus "${P99[$n]}" "${P99[haproxy]}")" "${ERR[$n]}"
+    done
+    echo
+    echo "CPU µs/req: the proxy process's utime + stime (all threads) over the measured run" \
+        "divided by the requests wrk completed. Peak RSS: VmHWM of the proxy's one process" \
+        "(haproxy runs without a master, corral is one process); direct has no proxy, nginx's" \
+        "figures are in the notes. errors: non-2xx answers plus wrk socket errors."
+    echo
+    echo "Notes per case: 1/5/15-min load average at the start of the measured run; host CPU" \
+        "busy over all cores during it, and the part of it used by other processes than wrk," \
+        "nginx and the proxy (other work competing with this case); nginx's own CPU per request" \
+        "(the same work in every case; it rises when nginx idles between requests):"
+    echo
+    for n in "${CASES[@]}"; do
+        printf -- '- %s: load %s, host CPU %s%% busy (%s%% other processes), nginx %s µs/req' \
+            "$n" "${LOAD[$n]}" "${BUSY[$n]}" "${FOREIGN[$n]}" "${NGINX_CPU[$n]}"
+        [[ -n ${THR[$n]:-} ]] && printf ', %s threads' "${THR[$n]}"
+        [[ $n == direct ]] && printf ', nginx peak RSS %s MiB (one process, one worker loop)' "$RSS_NGINX"
+        [[ -n ${EXTRA[$n]:-} ]] && printf '; %s' "${EXTRA[$n]}"
+        echo
+    done
+    echo
+    local warnings=""
+    for n in "${CASES[@]}"; do
+        ((FOREIGN[$n] <= 10)) || warnings+="**Warning**: other processes used ${FOREIGN[$n]}% of the"\
+" machine during \`$n\`; the ratios of this run are skewed: run it again on a quiet machine."$'\n'
+    done
+    ((QUIET_WAITED == 0)) || warnings+="Waited ${QUIET_WAITED} s in all for other work to quiet down."$'\n'
+    [[ -z $warnings ]] || printf '%s\n' "$warnings"
+    echo "Targets (corral against haproxy, this run):"
+    echo
+    for n in "corral (RUST_LOG=warn)" "corral (default logging)"; do
+        local thr p99d
+        thr=$(awk -v a="${RPS[$n]}" -v b="${RPS[haproxy]}" 'BEGIN { print (a >= 0.9 * b) }')
+        p99d=$(awk -v a="${P99[$n]}" -v b="${P99[haproxy]}" 'BEGIN { print (a - b <= 0.5) }')
+        echo "- $n: throughput $(ratio "${RPS[$n]}" "${RPS[haproxy]}") of haproxy's (>= 90%:" \
+            "$(verdict "$thr")); p99 $(minus "${P99[$n]}" "${P99[haproxy]}") ms vs haproxy's" \
+            "(<= +0.5 ms: $(verdict "$p99d")); peak RSS ${RSS[$n]} MiB (< 32 MiB:" \
+            "$(verdict "$(awk -v r="${RSS[$n]}" 'BEGIN { print (r < 32) }')"))"
+    done
+}
+
+mkdir -p "$(dirname "$OUT")"
+report | tee "$OUT"
+echo >&2
+echo "written to $OUT" >&2

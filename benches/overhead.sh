@@ -353,7 +353,9 @@ report() {
         "$(uname -sr)"
     echo "- versions: $("$WRK" -v 2>&1 | head -1 | cut -d' ' -f1-2), $("$NGINX" -v 2>&1 | cut -d' ' -f3)," \
         "$("$HAPROXY" -v | head -1 | cut -d' ' -f1-3), $("$CORRAL" --version) ($CORRAL_SRC," \
-        "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown))"
+        "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(
+            [[ -z $(git status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null) ]] ||
+                echo ", src/ with uncommitted changes"))"
     echo "- load: before \`$(sed 's/^ *//' <<<"$uptime_before")\`; after \`$(sed 's/^ *//' <<<"$uptime_after")\`"
     echo "- workload: wrk -t$THREADS -c$CONNECTIONS -d$DURATION --latency after a $WARMUP warm-up," \
         "POST $(($(wc -c <"$here/overhead/payload.json") - 1)) B JSON to /v1/chat/completions;" \

@@ -1,0 +1,860 @@
+//! `deploy/`: the Dockerfile and the Kubernetes example, checked against the real binary.
+//!
+//! - Dockerfile: the stages, user and port are as documented; every flag and `CORRAL_*`
+//!   variable it passes exists in `corral --help`; the baked config passes `check-config`; and
+//!   the image's command line, run here on the host, serves `/healthz` and `/readyz`.
+//! - Kubernetes: every core manifest validates strictly against the Kubernetes schemas
+//!   `kubernetes-validate` ships (`tests/python/k8s_manifests.py` under `$CORRAL_PYTHON`, which
+//!   also turns the YAML into JSON for the assertions here); the Job's sidecar, probes,
+//!   resources, securityContext, secret handling and scrape annotations; the PodMonitor's
+//!   fields; the ConfigMap's `corral.toml` through `check-config` and a real run.
+//!
+//! Without `CORRAL_PYTHON` the Kubernetes tests fail, unless `CORRAL_SKIP_PYTHON=1`.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+use serde_json::Value;
+use support::*;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const BIN: &str = env!("CARGO_BIN_EXE_corral");
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+/// Kubernetes versions the manifests must validate against: the first with native sidecars
+/// on by default, and the newest schema kubernetes-validate ships.
+const K8S_VERSIONS: &[&str] = &["1.29.0", "latest"];
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(ROOT).join(path)
+}
+
+// ===== running the binary =====
+
+/// `corral --help`, once.
+fn help() -> &'static str {
+    static HELP: OnceLock<String> = OnceLock::new();
+    HELP.get_or_init(|| {
+        let out = std::process::Command::new(BIN)
+            .arg("--help")
+            .output()
+            .expect("run corral --help");
+        assert!(out.status.success(), "corral --help failed");
+        String::from_utf8(out.stdout).expect("UTF-8 help")
+    })
+}
+
+/// Every `--flag` in `args` is one of corral's.
+fn assert_flags_exist(args: &[String], whose: &str) {
+    for arg in args {
+        let Some(flag) = arg.strip_prefix("--") else {
+            continue;
+        };
+        let name = flag.split('=').next().unwrap_or_default();
+        assert!(
+            help().contains(&format!("--{name} ")) || help().contains(&format!("--{name}\n")),
+            "{whose} passes `--{name}`, which `corral --help` does not list:\n{}",
+            help()
+        );
+    }
+}
+
+/// `corral check-config PATH` with extra environment; panics with its output unless it passes.
+fn check_config(path: &Path, env: &[(&str, &str)]) -> String {
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.arg("check-config")
+        .arg(path)
+        .env_remove("CORRAL_CONFIG")
+        .env_remove("CORRAL_LISTEN");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run corral check-config");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "corral check-config {} failed:\n{stdout}{}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// corral started as a container would start it, logging JSON on stderr.
+struct Running {
+    child: Child,
+    addr: SocketAddr,
+    admin: Option<SocketAddr>,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Running {
+    /// Runs `corral ARGS` and waits for its `corral listening` (and, with `admin`, its `admin
+    /// endpoints listening`) log line.
+    async fn start(args: &[String], env: &[(&str, &str)], admin: bool) -> Self {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args)
+            .env_remove("CORRAL_CONFIG")
+            .env_remove("CORRAL_LISTEN")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn corral");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let log2 = Arc::clone(&log);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut main, mut admin_addr, mut tx) = (None, None, Some(tx));
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Ok(json) = serde_json::from_str::<Value>(&line) {
+                    let addr = json["addr"].as_str().and_then(|a| a.parse().ok());
+                    match json["message"].as_str() {
+                        Some("corral listening") => main = addr,
+                        Some("admin endpoints listening") => admin_addr = addr,
+                        _ => {}
+                    }
+                }
+                log2.lock().unwrap().push(line);
+                if let Some(main) = main.filter(|_| !admin || admin_addr.is_some()) {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send((main, admin_addr));
+                    }
+                }
+            }
+        });
+        let Ok(Ok((addr, admin))) = tokio::time::timeout(Duration::from_secs(10), rx).await else {
+            panic!(
+                "corral {args:?} never logged that it listens (as JSON); stderr:\n{}",
+                log.lock().unwrap().join("\n")
+            )
+        };
+        Self {
+            child,
+            addr,
+            admin,
+            log,
+        }
+    }
+
+    async fn get(&self, addr: SocketAddr, path: &str) -> (u16, String) {
+        let req = Request::get(format!("http://{addr}{path}"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let (parts, body) = send(&client(), req).await;
+        (
+            parts.status.as_u16(),
+            String::from_utf8_lossy(&body).into_owned(),
+        )
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+// ===== Dockerfile =====
+
+/// One instruction: keyword (upper case) and the rest of its logical line.
+#[derive(Debug, Clone)]
+struct Instruction {
+    keyword: String,
+    args: String,
+}
+
+/// The Dockerfile's instructions, continuation lines joined, comments dropped, split by stage
+/// (each starting with its FROM).
+fn dockerfile_stages() -> Vec<Vec<Instruction>> {
+    let text = std::fs::read_to_string(repo("deploy/Dockerfile")).expect("read deploy/Dockerfile");
+    let mut logical = Vec::new();
+    let mut current = String::new();
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if current.is_empty() && (trimmed.is_empty() || trimmed.starts_with('#')) {
+            continue;
+        }
+        match trimmed.strip_suffix('\\') {
+            Some(head) => {
+                current.push_str(head);
+                current.push(' ');
+            }
+            None => {
+                current.push_str(trimmed);
+                logical.push(std::mem::take(&mut current));
+            }
+        }
+    }
+    assert!(current.is_empty(), "Dockerfile ends inside a continuation");
+    let mut stages: Vec<Vec<Instruction>> = Vec::new();
+    for line in logical {
+        let (keyword, args) = line.split_once(char::is_whitespace).unwrap_or((&line, ""));
+        let ins = Instruction {
+            keyword: keyword.to_ascii_uppercase(),
+            args: args.trim().to_owned(),
+        };
+        if ins.keyword == "FROM" {
+            stages.push(Vec::new());
+        }
+        stages
+            .last_mut()
+            .expect("the Dockerfile starts with FROM")
+            .push(ins);
+    }
+    stages
+}
+
+fn find<'a>(stage: &'a [Instruction], keyword: &str) -> Vec<&'a Instruction> {
+    stage.iter().filter(|i| i.keyword == keyword).collect()
+}
+
+/// The single `keyword` instruction of `stage`.
+fn only<'a>(stage: &'a [Instruction], keyword: &str) -> &'a Instruction {
+    let found = find(stage, keyword);
+    assert_eq!(found.len(), 1, "exactly one {keyword}: {found:?}");
+    found[0]
+}
+
+/// An exec-form instruction (`["a", "b"]`) as its list.
+fn exec_form(ins: &Instruction) -> Vec<String> {
+    serde_json::from_str(&ins.args).unwrap_or_else(|e| {
+        panic!(
+            "{} must use the exec form (a JSON array), so signals reach corral: {e}: {}",
+            ins.keyword, ins.args
+        )
+    })
+}
+
+/// `COPY [--flags] SRC... DEST` -> (flags, sources, dest).
+fn copy_parts(ins: &Instruction) -> (Vec<&str>, Vec<&str>, &str) {
+    let words: Vec<&str> = ins.args.split_whitespace().collect();
+    let (flags, paths): (Vec<&str>, Vec<&str>) = words.iter().partition(|w| w.starts_with("--"));
+    let (dest, sources) = paths.split_last().expect("COPY SRC DEST");
+    (flags, sources.to_vec(), dest)
+}
+
+/// `ENV K=V ...` of a stage.
+fn env_of(stage: &[Instruction]) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    for ins in find(stage, "ENV") {
+        for pair in ins.args.split_whitespace() {
+            let (k, v) = pair
+                .split_once('=')
+                .unwrap_or_else(|| panic!("write ENV as KEY=VALUE: {}", ins.args));
+            env.insert(k.to_owned(), v.trim_matches('"').to_owned());
+        }
+    }
+    env
+}
+
+/// The value following `flag` in `args`.
+fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let i = args.iter().position(|a| a == flag)?;
+    args.get(i + 1).map(String::as_str)
+}
+
+#[test]
+fn dockerfile_builds_release_and_runs_on_distroless_as_non_root() {
+    let stages = dockerfile_stages();
+    assert_eq!(stages.len(), 2, "a build stage and a runtime stage");
+    let (build, runtime) = (&stages[0], &stages[1]);
+    let from = &build[0].args;
+    let (image, alias) = from.split_once(" AS ").expect("FROM <image> AS <name>");
+    assert!(
+        image.starts_with("rust:") && image.contains("bookworm"),
+        "builder is Debian bookworm's rust image (so its glibc matches distroless cc-debian12): {image}"
+    );
+    let cargo = find(build, "RUN")
+        .into_iter()
+        .find(|r| r.args.contains("cargo build"))
+        .expect("a RUN with cargo build");
+    assert!(
+        cargo.args.contains("cargo build --release --locked"),
+        "release build from Cargo.lock: {}",
+        cargo.args
+    );
+    assert_eq!(
+        runtime[0].args, "gcr.io/distroless/cc-debian12:nonroot",
+        "runtime image"
+    );
+
+    // The binary: built, copied from the build stage, and the entrypoint.
+    let entrypoint = exec_form(only(runtime, "ENTRYPOINT"));
+    assert_eq!(
+        entrypoint.len(),
+        1,
+        "ENTRYPOINT is the binary; flags go in CMD"
+    );
+    let copies = find(runtime, "COPY");
+    let binary = copies
+        .iter()
+        .map(|c| copy_parts(c))
+        .find(|(flags, _, _)| flags.contains(&format!("--from={alias}").as_str()))
+        .expect("COPY --from=<build stage>");
+    assert_eq!(
+        binary.2, entrypoint[0],
+        "the copied binary is the entrypoint"
+    );
+    assert!(
+        cargo.args.contains(binary.1[0]),
+        "the build RUN puts the binary where COPY --from takes it ({}): {}",
+        binary.1[0],
+        cargo.args
+    );
+
+    // Non-root, numerically (Kubernetes' runAsNonRoot cannot check a user name).
+    let user = &only(runtime, "USER").args;
+    let ids: Vec<u32> = user
+        .split(':')
+        .map(|id| {
+            id.parse()
+                .unwrap_or_else(|_| panic!("numeric USER uid:gid, got {user}"))
+        })
+        .collect();
+    assert!(ids.iter().all(|&id| id != 0), "USER is not root: {user}");
+    assert_eq!(ids[0], 65532, "distroless' nonroot user");
+
+    // Port 8080, and corral listens on it on every interface.
+    assert_eq!(only(runtime, "EXPOSE").args, "8080");
+    let env = env_of(runtime);
+    let listen: SocketAddr = env
+        .get("CORRAL_LISTEN")
+        .expect("ENV CORRAL_LISTEN (the embedded default listens on loopback only)")
+        .parse()
+        .expect("CORRAL_LISTEN is host:port");
+    assert!(
+        listen.ip().is_unspecified(),
+        "reachable from outside: {listen}"
+    );
+    assert_eq!(listen.port(), 8080, "listens on the EXPOSEd port");
+}
+
+#[test]
+fn dockerfile_flags_env_and_config_path_match_the_binary() {
+    let stages = dockerfile_stages();
+    let runtime = stages.last().unwrap();
+    let cmd = exec_form(only(runtime, "CMD"));
+    assert_flags_exist(&cmd, "the Dockerfile's CMD");
+    for name in env_of(runtime).keys() {
+        assert!(
+            help().contains(&format!("[env: {name}=")),
+            "ENV {name} is not a variable corral reads:\n{}",
+            help()
+        );
+    }
+    // The baked config: copied from the repository to the path CMD names.
+    let config_path = flag_value(&cmd, "--config").expect("CMD passes --config");
+    let baked = find(runtime, "COPY")
+        .into_iter()
+        .map(copy_parts)
+        .find(|(_, _, dest)| *dest == config_path)
+        .unwrap_or_else(|| panic!("no COPY puts a config at {config_path}"));
+    assert!(
+        baked.0.is_empty(),
+        "the config comes from the build context"
+    );
+    let source = repo(baked.1[0]);
+    assert!(source.is_file(), "{} exists", source.display());
+    check_config(&source, &[]);
+    let ignore = std::fs::read_to_string(repo("deploy/Dockerfile.dockerignore"))
+        .expect("read deploy/Dockerfile.dockerignore");
+    for needed in ["Cargo.toml", "Cargo.lock", "src", "deploy"] {
+        for pattern in ignore.lines().filter(|l| !l.trim().starts_with('#')) {
+            let p = pattern.trim().trim_end_matches('/');
+            assert!(
+                p.is_empty() || !(needed.starts_with(p) || p == "*" || p == "**"),
+                "Dockerfile.dockerignore pattern `{pattern}` drops `{needed}`"
+            );
+        }
+    }
+}
+
+/// The image's ENTRYPOINT and CMD, run here: the config path mapped to the repository's copy,
+/// `CORRAL_LISTEN` to an ephemeral loopback port.
+#[tokio::test]
+async fn the_image_command_line_serves() {
+    let stages = dockerfile_stages();
+    let runtime = stages.last().unwrap();
+    let cmd = exec_form(only(runtime, "CMD"));
+    let config_path = flag_value(&cmd, "--config").expect("CMD passes --config");
+    let baked = find(runtime, "COPY")
+        .into_iter()
+        .map(copy_parts)
+        .find(|(_, _, dest)| *dest == config_path)
+        .expect("COPY of the config")
+        .1[0];
+    let args: Vec<String> = cmd
+        .iter()
+        .map(|a| match a.as_str() {
+            p if p == config_path => repo(baked).display().to_string(),
+            other => other.to_owned(),
+        })
+        .collect();
+    let corral = Running::start(&args, &[("CORRAL_LISTEN", "127.0.0.1:0")], false).await;
+    assert_eq!(corral.get(corral.addr, "/healthz").await.0, 200);
+    assert_eq!(corral.get(corral.addr, "/readyz").await.0, 200);
+    let log = corral.log.lock().unwrap().join("\n");
+    assert!(log.contains("\"level\":\"INFO\""), "JSON logs: {log}");
+}
+
+// ===== Kubernetes =====
+
+/// `deploy/kubernetes` as JSON, validated against the Kubernetes schemas; `None` when
+/// `CORRAL_SKIP_PYTHON=1`.
+fn manifests() -> Option<&'static Value> {
+    static OUT: OnceLock<Option<Value>> = OnceLock::new();
+    OUT.get_or_init(|| {
+        let python = match std::env::var("CORRAL_PYTHON") {
+            Ok(p) if !p.is_empty() => p,
+            _ if std::env::var("CORRAL_SKIP_PYTHON").as_deref() == Ok("1") => {
+                eprintln!(
+                    "skipped: CORRAL_SKIP_PYTHON=1, the Kubernetes manifests were not checked"
+                );
+                return None;
+            }
+            _ => panic!(
+                "CORRAL_PYTHON is not set: run `bash .ci/run` (it creates .venv with \
+                 kubernetes-validate), or set CORRAL_PYTHON to a python that has \
+                 `kubernetes-validate` installed (or CORRAL_SKIP_PYTHON=1 to skip this test)"
+            ),
+        };
+        let script = repo("tests/python/k8s_manifests.py");
+        let out = std::process::Command::new(&python)
+            .arg(&script)
+            .arg(repo("deploy/kubernetes"))
+            .args(K8S_VERSIONS)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run CORRAL_PYTHON=`{python}`: {e}"));
+        assert!(
+            out.status.success(),
+            "{python} {} failed:\n{}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Some(serde_json::from_slice(&out.stdout).expect("the script prints JSON"))
+    })
+    .as_ref()
+}
+
+/// The one document of `kind` in `deploy/kubernetes`.
+fn doc<'a>(manifests: &'a Value, kind: &str) -> &'a Value {
+    let docs: Vec<&Value> = manifests["files"]
+        .as_object()
+        .expect("files")
+        .values()
+        .flat_map(|d| d.as_array().expect("documents"))
+        .filter(|d| d["kind"] == kind)
+        .collect();
+    assert_eq!(docs.len(), 1, "exactly one {kind}");
+    docs[0]
+}
+
+fn containers(pod: &Value, field: &str) -> Vec<Value> {
+    pod[field].as_array().cloned().unwrap_or_default()
+}
+
+fn named<'a>(list: &'a [Value], name: &str) -> &'a Value {
+    list.iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no container `{name}`"))
+}
+
+fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a Value> {
+    container["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)
+}
+
+/// The ConfigMap's `corral.toml`, parsed.
+fn sidecar_config(m: &Value) -> (String, toml::Value) {
+    let text = doc(m, "ConfigMap")["data"]["corral.toml"]
+        .as_str()
+        .expect("the ConfigMap holds corral.toml")
+        .to_owned();
+    let parsed = toml::from_str(&text).expect("corral.toml is TOML");
+    (text, parsed)
+}
+
+/// The port number a probe or endpoint names, by name or number, on `container`.
+fn port_number(container: &Value, port: &Value) -> u64 {
+    if let Some(n) = port.as_u64() {
+        return n;
+    }
+    let name = port.as_str().expect("port is a name or a number");
+    container["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == name)
+        .and_then(|p| p["containerPort"].as_u64())
+        .unwrap_or_else(|| panic!("no containerPort named `{name}` on {}", container["name"]))
+}
+
+#[test]
+fn kubernetes_manifests_validate_against_the_kubernetes_schemas() {
+    let Some(m) = manifests() else { return };
+    let errors = m["errors"].as_array().expect("errors");
+    assert!(errors.is_empty(), "schema errors: {errors:#?}");
+    let checked: BTreeSet<(String, String)> = m["checked"]
+        .as_array()
+        .expect("checked")
+        .iter()
+        .map(|c| {
+            (
+                c["kind"].as_str().unwrap().into(),
+                c["version"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    for kind in ["ConfigMap", "Job"] {
+        for version in K8S_VERSIONS {
+            assert!(
+                checked.contains(&(kind.into(), (*version).into())),
+                "{kind} not validated for {version}: {checked:?}"
+            );
+        }
+    }
+    // Only the custom resource and kustomize's own file have no Kubernetes schema.
+    let skipped: BTreeSet<&str> = m["skipped"]
+        .as_array()
+        .expect("skipped")
+        .iter()
+        .map(|s| s["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(skipped, BTreeSet::from(["Kustomization", "PodMonitor"]));
+
+    // kustomization.yaml lists every manifest, and renames the image the sidecar uses.
+    let kustomization = doc(m, "Kustomization");
+    let resources: BTreeSet<&str> = kustomization["resources"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .map(|r| r.as_str().unwrap())
+        .collect();
+    let files: BTreeSet<&str> = m["files"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .filter(|f| *f != "kustomization.yaml")
+        .collect();
+    assert_eq!(resources, files, "kustomization resources");
+    let pod = &doc(m, "Job")["spec"]["template"]["spec"];
+    let sidecar_image = named(&containers(pod, "initContainers"), "corral")["image"].clone();
+    let images = kustomization["images"].as_array().expect("images");
+    assert!(
+        images.iter().any(|i| i["name"] == sidecar_image),
+        "kustomization images rename {sidecar_image}"
+    );
+}
+
+#[test]
+fn job_runs_corral_as_a_native_sidecar_holding_the_key() {
+    let Some(m) = manifests() else { return };
+    let job = doc(m, "Job");
+    assert_eq!(job["apiVersion"], "batch/v1");
+    let template = &job["spec"]["template"];
+    let pod = &template["spec"];
+    assert!(
+        ["Never", "OnFailure"].contains(&pod["restartPolicy"].as_str().unwrap_or_default()),
+        "a Job's pod restartPolicy"
+    );
+    let inits = containers(pod, "initContainers");
+    let mains = containers(pod, "containers");
+    let corral = named(&inits, "corral");
+    assert_eq!(
+        corral["restartPolicy"], "Always",
+        "native sidecar: an init container with restartPolicy Always"
+    );
+
+    // The sidecar's command line and config.
+    let args: Vec<String> = serde_json::from_value(corral["args"].clone()).expect("args");
+    assert_flags_exist(&args, "the sidecar's args");
+    let config_path = flag_value(&args, "--config").expect("args pass --config");
+    let (dir, file) = config_path.rsplit_once('/').expect("absolute path");
+    let mount = corral["volumeMounts"]
+        .as_array()
+        .expect("volumeMounts")
+        .iter()
+        .find(|v| v["mountPath"] == dir)
+        .unwrap_or_else(|| panic!("nothing mounted at {dir}"));
+    let volume = pod["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("the mounted volume");
+    let configmap = doc(m, "ConfigMap");
+    assert_eq!(volume["configMap"]["name"], configmap["metadata"]["name"]);
+    assert!(
+        configmap["data"][file].is_string(),
+        "the ConfigMap has key {file}"
+    );
+    let (_, config) = sidecar_config(m);
+
+    // Loopback proxy, set by env over the image's 0.0.0.0, and the config agrees.
+    let listen = env_value(corral, "CORRAL_LISTEN").expect("CORRAL_LISTEN on the sidecar");
+    let listen: SocketAddr = listen["value"].as_str().unwrap().parse().unwrap();
+    assert!(
+        listen.ip().is_loopback(),
+        "the proxy is pod-local: {listen}"
+    );
+    assert_eq!(config["listen"].as_str(), Some(listen.to_string().as_str()));
+
+    // The key: a Secret on the sidecar only, injected with header_mode = "always".
+    let key = env_value(corral, "OPENAI_API_KEY").expect("OPENAI_API_KEY on the sidecar");
+    let secret = &key["valueFrom"]["secretKeyRef"];
+    assert!(
+        secret["name"].is_string() && secret["key"].is_string(),
+        "{key}"
+    );
+    let upstream = &config["upstream"][0];
+    assert_eq!(upstream["header_mode"].as_str(), Some("always"));
+    assert_eq!(
+        upstream["headers"]["Authorization"].as_str(),
+        Some("Bearer ${OPENAI_API_KEY}")
+    );
+    let secret_volumes: BTreeSet<&str> = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v.get("secret").is_some() || v.get("projected").is_some())
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    for c in &mains {
+        let name = &c["name"];
+        for e in c["env"].as_array().into_iter().flatten() {
+            assert!(
+                e["valueFrom"].get("secretKeyRef").is_none(),
+                "{name} reads a Secret: {e}"
+            );
+        }
+        for e in c["envFrom"].as_array().into_iter().flatten() {
+            assert!(e.get("secretRef").is_none(), "{name} reads a Secret: {e}");
+        }
+        for v in c["volumeMounts"].as_array().into_iter().flatten() {
+            let volume = v["name"].as_str().unwrap();
+            assert!(!secret_volumes.contains(volume), "{name} mounts a Secret");
+        }
+        // Its client goes through corral.
+        let route = upstream["route"].as_str().unwrap();
+        let base = env_value(c, "OPENAI_BASE_URL").expect("OPENAI_BASE_URL");
+        assert_eq!(base["value"], format!("http://{listen}{route}"));
+        assert_eq!(base["value"], "http://127.0.0.1:8080/v1");
+    }
+
+    // Probes on the admin listener, which the kubelet can reach.
+    let admin: SocketAddr = config["admin_listen"]
+        .as_str()
+        .expect("admin_listen, so probes and scrapes need not reach the loopback proxy")
+        .parse()
+        .unwrap();
+    assert!(admin.ip().is_unspecified(), "kubelet reaches {admin}");
+    for (probe, path) in [
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+        ("startupProbe", "/readyz"),
+    ] {
+        let get = &corral[probe]["httpGet"];
+        assert_eq!(get["path"], path, "{probe}");
+        assert_eq!(
+            port_number(corral, &get["port"]),
+            u64::from(admin.port()),
+            "{probe} port"
+        );
+    }
+
+    // Resources and a restrictive securityContext on every container.
+    let pod_sc = &pod["securityContext"];
+    assert_eq!(pod_sc["seccompProfile"]["type"], "RuntimeDefault");
+    for c in inits.iter().chain(&mains) {
+        let name = &c["name"];
+        for kind in ["requests", "limits"] {
+            for resource in ["cpu", "memory"] {
+                assert!(
+                    c["resources"][kind][resource].is_string(),
+                    "{name}: resources.{kind}.{resource}"
+                );
+            }
+        }
+        let sc = &c["securityContext"];
+        let effective = |key: &str| {
+            if sc.get(key).is_some() {
+                sc[key].clone()
+            } else {
+                pod_sc[key].clone()
+            }
+        };
+        assert_eq!(effective("runAsNonRoot"), true, "{name}: runAsNonRoot");
+        assert_ne!(effective("runAsUser"), 0, "{name}: runAsUser");
+        assert_eq!(sc["readOnlyRootFilesystem"], true, "{name}");
+        assert_eq!(sc["allowPrivilegeEscalation"], false, "{name}");
+        assert_ne!(sc["privileged"], true, "{name}");
+        assert_eq!(
+            sc["capabilities"]["drop"],
+            serde_json::json!(["ALL"]),
+            "{name}"
+        );
+        assert!(
+            sc["capabilities"].get("add").is_none(),
+            "{name} adds capabilities"
+        );
+    }
+
+    // Prometheus' scrape annotations point at the admin port.
+    let annotations = &template["metadata"]["annotations"];
+    assert_eq!(annotations["prometheus.io/scrape"], "true");
+    assert_eq!(annotations["prometheus.io/port"], admin.port().to_string());
+    assert_eq!(annotations["prometheus.io/path"], "/metrics");
+}
+
+#[test]
+fn podmonitor_selects_the_pods_and_their_metrics_port() {
+    let Some(m) = manifests() else { return };
+    let pm = doc(m, "PodMonitor");
+    assert_eq!(pm["apiVersion"], "monitoring.coreos.com/v1");
+    assert!(pm["metadata"]["name"].is_string(), "metadata.name");
+    let spec = &pm["spec"];
+    // Fields of the Operator's PodMonitor spec (a typo would be dropped without a word).
+    let known_spec = [
+        "selector",
+        "namespaceSelector",
+        "podMetricsEndpoints",
+        "jobLabel",
+        "podTargetLabels",
+        "sampleLimit",
+        "targetLimit",
+        "labelLimit",
+        "labelNameLengthLimit",
+        "labelValueLengthLimit",
+        "keepDroppedTargets",
+        "attachMetadata",
+        "scrapeClass",
+        "scrapeProtocols",
+    ];
+    for key in spec.as_object().expect("spec").keys() {
+        assert!(
+            known_spec.contains(&key.as_str()),
+            "unknown PodMonitor spec field `{key}`"
+        );
+    }
+    // Required by the CRD: a selector; and endpoints to scrape.
+    let selector = spec["selector"]["matchLabels"]
+        .as_object()
+        .expect("spec.selector.matchLabels");
+    assert!(!selector.is_empty(), "an empty selector matches every pod");
+    let template = &doc(m, "Job")["spec"]["template"];
+    for (k, v) in selector {
+        assert_eq!(
+            &template["metadata"]["labels"][k], v,
+            "the Job's pods carry the selected label {k}"
+        );
+    }
+    let pod = &template["spec"];
+    let corral = named(&containers(pod, "initContainers"), "corral").clone();
+    let (_, config) = sidecar_config(m);
+    let admin: SocketAddr = config["admin_listen"].as_str().unwrap().parse().unwrap();
+    let endpoints = spec["podMetricsEndpoints"]
+        .as_array()
+        .expect("spec.podMetricsEndpoints");
+    assert!(!endpoints.is_empty(), "podMetricsEndpoints");
+    let known_endpoint = [
+        "port",
+        "portNumber",
+        "targetPort",
+        "path",
+        "scheme",
+        "params",
+        "interval",
+        "scrapeTimeout",
+        "honorLabels",
+        "honorTimestamps",
+        "trackTimestampsStaleness",
+        "metricRelabelings",
+        "relabelings",
+        "proxyUrl",
+        "basicAuth",
+        "bearerTokenSecret",
+        "authorization",
+        "oauth2",
+        "tlsConfig",
+        "followRedirects",
+        "enableHttp2",
+        "filterRunning",
+    ];
+    for e in endpoints {
+        for key in e.as_object().expect("endpoint").keys() {
+            assert!(
+                known_endpoint.contains(&key.as_str()),
+                "unknown podMetricsEndpoints field `{key}`"
+            );
+        }
+        // The Operator matches `port` against container port names.
+        let port = e["port"].as_str().expect("port: a container port name");
+        assert_eq!(
+            port_number(&corral, &e["port"]),
+            u64::from(admin.port()),
+            "port `{port}` is corral's admin listener"
+        );
+        assert_eq!(e["path"], "/metrics");
+        if let Some(interval) = e["interval"].as_str() {
+            let digits = interval.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+            assert!(
+                !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()),
+                "interval is a Prometheus duration: {interval}"
+            );
+        }
+    }
+}
+
+/// The sidecar's `corral.toml` passes `check-config` and, run as the sidecar runs it, serves
+/// the probe paths and `/metrics` on the admin listener.
+#[tokio::test]
+async fn sidecar_config_is_valid_and_serves_the_probes() {
+    let Some(m) = manifests() else { return };
+    let (text, _) = sidecar_config(m);
+    let path = std::env::temp_dir().join(format!("corral-deploy-{}.toml", std::process::id()));
+    std::fs::write(&path, &text).expect("write the sidecar config");
+    let key = "sk-deploy-test-key";
+    let printed = check_config(&path, &[("OPENAI_API_KEY", key)]);
+    assert!(
+        !printed.contains(key),
+        "check-config hides the key:\n{printed}"
+    );
+    let args: Vec<String> = [
+        "--config",
+        path.to_str().unwrap(),
+        "--log-format",
+        "json",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ]
+    .map(String::from)
+    .to_vec();
+    let env = [("OPENAI_API_KEY", key), ("CORRAL_LISTEN", "127.0.0.1:0")];
+    let corral = Running::start(&args, &env, true).await;
+    let admin = corral.admin.expect("admin listener");
+    assert_eq!(corral.get(admin, "/healthz").await, (200, "ok\n".into()));
+    assert_eq!(corral.get(admin, "/readyz").await, (200, "ready\n".into()));
+    let (status, metrics) = corral.get(admin, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(metrics.contains("corral_in_flight_requests{upstream=\"openai\"}"));
+    let _ = std::fs::remove_file(&path);
+}

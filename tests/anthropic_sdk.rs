@@ -1,0 +1,228 @@
+//! The official Python SDKs, unchanged, through corral in front of `corral simulate`:
+//!
+//! - `anthropic` (`tests/python/test_anthropic_sdk.py`, `ANTHROPIC_BASE_URL` at corral's
+//!   `/anthropic` route): a message, a streamed one, the raw event stream, a 429 storm, and a
+//!   storm against an upstream that answers some requests 529 (overloaded).
+//! - `openai` (`tests/python/test_openai_storm.py`, `OPENAI_BASE_URL` at `/v1`): a 429 storm of
+//!   plain and streamed completions.
+//!
+//! The SDKs' own retries are off, so a single 429 or 529 reaching them fails a call; the
+//! simulator's stats prove the storm happened upstream. The scripts run under `$CORRAL_PYTHON`
+//! (a venv with both SDKs; `.ci/run` makes one). Without it the tests fail, unless
+//! `CORRAL_SKIP_PYTHON=1`.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use corral::simulate::{SimConfig, Simulator};
+use support::*;
+
+/// Concurrent calls in a 429 storm.
+const STORM: usize = 40;
+/// Concurrent calls against the upstream that answers 10% of requests 529. Fewer: corral
+/// paces an overloaded upstream down hard (each 529 counts as a throttle), and this test
+/// checks absorption, not throughput.
+const OVERLOADED_CALLS: usize = 10;
+
+fn python() -> Option<String> {
+    match std::env::var("CORRAL_PYTHON") {
+        Ok(p) if !p.is_empty() => Some(p),
+        _ if std::env::var("CORRAL_SKIP_PYTHON").as_deref() == Ok("1") => {
+            eprintln!("skipped: CORRAL_SKIP_PYTHON=1, the SDK storm tests did not run");
+            None
+        }
+        _ => panic!(
+            "CORRAL_PYTHON is not set: run `bash .ci/run` (it creates .venv with the openai and \
+             anthropic SDKs), or set CORRAL_PYTHON to a python that has both installed \
+             (or CORRAL_SKIP_PYTHON=1 to skip this test)"
+        ),
+    }
+}
+
+/// A rate-limited upstream: a bucket of 5 refilled at 20/s, so a storm of 40 meets 429s.
+fn limited() -> SimConfig {
+    SimConfig {
+        capacity: 5,
+        refill: 20.0,
+        service_time: Duration::from_millis(20),
+        stream_chunks: 4,
+        stream_interval: Duration::from_millis(5),
+        seed: Some(7),
+        ..SimConfig::default()
+    }
+}
+
+async fn start(config: SimConfig) -> (Simulator, SocketAddr) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let sim = Simulator::new(config);
+    tokio::spawn(sim.clone().serve(listener, std::future::pending()));
+    (sim, addr)
+}
+
+/// Runs `script` under `python` with `env`, selecting `tests` (all when empty); asserts that
+/// `passed` tests passed.
+async fn run_script(
+    python: &str,
+    script: &str,
+    tests: &[&str],
+    env: &[(&str, String)],
+    passed: usize,
+) -> String {
+    let script = format!("{}/tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
+    let mut cmd = tokio::process::Command::new(python);
+    cmd.arg(&script)
+        .args(tests)
+        .env("CORRAL_STORM_CALLS", STORM.to_string())
+        .env("CORRAL_OVERLOADED_CALLS", OVERLOADED_CALLS.to_string())
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    for var in [
+        "OPENAI_ORG_ID",
+        "OPENAI_PROJECT_ID",
+        "ANTHROPIC_AUTH_TOKEN",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ] {
+        cmd.env_remove(var);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(90), cmd.output())
+        .await
+        .expect("the SDK script finished within 90 s")
+        .unwrap_or_else(|e| panic!("cannot run CORRAL_PYTHON=`{python}`: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{python} {script} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(
+        stdout.contains(&format!("{passed} passed, 0 failed")),
+        "{stdout}"
+    );
+    stdout
+}
+
+fn upstream_count(sim: &Simulator, status: &str) -> u64 {
+    sim.stats().by_status.get(status).copied().unwrap_or(0)
+}
+
+/// No 429 went back to a client, and no client retried on its own.
+fn assert_absorbed(corral: &Corral, upstream: &str) {
+    let metrics = corral.app.metrics().render();
+    assert!(
+        !metrics.contains(&format!(
+            "corral_client_throttled_total{{source=\"upstream\",upstream=\"{upstream}\"}}"
+        )) && !metrics.contains(&format!(
+            "corral_client_throttled_total{{source=\"corral\",upstream=\"{upstream}\"}}"
+        )),
+        "a 429 reached a client of {upstream}:\n{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "corral_client_retries_total{{upstream=\"{upstream}\"}} 0"
+        )),
+        "the SDK retried on its own:\n{metrics}"
+    );
+}
+
+/// A message, a streamed one, the raw event stream, and a storm of 40 against a bucket of 5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_python_sdk_through_corral() {
+    let Some(python) = python() else { return };
+    let (sim, sim_addr) = start(limited()).await;
+    // The SDK appends /v1/messages to its base URL: /anthropic/v1/messages reaches the
+    // simulator's /v1/messages.
+    let corral = Corral::start(&format!(
+        "[[upstream]]\nname = \"anthropic\"\nroute = \"/anthropic\"\nbase_url = \"http://{sim_addr}/\"\n"
+    ))
+    .await;
+    let env = [
+        ("ANTHROPIC_BASE_URL", corral.url("/anthropic")),
+        ("ANTHROPIC_API_KEY", "sk-ant-test".to_owned()),
+    ];
+    let tests = [
+        "test_message",
+        "test_streamed_message",
+        "test_raw_event_stream",
+        "test_429_storm_is_absorbed",
+    ];
+    let stdout = run_script(&python, "test_anthropic_sdk.py", &tests, &env, tests.len()).await;
+    eprintln!("{stdout}upstream statuses: {:?}", sim.stats().by_status);
+    assert!(
+        upstream_count(&sim, "429") > 0,
+        "the storm met the upstream's limit: {:?}",
+        sim.stats().by_status
+    );
+    assert_absorbed(&corral, "anthropic");
+}
+
+/// Concurrent calls to an upstream that answers 10% of admitted requests 529 (overloaded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_python_sdk_never_sees_529() {
+    let Some(python) = python() else { return };
+    let (sim, sim_addr) = start(SimConfig {
+        capacity: 1000,
+        refill: 1000.0,
+        fail_529: 0.1,
+        ..limited()
+    })
+    .await;
+    let corral = Corral::start(&format!(
+        "[[upstream]]\nname = \"overloaded\"\nroute = \"/overloaded\"\nbase_url = \"http://{sim_addr}/\"\n"
+    ))
+    .await;
+    let env = [
+        ("ANTHROPIC_BASE_URL", corral.url("/overloaded")),
+        ("CORRAL_OVERLOADED_BASE_URL", corral.url("/overloaded")),
+        ("ANTHROPIC_API_KEY", "sk-ant-test".to_owned()),
+    ];
+    let tests = ["test_529_overloads_are_absorbed"];
+    let stdout = run_script(&python, "test_anthropic_sdk.py", &tests, &env, 1).await;
+    eprintln!("{stdout}upstream statuses: {:?}", sim.stats().by_status);
+    assert!(
+        upstream_count(&sim, "529") > 0,
+        "the upstream answered 529s: {:?}",
+        sim.stats().by_status
+    );
+    assert_absorbed(&corral, "overloaded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_python_sdk_429_storm() {
+    let Some(python) = python() else { return };
+    let (sim, sim_addr) = start(limited()).await;
+    let corral = Corral::start(&format!(
+        "[[upstream]]\nname = \"openai\"\nroute = \"/v1\"\nbase_url = \"http://{sim_addr}/v1\"\n"
+    ))
+    .await;
+    let env = [
+        ("OPENAI_BASE_URL", corral.url("/v1")),
+        ("OPENAI_API_KEY", "sk-test".to_owned()),
+    ];
+    let stdout = run_script(&python, "test_openai_storm.py", &[], &env, 1).await;
+    eprintln!("{stdout}upstream statuses: {:?}", sim.stats().by_status);
+    assert!(
+        upstream_count(&sim, "429") > 0,
+        "the storm met the upstream's limit: {:?}",
+        sim.stats().by_status
+    );
+    assert_eq!(
+        upstream_count(&sim, "200"),
+        STORM as u64,
+        "one success upstream per call"
+    );
+    assert_absorbed(&corral, "openai");
+}

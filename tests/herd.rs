@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use corral::herd::{run, run_one, Spec, Strategy};
+use corral::simulate::LimitReport;
 
 /// The herds run one at a time: two at once on a two-core machine measure each other.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -18,6 +19,7 @@ fn quick(tasks: usize) -> Spec {
         base: Duration::from_millis(100),
         cap: Duration::from_secs(3),
         max_retries: 6,
+        limit_report: LimitReport::Capacity,
     }
 }
 
@@ -39,18 +41,12 @@ async fn configured_limit_turns_a_herd_into_a_queue() {
     // corral's bucket and the upstream's start full at slightly different instants, and a
     // loaded machine delivers paced requests in small clumps: allow 5% of the tasks.
     assert!(r.upstream_429 <= 10, "upstream 429s: {}", r.upstream_429);
-    // After the initial burst, arrivals per 100 ms stay near the refill (20 per 100 ms); a
-    // synchronized retry wave would put most of the herd into one slot.
-    let peak = r
-        .arrivals_per_100ms
-        .iter()
-        .skip(1)
-        .copied()
-        .max()
-        .unwrap_or(0);
+    // No synchronized wave: no 100 ms slot holds more than the bucket's burst plus a slot and
+    // a half of refill (50 + 30), where a herd retrying in step would put most of the 200.
+    let peak = r.arrivals_per_100ms.iter().copied().max().unwrap_or(0);
     assert!(
-        peak <= 45,
-        "peak arrivals per 100 ms after the burst: {peak} ({:?})",
+        peak <= 80,
+        "peak arrivals per 100 ms: {peak} ({:?})",
         r.arrivals_per_100ms
     );
 }

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 pub use self::report::{svg, table};
 use crate::config::{self, Jitter};
-use crate::simulate::{SimConfig, Simulator};
+use crate::simulate::{LimitReport, SimConfig, Simulator};
 use crate::stack::retry::backoff::Backoff;
 
 /// The benchmark's flags.
@@ -45,6 +45,10 @@ pub struct HerdArgs {
     /// Run only these strategies (default: all).
     #[arg(long, value_enum)]
     pub strategy: Vec<Strategy>,
+    /// What the simulator's `x-ratelimit-limit-requests` reports: the bucket's capacity, or a
+    /// per-minute figure (providers differ; corral learns from both).
+    #[arg(long, value_enum, default_value_t = LimitReport::Capacity)]
+    pub limit_report: LimitReport,
     /// Where the table (herd.md) and chart (herd.svg) go.
     #[arg(long, default_value = "bench-out")]
     pub out: std::path::PathBuf,
@@ -95,6 +99,7 @@ pub struct Spec {
     pub base: Duration,
     pub cap: Duration,
     pub max_retries: u32,
+    pub limit_report: LimitReport,
 }
 
 impl Spec {
@@ -108,6 +113,7 @@ impl Spec {
             base: Duration::from_secs(1).div_f64(scale),
             cap: Duration::from_secs(30).div_f64(scale),
             max_retries: 6,
+            limit_report: a.limit_report,
         }
     }
 
@@ -190,6 +196,7 @@ pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResu
         capacity: spec.capacity,
         refill: spec.refill,
         service_time: spec.service,
+        limit_report: spec.limit_report,
         ..SimConfig::default()
     });
     let (stop_sim, sim_stopped) = oneshot::channel::<()>();

@@ -5,7 +5,8 @@
 //!   `(limit - remaining) / reset`, never assuming `limit` is per minute; burst `limit - floor`,
 //!   where `floor` is the `remaining` a 429 reported (0 for honest capacity reports, the offset
 //!   for per-minute reports). Every answer resynchronises the level: what the upstream had left
-//!   when it saw the attempt, plus refill since, minus what corral sent after it.
+//!   when it saw the attempt, plus refill since, minus what corral sent after it. Reported
+//!   headroom is spent no faster than answers confirm it (doubling per round trip).
 //! - **Slow start** before anything is known: `initial_burst` requests go, each success lets two
 //!   more go (doubling per round trip), and the first throttle ends it.
 //! - **AIMD** without headers, as AWS's adaptive retry mode: on a throttle the rate becomes
@@ -14,6 +15,7 @@
 //!
 //! A pure state machine: every method takes `now`, so tests drive it in virtual time.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use http::HeaderMap;
@@ -22,6 +24,10 @@ use tokio::time::Instant;
 const BETA: f64 = 0.7;
 const CUBIC_C: f64 = 0.4;
 const MIN_RATE: f64 = 0.5;
+/// Tickets unanswered this long are forgotten (their requests were cancelled or hang).
+const FORGET_UNANSWERED: Duration = Duration::from_secs(600);
+/// Tokens held back when resynchronising the level from a report.
+const RESYNC_SLACK: f64 = 1.0;
 /// In slow start, one more request goes after this long without an answer.
 const SLOW_START_STALL: Duration = Duration::from_secs(1);
 
@@ -150,6 +156,16 @@ pub struct Pacer {
     last_throttle: Option<Instant>,
     meter: Meter,
     quiet_since: Instant,
+    /// The largest level the upstream has confirmed by answering without a throttle: reported
+    /// headroom is spent no faster than it is confirmed (it doubles per round trip), so a
+    /// `limit` that is a per-minute figure rather than the burst costs a few 429s, not a herd.
+    verified: f64,
+    /// The newest ticket whose report set the level.
+    synced_seq: f64,
+    /// The fastest answer seen (seconds from send to head).
+    min_rtt: Option<f64>,
+    /// Admitted and not yet answered, in admission order.
+    unanswered: VecDeque<(Ticket, f64)>,
     pub last_remaining: Option<f64>,
     pub throttles: u64,
 }
@@ -180,6 +196,10 @@ impl Pacer {
                 rate: 0.0,
             },
             quiet_since: now,
+            verified: f64::from(initial_burst.max(1)),
+            synced_seq: f64::NEG_INFINITY,
+            min_rtt: None,
+            unanswered: VecDeque::new(),
             last_remaining: None,
             throttles: 0,
         }
@@ -238,10 +258,42 @@ impl Pacer {
     fn admit(&mut self, cost: f64, now: Instant) -> Ticket {
         self.sent += cost;
         self.meter.record(now, cost.max(1.0));
-        Ticket {
+        let ticket = Ticket {
             sent_at: now,
             seq: self.sent,
+        };
+        if cost > 0.0 {
+            self.unanswered.push_back((ticket, cost));
         }
+        ticket
+    }
+
+    /// Units sent shortly before `ticket` and still unanswered: on a busy machine they may reach
+    /// the upstream after it (not yet counted in its `remaining`), so they count as sent after.
+    /// Forgets `ticket` itself, and tickets whose answer never came (cancelled requests).
+    fn unanswered_before(&mut self, ticket: Ticket, now: Instant) -> f64 {
+        while let Some((t, _)) = self.unanswered.front() {
+            if now.saturating_duration_since(t.sent_at) > FORGET_UNANSWERED {
+                self.unanswered.pop_front();
+            } else {
+                break;
+            }
+        }
+        if let Some(i) = self
+            .unanswered
+            .iter()
+            .position(|(t, _)| t.seq == ticket.seq)
+        {
+            self.unanswered.remove(i);
+        }
+        let window = Duration::from_secs_f64(self.min_rtt.unwrap_or(0.05));
+        let since = ticket.sent_at.checked_sub(window).unwrap_or(ticket.sent_at);
+        self.unanswered
+            .iter()
+            .take_while(|(t, _)| t.seq < ticket.seq)
+            .filter(|(t, _)| t.sent_at >= since)
+            .map(|(_, cost)| cost)
+            .sum()
     }
 
     /// Learn from the answer to the attempt admitted with `ticket`.
@@ -276,6 +328,11 @@ impl Pacer {
             // The upstream refused with headroom left: its `remaining` counts from a floor.
             self.floor = r.remaining;
         }
+        self.verified = if throttled {
+            (self.verified / 2.0).max(1.0)
+        } else {
+            self.verified + 1.0
+        };
         if let Some(reset) = r.reset.filter(|d| !d.is_zero()) {
             if r.limit > r.remaining {
                 let sample = (r.limit - r.remaining) / reset.as_secs_f64();
@@ -288,9 +345,26 @@ impl Pacer {
         }
         self.burst = (r.limit - self.floor).max(1.0);
         let since = now.saturating_duration_since(ticket.sent_at).as_secs_f64();
-        let sent_after = (self.sent - ticket.seq).max(0.0);
-        let level = (r.remaining - self.floor) + self.true_rate * since - sent_after;
-        self.tokens = level.min(self.burst);
+        let sent_after = (self.sent - ticket.seq).max(0.0) + self.unanswered_before(ticket, now);
+        // The upstream counted `remaining` when the attempt arrived, somewhere between the send
+        // and now. Credit refill for at most the fastest round trip seen (none before one is
+        // known): a slow connect or a busy machine must not inflate the level. One token of
+        // slack covers the rest.
+        let credit = self.min_rtt.map_or(0.0, |m| since.min(m));
+        let level =
+            (r.remaining - self.floor) + self.true_rate * credit - sent_after - RESYNC_SLACK;
+        let level = level.min(self.burst).min(self.verified);
+        // A report newer than the last one used sets the level; an older one (an answer that
+        // took long describes the bucket as it was long ago) may only lower it.
+        if ticket.seq > self.synced_seq {
+            self.synced_seq = ticket.seq;
+            self.tokens = level;
+        } else {
+            self.tokens = self.tokens.min(level);
+        }
+        if !throttled {
+            self.min_rtt = Some(self.min_rtt.map_or(since, |m| m.min(since)));
+        }
         if self.true_rate > 0.0 {
             self.rate = self.true_rate * self.margin;
         }

@@ -62,9 +62,11 @@ impl Buckets {
         });
         let a = &config.adaptive;
         let now = Instant::now();
+        // A configured burst is the user's word on the upstream's: slow start may spend it.
+        let initial = l.burst.map_or(a.initial_burst, NonZeroU32::get);
         let pacers = (config.rate_limit == LearnMode::Auto).then(|| {
             Mutex::new([
-                Pacer::new(Kind::Requests, a.initial_burst, a.rate_margin, now),
+                Pacer::new(Kind::Requests, initial, a.rate_margin, now),
                 Pacer::new(Kind::Tokens, a.initial_burst, a.rate_margin, now),
             ])
         });

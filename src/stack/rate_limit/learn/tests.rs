@@ -227,3 +227,25 @@ async fn per_minute_reports_learn_their_floor_from_the_first_429() {
         "the level is at the floor: wait"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn reported_headroom_is_spent_only_as_fast_as_answers_confirm_it() {
+    let now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 0.97, now);
+    let ticket = pacer.try_acquire(1.0, now).unwrap();
+    // A per-minute style report: 1199 "remaining", nothing yet says the real burst is that big.
+    let r = Report {
+        limit: 1200.0,
+        remaining: 1199.0,
+        reset: Some(Duration::from_millis(50)),
+    };
+    pacer.observe(ticket, false, Some(r), now);
+    let mut admitted = 0;
+    while pacer.try_acquire(1.0, now).is_ok() {
+        admitted += 1;
+    }
+    assert!(
+        admitted <= 11,
+        "{admitted} admitted on one unconfirmed report"
+    );
+}

@@ -83,13 +83,16 @@ where
         let method = req.method.clone();
         let start = Instant::now();
         let fut = self.inner.call(req);
+        // Made before the wait, so a request cancelled before its head (client gone) still
+        // lowers the gauge when its future is dropped.
+        let guard = InFlight {
+            gauge: m.in_flight.clone(),
+            bytes: m.response_bytes.clone(),
+        };
         Box::pin(async move {
             let result = fut.await;
             m.request_duration.observe(start.elapsed().as_secs_f64());
-            let guard = InFlight {
-                gauge: m.in_flight.clone(),
-                bytes: m.response_bytes.clone(),
-            };
+
             match result {
                 Ok(response) => {
                     m.request(method.as_str(), response.status().as_u16());

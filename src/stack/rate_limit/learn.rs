@@ -24,6 +24,8 @@ use tokio::time::Instant;
 const BETA: f64 = 0.7;
 const CUBIC_C: f64 = 0.4;
 const MIN_RATE: f64 = 0.5;
+/// Slow start ends (ungated) once its window reaches this without a header or a throttle.
+const SLOW_START_END: f64 = 4096.0;
 /// Tickets unanswered this long are forgotten (their requests were cancelled or hang).
 const FORGET_UNANSWERED: Duration = Duration::from_secs(600);
 /// Tokens held back when resynchronising the level from a report.
@@ -103,6 +105,17 @@ pub fn report(headers: &HeaderMap, kind: Kind, now_wall: std::time::SystemTime) 
         remaining,
         reset,
     })
+}
+
+/// What an answer says about the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// Anything but a throttle.
+    Ok,
+    /// 429: our bucket is empty.
+    RateLimited,
+    /// 529 and the like: the service is overloaded.
+    Overloaded,
 }
 
 /// Proof of admission, handed back with the answer.
@@ -300,32 +313,40 @@ impl Pacer {
     pub fn observe(
         &mut self,
         ticket: Ticket,
-        throttled: bool,
+        answer: Answer,
         report: Option<Report>,
         now: Instant,
     ) {
         self.refill(now);
         self.quiet_since = now;
+        let throttled = answer != Answer::Ok;
         if throttled {
             self.throttles += 1;
         }
         match report {
-            Some(r) => self.learn_headers(ticket, throttled, r, now),
+            Some(r) => self.learn_headers(ticket, answer, r, now),
             None if throttled && self.kind == Kind::Requests && self.source != Source::Headers => {
                 self.throttle_aimd(now)
             }
             None if self.source == Source::SlowStart => {
                 self.tokens += 2.0;
                 self.burst = self.burst.max(self.tokens);
+                if self.burst >= SLOW_START_END {
+                    // Thousands of answers, no header, no throttle: nothing to learn; stop
+                    // gating (a later 429 starts AIMD).
+                    self.source = Source::None;
+                }
             }
             None => {}
         }
     }
 
-    fn learn_headers(&mut self, ticket: Ticket, throttled: bool, r: Report, now: Instant) {
+    fn learn_headers(&mut self, ticket: Ticket, answer: Answer, r: Report, now: Instant) {
+        let throttled = answer != Answer::Ok;
         self.last_remaining = Some(r.remaining);
-        if throttled && r.remaining >= 1.0 {
+        if answer == Answer::RateLimited && r.remaining >= 1.0 {
             // The upstream refused with headroom left: its `remaining` counts from a floor.
+            // (Only a 429 says so: a 529 is the whole service overloaded, not our bucket.)
             self.floor = r.remaining;
         }
         self.verified = if throttled {
@@ -336,8 +357,15 @@ impl Pacer {
         if let Some(reset) = r.reset.filter(|d| !d.is_zero()) {
             if r.limit > r.remaining {
                 let sample = (r.limit - r.remaining) / reset.as_secs_f64();
+                // A reset in whole seconds (Anthropic's RFC 3339 instants) is rounded up, so its
+                // sample bounds the rate from below: the estimate is the largest recent bound,
+                // decaying slowly so a lowered limit is still followed. Finer resets (OpenAI's)
+                // are averaged.
+                let whole_seconds = reset.subsec_nanos() == 0;
                 self.true_rate = if self.true_rate == 0.0 || self.source != Source::Headers {
                     sample
+                } else if whole_seconds {
+                    sample.max(0.98 * self.true_rate)
                 } else {
                     0.5 * sample + 0.5 * self.true_rate
                 };

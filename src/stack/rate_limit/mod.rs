@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use self::buckets::{take, Bucket};
-use self::learn::{Kind, Pacer, Ticket};
+use self::learn::{Answer, Kind, Pacer, Ticket};
 use crate::body::Body;
 use crate::classify::Outcome;
 use crate::config::{LearnMode, Partition, UpstreamConfig};
@@ -147,13 +147,17 @@ impl Buckets {
         metrics: &UpstreamMetrics,
     ) {
         let Some(pacers) = &self.pacers else { return };
-        let throttled = matches!(outcome, Outcome::Throttled(_));
+        let answer = match outcome {
+            Outcome::Throttled(429) => Answer::RateLimited,
+            Outcome::Throttled(_) => Answer::Overloaded,
+            _ => Answer::Ok,
+        };
         let wall = SystemTime::now();
         let now = Instant::now();
         let mut pacers = pacers.lock().expect("pacer lock");
         for (pacer, ticket) in pacers.iter_mut().zip(tickets) {
             let report = headers.and_then(|h| learn::report(h, pacer.kind(), wall));
-            pacer.observe(ticket, throttled, report, now);
+            pacer.observe(ticket, answer, report, now);
             let kind = pacer.kind().label();
             metrics.learned(kind, pacer.rate(), pacer.burst());
             metrics.limit_source(kind, pacer.source().label());

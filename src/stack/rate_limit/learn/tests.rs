@@ -80,7 +80,12 @@ async fn drive(
             } else {
                 None
             };
-            pacer.observe(ticket, !ok, report, now);
+            pacer.observe(
+                ticket,
+                if ok { Answer::Ok } else { Answer::RateLimited },
+                report,
+                now,
+            );
         }
         // Send whatever the pacer admits (the clients always have work).
         while let Ok(ticket) = pacer.try_acquire(1.0, now) {
@@ -220,7 +225,7 @@ async fn per_minute_reports_learn_their_floor_from_the_first_429() {
         remaining: 1150.0,
         reset: Some(Duration::from_millis(2500)),
     };
-    pacer.observe(ticket, true, Some(r), now);
+    pacer.observe(ticket, Answer::RateLimited, Some(r), now);
     assert_eq!(pacer.burst(), 50.0, "burst = limit - floor");
     assert!(
         pacer.try_acquire(1.0, now).is_err(),
@@ -239,7 +244,7 @@ async fn reported_headroom_is_spent_only_as_fast_as_answers_confirm_it() {
         remaining: 1199.0,
         reset: Some(Duration::from_millis(50)),
     };
-    pacer.observe(ticket, false, Some(r), now);
+    pacer.observe(ticket, Answer::Ok, Some(r), now);
     let mut admitted = 0;
     while pacer.try_acquire(1.0, now).is_ok() {
         admitted += 1;
@@ -248,4 +253,57 @@ async fn reported_headroom_is_spent_only_as_fast_as_answers_confirm_it() {
         admitted <= 11,
         "{admitted} admitted on one unconfirmed report"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_overload_529_does_not_teach_a_floor() {
+    let now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 0.97, now);
+    let ticket = pacer.try_acquire(1.0, now).unwrap();
+    let r = Report {
+        limit: 1000.0,
+        remaining: 999.0,
+        reset: Some(Duration::from_millis(1)),
+    };
+    pacer.observe(ticket, Answer::Overloaded, Some(r), now);
+    assert_eq!(pacer.burst(), 1000.0, "a 529 says nothing about our bucket");
+}
+
+#[tokio::test(start_paused = true)]
+async fn whole_second_resets_average_out() {
+    // Anthropic-style: 1000/s true, resets rounded up to whole seconds.
+    let now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 1000, 1.0, now);
+    for used in [1.0, 2.0, 500.0, 900.0, 3.0] {
+        let ticket = pacer.try_acquire(1.0, now).unwrap();
+        let reset = Duration::from_secs_f64((used / 1000.0_f64).ceil());
+        pacer.observe(
+            ticket,
+            Answer::Ok,
+            Some(Report {
+                limit: 1000.0,
+                remaining: 1000.0 - used,
+                reset: Some(reset),
+            }),
+            now,
+        );
+    }
+    assert!(
+        pacer.rate() > 800.0,
+        "learned {} per second, true 1000",
+        pacer.rate()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn slow_start_without_any_signal_ends_ungated() {
+    let mut now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 0.97, now);
+    for _ in 0..5000 {
+        now += Duration::from_millis(1);
+        if let Ok(ticket) = pacer.try_acquire(1.0, now) {
+            pacer.observe(ticket, Answer::Ok, None, now);
+        }
+    }
+    assert_eq!(pacer.source(), Source::None);
 }

@@ -4,8 +4,10 @@
 //! from bounded sets (upstream names from the config, status codes, fixed reason enums); never
 //! keys, paths or models.
 
+use std::sync::Arc;
+
 use prometheus::{
-    CounterVec, Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    CounterVec, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
     IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
@@ -132,7 +134,14 @@ impl Metrics {
     /// Handles for one upstream, with its label values bound once.
     pub fn upstream(&self, name: &str) -> UpstreamMetrics {
         let v = &[name];
-        UpstreamMetrics {
+        let kind = |k: &str| KindGauges {
+            rate: self.learned_rate.with_label_values(&[name, k]),
+            burst: self.learned_burst.with_label_values(&[name, k]),
+            remaining: self.reported_remaining.with_label_values(&[name, k]),
+            sources: SOURCES.map(|s| self.limit_source.with_label_values(&[name, k, s])),
+        };
+        UpstreamMetrics(Arc::new(Handles {
+            kinds: [kind("requests"), kind("tokens")],
             name: name.to_owned(),
             family: self.clone(),
             request_duration: self.request_duration.with_label_values(v),
@@ -151,7 +160,7 @@ impl Metrics {
             rate_wait: self.rate_wait.with_label_values(v),
             tokens_charged: self.tokens_charged.with_label_values(v),
             concurrency_limit: self.concurrency_limit.with_label_values(v),
-        }
+        }))
     }
 
     /// A corral-made answer for a request that matched no upstream.
@@ -162,10 +171,32 @@ impl Metrics {
     }
 }
 
-/// One upstream's metric handles.
+/// Sources of a pacing limit, in the order of [`KindGauges::sources`].
+const SOURCES: [&str; 5] = ["config", "headers", "aimd", "slow_start", "none"];
+
+/// One upstream's metric handles: cheap to clone (one `Arc`), label values bound once.
 #[derive(Clone)]
-pub struct UpstreamMetrics {
+pub struct UpstreamMetrics(Arc<Handles>);
+
+impl std::ops::Deref for UpstreamMetrics {
+    type Target = Handles;
+    fn deref(&self) -> &Handles {
+        &self.0
+    }
+}
+
+/// Learned-limit gauges of one bucket kind.
+pub struct KindGauges {
+    rate: Gauge,
+    burst: Gauge,
+    remaining: Gauge,
+    sources: [Gauge; 5],
+}
+
+/// The handles behind [`UpstreamMetrics`].
+pub struct Handles {
     name: String,
+    kinds: [KindGauges; 2],
     family: Metrics,
     pub request_duration: Histogram,
     pub upstream_duration: Histogram,
@@ -185,7 +216,10 @@ pub struct UpstreamMetrics {
     pub concurrency_limit: IntGauge,
 }
 
-impl UpstreamMetrics {
+impl Handles {
+    fn kind(&self, kind: &str) -> &KindGauges {
+        &self.kinds[usize::from(kind != "requests")]
+    }
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -240,28 +274,16 @@ impl UpstreamMetrics {
             .inc();
     }
     pub fn learned(&self, kind: &str, rate: f64, burst: f64) {
-        self.family
-            .learned_rate
-            .with_label_values(&[&self.name, kind])
-            .set(rate);
-        self.family
-            .learned_burst
-            .with_label_values(&[&self.name, kind])
-            .set(burst);
+        let k = self.kind(kind);
+        k.rate.set(rate);
+        k.burst.set(burst);
     }
     pub fn remaining(&self, kind: &str, remaining: f64) {
-        self.family
-            .reported_remaining
-            .with_label_values(&[&self.name, kind])
-            .set(remaining);
+        self.kind(kind).remaining.set(remaining);
     }
     pub fn limit_source(&self, kind: &str, source: &str) {
-        for s in ["config", "headers", "aimd", "slow_start", "none"] {
-            let v = if s == source { 1.0 } else { 0.0 };
-            self.family
-                .limit_source
-                .with_label_values(&[&self.name, kind, s])
-                .set(v);
+        for (gauge, s) in self.kind(kind).sources.iter().zip(SOURCES) {
+            gauge.set(if s == source { 1.0 } else { 0.0 });
         }
     }
 }

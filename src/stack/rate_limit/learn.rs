@@ -240,6 +240,15 @@ impl Pacer {
         self.tokens = (self.tokens + self.rate * dt).min(self.burst);
     }
 
+    /// Whether [`try_acquire`](Self::try_acquire) would admit `cost` units now.
+    pub fn can_acquire(&mut self, cost: f64, now: Instant) -> bool {
+        if self.source == Source::None {
+            return true;
+        }
+        self.refill(now);
+        self.tokens >= cost.min(self.burst).max(f64::MIN_POSITIVE)
+    }
+
     /// Admit `cost` units now, or say how long to wait (`None`: until an answer arrives).
     pub fn try_acquire(&mut self, cost: f64, now: Instant) -> Result<Ticket, Option<Duration>> {
         if self.source == Source::None {

@@ -15,6 +15,7 @@ use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::num::NonZeroU32;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
@@ -43,6 +44,19 @@ pub struct Buckets {
     tokens: Option<Bucket>,
     pacers: Option<Mutex<[Pacer; 2]>>,
     answered: Notify,
+    /// Requests on the slow path (waiting for their turn or for capacity).
+    queued: AtomicUsize,
+    /// Whether the tokens pacer has learned anything (else token estimates are not needed).
+    tokens_learned: AtomicBool,
+}
+
+/// Counts a request on the slow path for as long as it is there.
+struct Queued<'a>(&'a AtomicUsize);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Buckets {
@@ -76,6 +90,8 @@ impl Buckets {
             tokens,
             pacers,
             answered: Notify::new(),
+            queued: AtomicUsize::new(0),
+            tokens_learned: AtomicBool::new(false),
         }
     }
 
@@ -90,6 +106,31 @@ impl Buckets {
             upstream: upstream.to_owned(),
             retry_after,
         };
+        // Fast path: nobody waiting, no governor bucket, and the pacers say go now: no turn to
+        // take, no timer. (With a governor bucket the slow path keeps its two takes ordered.)
+        if self.queued.load(Ordering::Acquire) == 0
+            && self.requests.is_none()
+            && self.tokens.is_none()
+        {
+            let Some(pacers) = &self.pacers else {
+                return Ok(None);
+            };
+            let mut p = pacers.lock().expect("pacer lock");
+            let now = Instant::now();
+            let units = [1.0, f64::from(cost)];
+            if p.iter_mut()
+                .zip(units)
+                .all(|(pacer, u)| pacer.can_acquire(u, now))
+            {
+                let mut take = |i: usize| {
+                    p[i].try_acquire(units[i], now)
+                        .expect("checked under the same lock")
+                };
+                return Ok(Some([take(0), take(1)]));
+            }
+        }
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        let _queued = Queued(&self.queued);
         let _turn = tokio::time::timeout_at(deadline, self.turn.lock())
             .await
             .map_err(|_| limited(Duration::from_secs(1)))?;
@@ -165,8 +206,12 @@ impl Buckets {
                 metrics.remaining(kind, r);
             }
         }
+        self.tokens_learned
+            .store(pacers[1].source() != learn::Source::None, Ordering::Relaxed);
         drop(pacers);
-        self.answered.notify_waiters();
+        if self.queued.load(Ordering::Acquire) > 0 {
+            self.answered.notify_waiters();
+        }
     }
 
     /// A JSON view for `/status`.
@@ -303,9 +348,14 @@ where
         let inner = self.inner.clone();
         Box::pin(async move {
             let m = &shared.metrics;
-            let cost =
-                estimate::estimate_tokens(&req.body, shared.config.limits.default_max_tokens);
             let buckets = shared.buckets(&req.headers);
+            // The JSON estimate only where a token bucket will be charged.
+            let cost = if buckets.tokens.is_some() || buckets.tokens_learned.load(Ordering::Relaxed)
+            {
+                estimate::estimate_tokens(&req.body, shared.config.limits.default_max_tokens)
+            } else {
+                0
+            };
             let start = Instant::now();
             let tickets = buckets.acquire(cost, req.ctx.deadline, m.name()).await?;
             m.rate_wait.observe(start.elapsed().as_secs_f64());

@@ -125,14 +125,23 @@ impl RunArgs {
 }
 
 /// Install the tracing subscriber: text or JSON on stderr, `RUST_LOG` filters (default info).
-pub fn init_logging(format: LogFormat) {
+///
+/// Lines are written by a background thread (one request line per request would otherwise cost
+/// a locked, unbuffered write on the request path); it blocks rather than drops when behind.
+/// Keep the returned guard alive until exit: dropping it flushes what is queued.
+#[must_use = "dropping the guard stops the log writer"]
+pub fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .finish(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     match format {
         LogFormat::Text => builder.with_ansi(false).init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
     }
+    guard
 }

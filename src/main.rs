@@ -23,7 +23,7 @@ fn main() -> ExitCode {
             }
         },
         Some(Command::Simulate(args)) => {
-            init_logging(cli.log_format);
+            let _log = init_logging(cli.log_format);
             match runtime().block_on(corral::simulate::run(args)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -38,7 +38,7 @@ fn main() -> ExitCode {
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
             );
-            init_logging(cli.log_format);
+            let _log = init_logging(cli.log_format);
             match runtime().block_on(corral::herd::main(args)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -55,7 +55,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            init_logging(cli.log_format);
+            let _log = init_logging(cli.log_format);
             match runtime().block_on(serve(config)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

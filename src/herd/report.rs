@@ -39,7 +39,8 @@ pub fn table(spec: &Spec, results: &[RunResult]) -> String {
     out
 }
 
-/// An SVG chart: one panel per strategy, arrivals per 100 ms over time.
+/// An SVG chart: one panel per strategy, arrivals per 100 ms over time on a log scale (a herd's
+/// first wave is hundreds of times the refill; a linear scale would flatten everything else).
 pub fn svg(spec: &Spec, results: &[RunResult]) -> String {
     const W: f64 = 900.0;
     const PANEL: f64 = 110.0;
@@ -60,7 +61,7 @@ pub fn svg(spec: &Spec, results: &[RunResult]) -> String {
         .max(1);
     let peak = f64::from(peak);
     let height = TOP + PANEL * results.len() as f64 + 30.0;
-    let x = |i: usize| LEFT + (W - LEFT - 10.0) * i as f64 / slots as f64;
+    let x = |i: f64| LEFT + (W - LEFT - 10.0) * i / slots as f64;
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -69,22 +70,38 @@ pub fn svg(spec: &Spec, results: &[RunResult]) -> String {
     let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
     let _ = writeln!(
         s,
-        r#"<text x="{LEFT}" y="18" font-size="14">Upstream arrivals per 100 ms ({} tasks, bucket {}, refill {}/s; dashed: refill)</text>"#,
+        r#"<text x="{LEFT}" y="18" font-size="14">Upstream arrivals per 100 ms, log scale ({} tasks, bucket {}, refill {}/s; dashed: refill)</text>"#,
         spec.tasks, spec.capacity, spec.refill
     );
     let refill_per_slot = spec.refill / 10.0;
     for (n, r) in results.iter().enumerate() {
         let top = TOP + PANEL * n as f64;
         let base = top + PANEL - 20.0;
-        let y = |v: f64| base - (PANEL - 30.0) * (v / peak);
+        let y = |v: f64| base - (PANEL - 30.0) * ((1.0 + v).log10() / (1.0 + peak).log10());
         let _ = writeln!(
             s,
-            r##"<text x="{LEFT}" y="{}" fill="#333">{} — makespan {:.1} s, {} upstream 429s</text>"##,
+            r##"<text x="{LEFT}" y="{}" fill="#333">{}: makespan {:.1} s, {} upstream 429s</text>"##,
             top + 8.0,
             r.strategy.label(),
             r.makespan.as_secs_f64(),
             r.upstream_429
         );
+        let mut tick = 1.0;
+        while tick <= peak {
+            let _ = writeln!(
+                s,
+                r##"<line x1="{LEFT}" y1="{0:.1}" x2="{1}" y2="{0:.1}" stroke="#e5e5e5"/>"##,
+                y(tick),
+                W - 10.0
+            );
+            let _ = writeln!(
+                s,
+                r##"<text x="{}" y="{:.1}" fill="#666" text-anchor="end">{tick}</text>"##,
+                LEFT - 6.0,
+                y(tick) + 4.0
+            );
+            tick *= 10.0;
+        }
         let _ = writeln!(
             s,
             r##"<line x1="{LEFT}" y1="{base}" x2="{}" y2="{base}" stroke="#999"/>"##,
@@ -92,13 +109,7 @@ pub fn svg(spec: &Spec, results: &[RunResult]) -> String {
         );
         let _ = writeln!(
             s,
-            r##"<text x="4" y="{}" fill="#666">{}</text>"##,
-            y(peak) + 4.0,
-            peak
-        );
-        let _ = writeln!(
-            s,
-            r##"<line x1="{LEFT}" y1="{0}" x2="{1}" y2="{0}" stroke="#c33" stroke-dasharray="4 3"/>"##,
+            r##"<line x1="{LEFT}" y1="{0:.1}" x2="{1}" y2="{0:.1}" stroke="#c33" stroke-dasharray="4 3"/>"##,
             y(refill_per_slot),
             W - 10.0
         );
@@ -106,7 +117,7 @@ pub fn svg(spec: &Spec, results: &[RunResult]) -> String {
             .arrivals_per_100ms
             .iter()
             .enumerate()
-            .map(|(i, v)| format!("{:.1},{:.1} ", x(i), y(f64::from(*v))))
+            .map(|(i, v)| format!("{:.1},{:.1} ", x(i as f64), y(f64::from(*v))))
             .collect();
         let _ = writeln!(
             s,
@@ -115,13 +126,15 @@ pub fn svg(spec: &Spec, results: &[RunResult]) -> String {
         );
     }
     let seconds = slots as f64 / 10.0;
+    let digits = usize::from(seconds < 20.0);
     for t in 0..=10 {
         let sec = seconds * f64::from(t) / 10.0;
         let _ = writeln!(
             s,
-            r##"<text x="{:.1}" y="{}" fill="#666" text-anchor="middle">{:.0}s</text>"##,
-            x((sec * 10.0) as usize),
+            r##"<text x="{:.1}" y="{}" fill="#666" text-anchor="middle">{:.*}s</text>"##,
+            x(sec * 10.0),
             height - 8.0,
+            digits,
             sec
         );
     }

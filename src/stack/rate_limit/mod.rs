@@ -259,6 +259,11 @@ impl RateLimitShared {
     pub fn new(config: &UpstreamConfig, metrics: UpstreamMetrics) -> Arc<Self> {
         let by_key = (config.limits.partition == Partition::ApiKey)
             .then(|| (Mutex::new(HashMap::new()), RandomState::new()));
+        if config.rate_limit == LearnMode::Off {
+            let source = |configured: bool| if configured { "config" } else { "none" };
+            metrics.limit_source("requests", source(config.limits.rpm.is_some()));
+            metrics.limit_source("tokens", source(config.limits.tpm.is_some()));
+        }
         Arc::new(Self {
             default: Arc::new(Buckets::new(config)),
             by_key,

@@ -238,3 +238,21 @@ async fn admin_listen_moves_admin_endpoints_off_the_main_port() {
     );
     task.abort();
 }
+
+#[tokio::test]
+async fn serves_h2c_clients() {
+    let upstream =
+        MockUpstream::start(|_| async { json(200, serde_json::json!({"h2": true})) }).await;
+    let corral = Corral::start(&one_upstream(&upstream, "")).await;
+    let h2: TestClient =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+    let response = h2
+        .request(post(&corral.url("/v1/chat/completions"), "{}"))
+        .await
+        .unwrap();
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    assert_eq!(response.status(), 200);
+    assert_eq!(upstream.calls(), 1);
+}

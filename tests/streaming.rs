@@ -136,7 +136,12 @@ async fn client_disconnect_before_the_head_cancels_the_upstream_request() {
     );
     let idle = r#"corral_in_flight_requests{upstream="mock"} 0"#;
     assert!(
-        eventually(Duration::from_secs(5), || corral.app.metrics().render().contains(idle)).await,
+        eventually(Duration::from_secs(5), || corral
+            .app
+            .metrics()
+            .render()
+            .contains(idle))
+        .await,
         "the in-flight gauge kept the cancelled request"
     );
 }

@@ -191,3 +191,69 @@ where
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::HumanDuration;
+
+    fn shared(on_open: OnOpen) -> Arc<BreakerShared> {
+        let config = BreakerConfig {
+            window: 10,
+            min_samples: 5,
+            cooldown: HumanDuration::from_secs(4),
+            half_open_probes: 1,
+            on_open,
+            ..BreakerConfig::default()
+        };
+        BreakerShared::new(&config, crate::metrics::Metrics::new().upstream("t"))
+    }
+
+    fn open(b: &BreakerShared) {
+        for _ in 0..5 {
+            b.record(Outcome::ServerError(503), false);
+        }
+        assert_eq!(b.phase().name(), "open");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reject_answers_503_with_the_remaining_cooldown() {
+        let b = shared(OnOpen::Reject);
+        open(&b);
+        let err = b
+            .admit(Instant::now() + Duration::from_secs(60))
+            .await
+            .unwrap_err();
+        assert_eq!(err.status(), 503);
+        let after = err.retry_after().unwrap();
+        assert!(
+            after > Duration::from_secs(2) && after <= Duration::from_secs(4),
+            "{after:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn queue_waits_for_the_half_open_probe_within_the_deadline() {
+        let b = shared(OnOpen::Queue);
+        open(&b);
+        let start = Instant::now();
+        let probe = b.admit(start + Duration::from_secs(60)).await.unwrap();
+        assert!(probe, "admitted as a half-open probe");
+        assert!(
+            start.elapsed() >= Duration::from_secs(3),
+            "waited out the cool-down"
+        );
+        open_again_then_deadline(&b).await;
+    }
+
+    async fn open_again_then_deadline(b: &BreakerShared) {
+        b.record(Outcome::Timeout, true);
+        assert_eq!(b.phase().name(), "open", "the failed probe reopened it");
+        // A deadline shorter than the (doubled) cool-down ends the wait with a 503.
+        let err = b
+            .admit(Instant::now() + Duration::from_millis(100))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ProxyError::CircuitOpen { .. }), "{err}");
+    }
+}

@@ -376,3 +376,58 @@ where
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::types::parse_base_url;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_large_request_is_not_starved_by_small_ones() {
+        let mut config =
+            UpstreamConfig::new("t", "/v1", parse_base_url("http://127.0.0.1:1").unwrap());
+        config.rate_limit = LearnMode::Off;
+        config.limits.tpm = NonZeroU32::new(6000); // 100 tokens/s
+        config.limits.token_burst = NonZeroU32::new(100);
+        let buckets = Arc::new(Buckets::new(&config));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        buckets.acquire(100, deadline, "t").await.unwrap(); // empties the bucket
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for (name, cost) in [
+            ("large", 100),
+            ("small-1", 10),
+            ("small-2", 10),
+            ("small-3", 10),
+        ] {
+            let (b, order) = (Arc::clone(&buckets), Arc::clone(&order));
+            tasks.push(tokio::spawn(async move {
+                b.acquire(cost, deadline, "t").await.unwrap();
+                order.lock().unwrap().push(name);
+            }));
+            tokio::task::yield_now().await; // queue in this order
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(
+            *order.lock().unwrap(),
+            ["large", "small-1", "small-2", "small-3"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_capacity_within_the_deadline_is_a_429_with_retry_after() {
+        let mut config =
+            UpstreamConfig::new("t", "/v1", parse_base_url("http://127.0.0.1:1").unwrap());
+        config.rate_limit = LearnMode::Off;
+        config.limits.rpm = NonZeroU32::new(60); // 1/s
+        config.limits.burst = NonZeroU32::new(1);
+        let buckets = Buckets::new(&config);
+        let soon = Instant::now() + Duration::from_millis(200);
+        buckets.acquire(1, soon, "t").await.unwrap();
+        let err = buckets.acquire(1, soon, "t").await.unwrap_err();
+        assert_eq!(err.status(), 429);
+        assert!(err.retry_after().unwrap() > Duration::from_millis(500));
+    }
+}

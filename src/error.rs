@@ -53,14 +53,6 @@ pub enum ProxyError {
         upstream: String,
         retry_after: Duration,
     },
-    #[error(
-        "request needs {needed} tokens but the `{upstream}` token bucket holds at most {burst}"
-    )]
-    TooManyTokens {
-        upstream: String,
-        needed: u32,
-        burst: u32,
-    },
     #[error("circuit breaker for upstream `{upstream}` is open after repeated upstream failures")]
     CircuitOpen {
         upstream: String,
@@ -79,7 +71,7 @@ impl ProxyError {
             Self::NoRoute(_) => StatusCode::NOT_FOUND,
             Self::AbsoluteForm | Self::BodyRead(_) => StatusCode::BAD_REQUEST,
             Self::Connect => StatusCode::METHOD_NOT_ALLOWED,
-            Self::BodyTooLarge { .. } | Self::TooManyTokens { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UpstreamConnect { .. } | Self::UpstreamReset { .. } => StatusCode::BAD_GATEWAY,
             Self::TryTimeout { .. } | Self::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
             Self::QueueFull { .. } | Self::QueueTimeout { .. } | Self::RateLimited { .. } => {
@@ -105,7 +97,6 @@ impl ProxyError {
             | Self::QueueFull { .. }
             | Self::QueueTimeout { .. }
             | Self::RateLimited { .. }
-            | Self::TooManyTokens { .. }
             | Self::CircuitOpen { .. }
             | Self::Draining
             | Self::Internal(_) => false,
@@ -127,7 +118,6 @@ impl ProxyError {
             Self::QueueFull { .. } => "queue_full",
             Self::QueueTimeout { .. } => "queue_timeout",
             Self::RateLimited { .. } => "rate_limited",
-            Self::TooManyTokens { .. } => "too_many_tokens",
             Self::CircuitOpen { .. } => "circuit_open",
             Self::Draining => "draining",
             Self::Internal(_) => "internal",

@@ -28,8 +28,9 @@ const MIN_RATE: f64 = 0.5;
 const SLOW_START_END: f64 = 4096.0;
 /// Tickets unanswered this long are forgotten (their requests were cancelled or hang).
 const FORGET_UNANSWERED: Duration = Duration::from_secs(600);
-/// Tokens held back when resynchronising the level from a report.
-const RESYNC_SLACK: f64 = 1.0;
+/// Held back when resynchronising the level from a report: the refill of this long (the
+/// uncertainty in when the upstream counted), and at least one token.
+const RESYNC_SLACK_TIME: Duration = Duration::from_millis(10);
 /// In slow start, one more request goes after this long without an answer.
 const SLOW_START_STALL: Duration = Duration::from_secs(1);
 
@@ -385,11 +386,11 @@ impl Pacer {
         let sent_after = (self.sent - ticket.seq).max(0.0) + self.unanswered_before(ticket, now);
         // The upstream counted `remaining` when the attempt arrived, somewhere between the send
         // and now. Credit refill for at most the fastest round trip seen (none before one is
-        // known): a slow connect or a busy machine must not inflate the level. One token of
-        // slack covers the rest.
+        // known): a slow connect or a busy machine must not inflate the level. The slack covers
+        // the rest.
         let credit = self.min_rtt.map_or(0.0, |m| since.min(m));
-        let level =
-            (r.remaining - self.floor) + self.true_rate * credit - sent_after - RESYNC_SLACK;
+        let slack = (self.true_rate * RESYNC_SLACK_TIME.as_secs_f64()).max(1.0);
+        let level = (r.remaining - self.floor) + self.true_rate * credit - sent_after - slack;
         let level = level.min(self.burst).min(self.verified);
         // A report newer than the last one used sets the level; an older one (an answer that
         // took long describes the bucket as it was long ago) may only lower it.

@@ -39,14 +39,25 @@ pub struct Window {
 }
 
 impl Window {
+    /// A fixed window of `limit`.
     pub fn new(
         limit: u32,
         queue_size: usize,
         queue_timeout: Duration,
         metrics: UpstreamMetrics,
     ) -> Arc<Self> {
+        Arc::new(Self::build(limit, queue_size, queue_timeout, metrics, None))
+    }
+
+    fn build(
+        limit: u32,
+        queue_size: usize,
+        queue_timeout: Duration,
+        metrics: UpstreamMetrics,
+        gradient: Option<gradient::Gradient>,
+    ) -> Self {
         metrics.concurrency_limit.set(i64::from(limit));
-        Arc::new(Self {
+        Self {
             semaphore: Arc::new(Semaphore::new(limit as usize)),
             limit: AtomicU32::new(limit),
             debt: AtomicU32::new(0),
@@ -54,9 +65,9 @@ impl Window {
             queue_size,
             queue_timeout,
             hold_micros: AtomicU32::new(1_000_000),
-            gradient: None,
+            gradient: gradient.map(std::sync::Mutex::new),
             metrics,
-        })
+        }
     }
 
     /// A window whose limit follows the upstream's latency, between `min` and `max`.
@@ -70,12 +81,14 @@ impl Window {
         metrics: UpstreamMetrics,
     ) -> Arc<Self> {
         let initial = initial.clamp(min, max);
-        let mut window = Arc::into_inner(Self::new(initial, queue_size, queue_timeout, metrics))
-            .expect("fresh window");
-        window.gradient = Some(std::sync::Mutex::new(gradient::Gradient::new(
-            initial, min, max, tolerance,
-        )));
-        Arc::new(window)
+        let gradient = gradient::Gradient::new(initial, min, max, tolerance);
+        Arc::new(Self::build(
+            initial,
+            queue_size,
+            queue_timeout,
+            metrics,
+            Some(gradient),
+        ))
     }
 
     /// Feed the time from slot to response head into the adaptive limit, if there is one.

@@ -80,3 +80,48 @@ async fn limit_moves_at_run_time() {
     drop(c);
     assert_eq!(w.limit(), 3);
 }
+
+#[tokio::test(start_paused = true)]
+async fn adaptive_window_follows_latency_within_its_bounds() {
+    let w = Window::adaptive(
+        16,
+        2,
+        64,
+        2.0,
+        100,
+        Duration::from_secs(60),
+        crate::metrics::Metrics::new().upstream("t"),
+    );
+    assert_eq!(w.limit(), 16);
+    for _ in 0..300 {
+        w.sample(Duration::from_millis(50));
+    }
+    assert_eq!(
+        w.limit(),
+        64,
+        "flat latency grows it to the ceiling (max_concurrency)"
+    );
+    // 60 answers at 40x the baseline (the baseline itself drifts up over hundreds).
+    for _ in 0..60 {
+        w.sample(Duration::from_millis(2000));
+    }
+    assert!(
+        w.limit() < 16,
+        "a queueing backend shrinks it: {}",
+        w.limit()
+    );
+    assert!(w.limit() >= 2);
+    // The semaphore follows the limit: exactly `limit` slots can be held.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let held: Vec<_> = hold_slots(&w, w.limit(), deadline).await;
+    assert!(Arc::clone(&w.semaphore).try_acquire_owned().is_err());
+    drop(held);
+}
+
+async fn hold_slots(w: &Arc<Window>, n: u32, deadline: Instant) -> Vec<Slot> {
+    let mut slots = Vec::new();
+    for _ in 0..n {
+        slots.push(w.acquire(deadline).await.unwrap());
+    }
+    slots
+}

@@ -5,21 +5,19 @@
 //! last byte. The limit can move at run time (adaptive concurrency): growing adds permits,
 //! shrinking forgets free ones and takes the rest as debt from permits coming back.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::Response;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
+use tower::ServiceExt;
 
-use crate::body::{Body, Guard, Guarded};
+use crate::body::{Guard, Guarded};
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
+use crate::stack::layer::{BoxFuture, Middleware, Next, Shared};
 
 pub mod gradient;
 
@@ -232,55 +230,15 @@ impl Drop for Slot {
     }
 }
 
-#[derive(Clone)]
-pub struct ConcurrencyLayer {
-    window: Arc<Window>,
-}
+/// The window as a tower layer.
+pub type ConcurrencyLayer = Shared<Window>;
 
-impl ConcurrencyLayer {
-    pub const fn new(window: Arc<Window>) -> Self {
-        Self { window }
-    }
-}
-
-impl<S> tower::Layer<S> for ConcurrencyLayer {
-    type Service = Concurrency<S>;
-    fn layer(&self, inner: S) -> Concurrency<S> {
-        Concurrency {
-            inner,
-            window: Arc::clone(&self.window),
-        }
-    }
-}
-
-#[derive(Clone)]
-pub struct Concurrency<S> {
-    inner: S,
-    window: Arc<Window>,
-}
-
-impl<S> tower::Service<ProxyRequest> for Concurrency<S>
-where
-    S: tower::Service<ProxyRequest, Response = Response<Body>, Error = ProxyError>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send,
-{
-    type Response = Response<Body>;
-    type Error = ProxyError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, ProxyError>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: ProxyRequest) -> Self::Future {
-        let window = Arc::clone(&self.window);
-        let mut inner = self.inner.clone();
+impl Middleware for Window {
+    fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> BoxFuture {
+        let window = self;
         Box::pin(async move {
             let slot = window.acquire(req.ctx.deadline).await?;
-            let response = tower::Service::call(&mut inner, req).await?;
+            let response = next.oneshot(req).await?;
             window.sample(slot.since.elapsed());
             Ok(response.map(|body| Guarded::wrap(body, slot)))
         })

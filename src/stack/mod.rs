@@ -18,6 +18,7 @@
 
 pub mod breaker;
 pub mod concurrency;
+pub mod layer;
 pub mod metrics;
 pub mod rate_limit;
 pub mod retry;

@@ -5,13 +5,9 @@
 
 pub mod state;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::Response;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
@@ -19,12 +15,12 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use self::state::{Admit, Breaker, Phase};
-use crate::body::Body;
 use crate::classify::Outcome;
 use crate::config::{BreakerConfig, OnOpen};
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
+use crate::stack::layer::{BoxFuture, Middleware, Next, Shared};
 
 /// One upstream's breaker, shared by all its requests.
 pub struct BreakerShared {
@@ -132,59 +128,19 @@ impl Drop for ProbeSlot {
     }
 }
 
-#[derive(Clone)]
-pub struct BreakerLayer {
-    shared: Arc<BreakerShared>,
-}
+/// The breaker as a tower layer.
+pub type BreakerLayer = Shared<BreakerShared>;
 
-impl BreakerLayer {
-    pub const fn new(shared: Arc<BreakerShared>) -> Self {
-        Self { shared }
-    }
-}
-
-impl<S> tower::Layer<S> for BreakerLayer {
-    type Service = CircuitBreaker<S>;
-    fn layer(&self, inner: S) -> CircuitBreaker<S> {
-        CircuitBreaker {
-            inner,
-            shared: Arc::clone(&self.shared),
-        }
-    }
-}
-
-#[derive(Clone)]
-pub struct CircuitBreaker<S> {
-    inner: S,
-    shared: Arc<BreakerShared>,
-}
-
-impl<S> tower::Service<ProxyRequest> for CircuitBreaker<S>
-where
-    S: tower::Service<ProxyRequest, Response = Response<Body>, Error = ProxyError>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send,
-{
-    type Response = Response<Body>;
-    type Error = ProxyError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, ProxyError>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: ProxyRequest) -> Self::Future {
-        let shared = Arc::clone(&self.shared);
-        let inner = self.inner.clone();
+impl Middleware for BreakerShared {
+    fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> BoxFuture {
+        let shared = self;
         Box::pin(async move {
             let probe = shared.admit(req.ctx.deadline).await?;
             let mut slot = ProbeSlot {
                 shared: Arc::clone(&shared),
                 probe: Some(probe),
             };
-            let result = inner.oneshot(req).await;
+            let result = next.oneshot(req).await;
             slot.probe = None;
             shared.record(Outcome::of(&result), probe);
             result

@@ -11,13 +11,10 @@ pub mod estimate;
 pub mod learn;
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::num::NonZeroU32;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, Response};
@@ -27,12 +24,12 @@ use tower::ServiceExt;
 
 use self::buckets::{take, Bucket};
 use self::learn::{Answer, Kind, Pacer, Ticket};
-use crate::body::Body;
 use crate::classify::Outcome;
 use crate::config::{LearnMode, Partition, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
+use crate::stack::layer::{BoxFuture, Middleware, Next, Shared};
 
 /// Most partitions kept; requests with further keys share the upstream's default buckets.
 const MAX_PARTITIONS: usize = 10_000;
@@ -305,52 +302,12 @@ impl RateLimitShared {
     }
 }
 
-#[derive(Clone)]
-pub struct RateLimitLayer {
-    shared: Arc<RateLimitShared>,
-}
+/// The rate limit as a tower layer.
+pub type RateLimitLayer = Shared<RateLimitShared>;
 
-impl RateLimitLayer {
-    pub const fn new(shared: Arc<RateLimitShared>) -> Self {
-        Self { shared }
-    }
-}
-
-impl<S> tower::Layer<S> for RateLimitLayer {
-    type Service = RateLimit<S>;
-    fn layer(&self, inner: S) -> RateLimit<S> {
-        RateLimit {
-            inner,
-            shared: Arc::clone(&self.shared),
-        }
-    }
-}
-
-#[derive(Clone)]
-pub struct RateLimit<S> {
-    inner: S,
-    shared: Arc<RateLimitShared>,
-}
-
-impl<S> tower::Service<ProxyRequest> for RateLimit<S>
-where
-    S: tower::Service<ProxyRequest, Response = Response<Body>, Error = ProxyError>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send,
-{
-    type Response = Response<Body>;
-    type Error = ProxyError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, ProxyError>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: ProxyRequest) -> Self::Future {
-        let shared = Arc::clone(&self.shared);
-        let inner = self.inner.clone();
+impl Middleware for RateLimitShared {
+    fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> BoxFuture {
+        let shared = self;
         Box::pin(async move {
             let m = &shared.metrics;
             let buckets = shared.buckets(&req.headers);
@@ -367,7 +324,7 @@ where
             if shared.config.limits.tpm.is_some() {
                 m.tokens_charged.inc_by(u64::from(cost));
             }
-            let result = inner.oneshot(req).await;
+            let result = next.oneshot(req).await;
             if let Some(tickets) = tickets {
                 let headers = result.as_ref().ok().map(Response::headers);
                 buckets.observe(tickets, Outcome::of(&result), headers, m);

@@ -14,10 +14,7 @@ mod body;
 pub mod hints;
 pub mod policy;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -35,6 +32,7 @@ use crate::config::RetryConfig;
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
+use crate::stack::layer::{BoxFuture, Middleware, Next, Shared};
 
 /// Retryable answers' bodies are buffered (to read their error code and to replay them on
 /// giving up) up to this size; larger ones pass through unretried.
@@ -92,53 +90,12 @@ impl RetryShared {
     }
 }
 
-#[derive(Clone)]
-pub struct RetryLayer {
-    shared: Arc<RetryShared>,
-}
+/// Retry as a tower layer.
+pub type RetryLayer = Shared<RetryShared>;
 
-impl RetryLayer {
-    pub const fn new(shared: Arc<RetryShared>) -> Self {
-        Self { shared }
-    }
-}
-
-impl<S> tower::Layer<S> for RetryLayer {
-    type Service = Retry<S>;
-    fn layer(&self, inner: S) -> Retry<S> {
-        Retry {
-            inner,
-            shared: Arc::clone(&self.shared),
-        }
-    }
-}
-
-#[derive(Clone)]
-pub struct Retry<S> {
-    inner: S,
-    shared: Arc<RetryShared>,
-}
-
-type BoxFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, ProxyError>> + Send>>;
-
-impl<S> tower::Service<ProxyRequest> for Retry<S>
-where
-    S: tower::Service<ProxyRequest, Response = Response<Body>, Error = ProxyError>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send,
-{
-    type Response = Response<Body>;
-    type Error = ProxyError;
-    type Future = BoxFuture;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: ProxyRequest) -> BoxFuture {
-        Box::pin(run(self.inner.clone(), req, Arc::clone(&self.shared)))
+impl Middleware for RetryShared {
+    fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> BoxFuture {
+        Box::pin(run(next, req, self))
     }
 }
 

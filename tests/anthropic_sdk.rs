@@ -14,7 +14,6 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::time::Duration;
 
 use corral::simulate::{SimConfig, Simulator};
@@ -28,18 +27,7 @@ const STORM: usize = 40;
 const OVERLOADED_CALLS: usize = 10;
 
 fn python() -> Option<String> {
-    match std::env::var("CORRAL_PYTHON") {
-        Ok(p) if !p.is_empty() => Some(p),
-        _ if std::env::var("CORRAL_SKIP_PYTHON").as_deref() == Ok("1") => {
-            eprintln!("skipped: CORRAL_SKIP_PYTHON=1, the SDK storm tests did not run");
-            None
-        }
-        _ => panic!(
-            "CORRAL_PYTHON is not set: run `bash .ci/run` (it creates .venv with the openai and \
-             anthropic SDKs), or set CORRAL_PYTHON to a python that has both installed \
-             (or CORRAL_SKIP_PYTHON=1 to skip this test)"
-        ),
-    }
+    support::python::python("the openai and anthropic SDKs")
 }
 
 /// A rate-limited upstream: a bucket of 5 refilled at 20/s, so a storm of 40 meets 429s.
@@ -72,28 +60,10 @@ async fn run_script(
     env: &[(&str, String)],
     passed: usize,
 ) -> String {
-    let script = format!("{}/tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
-    let mut cmd = tokio::process::Command::new(python);
-    cmd.arg(&script)
-        .args(tests)
+    let mut cmd = support::python::script(python, script);
+    cmd.args(tests)
         .env("CORRAL_STORM_CALLS", STORM.to_string())
-        .env("CORRAL_OVERLOADED_CALLS", OVERLOADED_CALLS.to_string())
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    for var in [
-        "OPENAI_ORG_ID",
-        "OPENAI_PROJECT_ID",
-        "ANTHROPIC_AUTH_TOKEN",
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-    ] {
-        cmd.env_remove(var);
-    }
+        .env("CORRAL_OVERLOADED_CALLS", OVERLOADED_CALLS.to_string());
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -420,20 +420,7 @@ async fn the_image_command_line_serves() {
 fn manifests() -> Option<&'static Value> {
     static OUT: OnceLock<Option<Value>> = OnceLock::new();
     OUT.get_or_init(|| {
-        let python = match std::env::var("CORRAL_PYTHON") {
-            Ok(p) if !p.is_empty() => p,
-            _ if std::env::var("CORRAL_SKIP_PYTHON").as_deref() == Ok("1") => {
-                eprintln!(
-                    "skipped: CORRAL_SKIP_PYTHON=1, the Kubernetes manifests were not checked"
-                );
-                return None;
-            }
-            _ => panic!(
-                "CORRAL_PYTHON is not set: run `bash .ci/run` (it creates .venv with \
-                 kubernetes-validate), or set CORRAL_PYTHON to a python that has \
-                 `kubernetes-validate` installed (or CORRAL_SKIP_PYTHON=1 to skip this test)"
-            ),
-        };
+        let python = support::python::python("kubernetes-validate")?;
         let script = repo("tests/python/k8s_manifests.py");
         let out = std::process::Command::new(&python)
             .arg(&script)

@@ -7,7 +7,6 @@
 
 mod support;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use http::Response;
@@ -101,43 +100,15 @@ fn sse(model: &str) -> Response<Body> {
 
 #[tokio::test]
 async fn openai_python_sdk_through_corral() {
-    let python = match std::env::var("CORRAL_PYTHON") {
-        Ok(p) if !p.is_empty() => p,
-        _ if std::env::var("CORRAL_SKIP_PYTHON").as_deref() == Ok("1") => {
-            eprintln!("skipped: CORRAL_SKIP_PYTHON=1, the openai SDK test did not run");
-            return;
-        }
-        _ => panic!(
-            "CORRAL_PYTHON is not set: run `bash .ci/run` (it creates .venv with the openai SDK), \
-             or set CORRAL_PYTHON to a python that has `openai` installed \
-             (or CORRAL_SKIP_PYTHON=1 to skip this test)"
-        ),
+    let Some(python) = support::python::python("the openai SDK") else {
+        return;
     };
     let upstream = openai_mock().await;
     let corral = Corral::start(&one_upstream(&upstream, "")).await;
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/python/test_openai_sdk.py"
-    );
-    let mut cmd = tokio::process::Command::new(&python);
-    cmd.arg(script)
-        .env("OPENAI_BASE_URL", corral.url("/v1"))
-        .env("OPENAI_API_KEY", "sk-test")
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    for var in [
-        "OPENAI_ORG_ID",
-        "OPENAI_PROJECT_ID",
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-    ] {
-        cmd.env_remove(var);
-    }
+    let script = "test_openai_sdk.py";
+    let mut cmd = support::python::script(&python, script);
+    cmd.env("OPENAI_BASE_URL", corral.url("/v1"))
+        .env("OPENAI_API_KEY", "sk-test");
     let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
         .await
         .expect("the SDK script finished within 120 s")

@@ -44,17 +44,22 @@ fn tx(slot: &Arc<Mutex<Option<mpsc::Sender<Bytes>>>>) -> mpsc::Sender<Bytes> {
         .expect("upstream got the request")
 }
 
-#[tokio::test]
-async fn first_event_arrives_while_upstream_holds_the_rest() {
-    let (upstream, slot, _) = sse_upstream().await;
-    let corral = Corral::start(&one_upstream(&upstream, "")).await;
-    let response = client()
+/// A streamed chat completion through `corral`, its head received.
+async fn open_stream(corral: &Corral) -> http::Response<hyper::body::Incoming> {
+    client()
         .request(post(
             &corral.url("/v1/chat/completions"),
             r#"{"stream":true}"#,
         ))
         .await
-        .unwrap();
+        .expect("corral answered")
+}
+
+#[tokio::test]
+async fn first_event_arrives_while_upstream_holds_the_rest() {
+    let (upstream, slot, _) = sse_upstream().await;
+    let corral = Corral::start(&one_upstream(&upstream, "")).await;
+    let response = open_stream(&corral).await;
     assert_eq!(response.headers()["content-type"], "text/event-stream");
     let mut body = response.into_body();
     let sender = tx(&slot);
@@ -84,13 +89,7 @@ async fn first_event_arrives_while_upstream_holds_the_rest() {
 async fn client_disconnect_cancels_the_upstream_stream() {
     let (upstream, slot, dropped) = sse_upstream().await;
     let corral = Corral::start(&one_upstream(&upstream, "")).await;
-    let response = client()
-        .request(post(
-            &corral.url("/v1/chat/completions"),
-            r#"{"stream":true}"#,
-        ))
-        .await
-        .unwrap();
+    let response = open_stream(&corral).await;
     let sender = tx(&slot);
     sender
         .send(Bytes::from_static(b"data: 1\n\n"))
@@ -150,13 +149,7 @@ async fn client_disconnect_before_the_head_cancels_the_upstream_request() {
 async fn shutdown_drains_an_in_flight_stream() {
     let (upstream, slot, _) = sse_upstream().await;
     let mut corral = Corral::start(&one_upstream(&upstream, "")).await;
-    let response = client()
-        .request(post(
-            &corral.url("/v1/chat/completions"),
-            r#"{"stream":true}"#,
-        ))
-        .await
-        .unwrap();
+    let response = open_stream(&corral).await;
     let sender = tx(&slot);
     corral.shutdown();
     // Readiness flips first; the listener closes.

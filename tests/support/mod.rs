@@ -1,6 +1,8 @@
 //! Test helpers: an in-process mock upstream (hyper) and corral itself on 127.0.0.1:0.
 #![allow(dead_code)]
 
+pub mod python;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;

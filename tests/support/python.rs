@@ -1,0 +1,48 @@
+//! Running the `tests/python/` scripts under `$CORRAL_PYTHON` (the `.venv` that `.ci/run` makes,
+//! with the official SDKs and kubernetes-validate).
+
+use std::process::Stdio;
+
+/// `$CORRAL_PYTHON`; `None` (after a note) when `CORRAL_SKIP_PYTHON=1`; otherwise a panic that
+/// says how to get one. `needs` names what that python must have installed.
+pub fn python(needs: &str) -> Option<String> {
+    match std::env::var("CORRAL_PYTHON") {
+        Ok(p) if !p.is_empty() => Some(p),
+        _ if std::env::var("CORRAL_SKIP_PYTHON").as_deref() == Ok("1") => {
+            eprintln!("skipped: CORRAL_SKIP_PYTHON=1, the tests needing {needs} did not run");
+            None
+        }
+        _ => panic!(
+            "CORRAL_PYTHON is not set: run `bash .ci/run` (it creates .venv with {needs}), or set \
+             CORRAL_PYTHON to a python that has {needs} installed (or CORRAL_SKIP_PYTHON=1 to \
+             skip this test)"
+        ),
+    }
+}
+
+/// `python tests/python/SCRIPT`, talking only to 127.0.0.1: no proxies, no ambient SDK account
+/// settings from the environment.
+pub fn script(python: &str, script: &str) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(python);
+    cmd.arg(format!(
+        "{}/tests/python/{script}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .env("NO_PROXY", "127.0.0.1,localhost")
+    .stdin(Stdio::null())
+    .kill_on_drop(true);
+    for var in [
+        "OPENAI_ORG_ID",
+        "OPENAI_PROJECT_ID",
+        "ANTHROPIC_AUTH_TOKEN",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd
+}

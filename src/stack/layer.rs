@@ -1,4 +1,4 @@
-//! The shape corral's waiting layers share (concurrency, retry, breaker, rate limit): state in an
+//! The shape every corral layer shares (metrics, concurrency, retry, breaker, rate limit, timeout): state in an
 //! `Arc` built once per upstream ([`Shared`]), a tower `Layer` that hands clones of it to each
 //! service, and a call that may wait before and after the rest of the stack. Written once here;
 //! each layer implements [`Middleware::call`] only.

@@ -2,44 +2,29 @@
 //! them to the response head, keeps the in-flight gauge up until the body's last byte, and counts
 //! the bytes sent.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::Arc;
 
-use http::{Response, StatusCode};
+use http::StatusCode;
 use prometheus::{IntCounter, IntGauge};
 use tokio::time::Instant;
+use tower::ServiceExt;
 
-use crate::body::{Body, Guard, Guarded};
-use crate::error::ProxyError;
+use crate::body::{Guard, Guarded};
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
+use crate::stack::layer::{BoxFuture, Middleware, Next, Shared};
 
-#[derive(Clone)]
-pub struct MetricsLayer {
+/// The metrics layer.
+pub type MetricsLayer = Shared<RecordMetrics>;
+
+/// Records one upstream's per-request metrics.
+pub struct RecordMetrics {
     metrics: UpstreamMetrics,
 }
 
-impl MetricsLayer {
-    pub const fn new(metrics: UpstreamMetrics) -> Self {
-        Self { metrics }
-    }
-}
-
-impl<S> tower::Layer<S> for MetricsLayer {
-    type Service = RecordMetrics<S>;
-    fn layer(&self, inner: S) -> Self::Service {
-        RecordMetrics {
-            inner,
-            metrics: self.metrics.clone(),
-        }
-    }
-}
-
-#[derive(Clone)]
-pub struct RecordMetrics<S> {
-    inner: S,
-    metrics: UpstreamMetrics,
+/// The metrics layer for one upstream.
+pub fn layer(metrics: UpstreamMetrics) -> MetricsLayer {
+    Shared::new(Arc::new(RecordMetrics { metrics }))
 }
 
 /// Lowers the in-flight gauge when the response body is dropped; counts bytes out.
@@ -60,20 +45,8 @@ impl Drop for InFlight {
     }
 }
 
-impl<S> tower::Service<ProxyRequest> for RecordMetrics<S>
-where
-    S: tower::Service<ProxyRequest, Response = Response<Body>, Error = ProxyError>,
-    S::Future: Send + 'static,
-{
-    type Response = Response<Body>;
-    type Error = ProxyError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, ProxyError>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: ProxyRequest) -> Self::Future {
+impl Middleware for RecordMetrics {
+    fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> BoxFuture {
         let m = self.metrics.clone();
         m.in_flight.inc();
         m.request_bytes.inc_by(req.body.len() as u64);
@@ -82,7 +55,7 @@ where
         }
         let method = req.method.clone();
         let start = Instant::now();
-        let fut = self.inner.call(req);
+        let fut = next.oneshot(req);
         // Made before the wait, so a request cancelled before its head (client gone) still
         // lowers the gauge when its future is dropped.
         let guard = InFlight {

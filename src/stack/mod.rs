@@ -79,7 +79,7 @@ pub fn build(config: &UpstreamConfig, metrics: &UpstreamMetrics) -> (Stack, Stac
     let retry = retry::RetryShared::new(&config.retry, metrics.clone());
     let service = ServiceBuilder::new()
         // 0. Outside everything: one observation per client request, streams counted to the end.
-        .layer(metrics::MetricsLayer::new(metrics.clone()))
+        .layer(metrics::layer(metrics.clone()))
         // 1. One slot per client request, held across retries and until the body ends.
         .layer(concurrency::ConcurrencyLayer::new(Arc::clone(&window)))
         // 2. Re-runs 3-5 for each attempt.
@@ -89,7 +89,7 @@ pub fn build(config: &UpstreamConfig, metrics: &UpstreamMetrics) -> (Stack, Stac
         // 4. Every attempt takes its tokens; every answer teaches the pacers.
         .layer(rate_limit::RateLimitLayer::new(Arc::clone(&rate_limit)))
         // 5. Per-try timeout and per-attempt metrics, right before the wire.
-        .layer(timeout::TimeoutLayer::new(
+        .layer(timeout::layer(
             config.retry.per_try_timeout.0,
             metrics.clone(),
         ))

@@ -2,73 +2,43 @@
 //! by the per-try timeout and the request's deadline, and records what every attempt came to
 //! (count, latency to head, outcome, throttles).
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::Arc;
 use std::time::Duration;
 
-use http::Response;
 use tokio::time::Instant;
+use tower::ServiceExt;
 
-use crate::body::Body;
 use crate::classify::Outcome;
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
+use crate::stack::layer::{BoxFuture, Middleware, Next, Shared};
 
-#[derive(Clone)]
-pub struct TimeoutLayer {
+/// The per-try timeout layer.
+pub type TimeoutLayer = Shared<TryTimeout>;
+
+/// Bounds each attempt and records what it came to.
+pub struct TryTimeout {
     per_try: Duration,
     metrics: UpstreamMetrics,
 }
 
-impl TimeoutLayer {
-    pub const fn new(per_try: Duration, metrics: UpstreamMetrics) -> Self {
-        Self { per_try, metrics }
-    }
+/// The per-try timeout layer for one upstream.
+pub fn layer(per_try: Duration, metrics: UpstreamMetrics) -> TimeoutLayer {
+    Shared::new(Arc::new(TryTimeout { per_try, metrics }))
 }
 
-impl<S> tower::Layer<S> for TimeoutLayer {
-    type Service = Timeout<S>;
-    fn layer(&self, inner: S) -> Timeout<S> {
-        Timeout {
-            inner,
-            per_try: self.per_try,
-            metrics: self.metrics.clone(),
-        }
-    }
-}
-
-#[derive(Clone)]
-pub struct Timeout<S> {
-    inner: S,
-    per_try: Duration,
-    metrics: UpstreamMetrics,
-}
-
-impl<S> tower::Service<ProxyRequest> for Timeout<S>
-where
-    S: tower::Service<ProxyRequest, Response = Response<Body>, Error = ProxyError>,
-    S::Future: Send + 'static,
-{
-    type Response = Response<Body>;
-    type Error = ProxyError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, ProxyError>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: ProxyRequest) -> Self::Future {
+impl Middleware for TryTimeout {
+    fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> BoxFuture {
         let remaining = req.ctx.remaining();
         let per_try = self.per_try;
         let metrics = self.metrics.clone();
-        let ctx = std::sync::Arc::clone(&req.ctx);
+        let ctx = Arc::clone(&req.ctx);
         if remaining.is_zero() {
             return Box::pin(async { Err(ProxyError::DeadlineExceeded) });
         }
         ctx.count_attempt();
-        let fut = self.inner.call(req);
+        let fut = next.oneshot(req);
         Box::pin(async move {
             let start = Instant::now();
             let result = match tokio::time::timeout(per_try.min(remaining), fut).await {
@@ -119,9 +89,9 @@ mod tests {
         let m = crate::metrics::Metrics::new().upstream("u");
         let slow = tower::service_fn(|_req: ProxyRequest| async {
             tokio::time::sleep(Duration::from_secs(60)).await;
-            Ok::<_, ProxyError>(Response::new(crate::body::full("")))
+            Ok::<_, ProxyError>(http::Response::new(crate::body::full("")))
         });
-        let svc = TimeoutLayer::new(Duration::from_secs(5), m.clone()).layer(slow);
+        let svc = layer(Duration::from_secs(5), m.clone()).layer(slow);
         let err = svc
             .clone()
             .oneshot(request(Duration::from_secs(30)))

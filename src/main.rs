@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use corral::cli::{init_logging, BenchCommand, Cli, Command};
+use corral::cli::{init_logging, BenchCommand, Cli, Command, LogFormat};
 use corral::{config, server, shutdown};
 
 fn main() -> ExitCode {
@@ -22,30 +22,22 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Some(Command::Simulate(args)) => {
-            let _log = init_logging(cli.log_format);
-            match runtime().block_on(corral::simulate::run(args)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("corral simulate: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        Some(Command::Simulate(args)) => run(
+            cli.log_format,
+            "corral simulate",
+            corral::simulate::run(args),
+        ),
         Some(Command::Bench(BenchCommand::Herd(args))) => {
             // corral's own per-request log lines would drown the figures.
             std::env::set_var(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
             );
-            let _log = init_logging(cli.log_format);
-            match runtime().block_on(corral::herd::main(args)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("corral bench herd: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            run(
+                cli.log_format,
+                "corral bench herd",
+                corral::herd::main(args),
+            )
         }
         None => {
             let config = match cli.run.load() {
@@ -55,23 +47,29 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let _log = init_logging(cli.log_format);
-            match runtime().block_on(serve(config)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("corral: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            run(cli.log_format, "corral", serve(config))
         }
     }
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
+/// Log, run `work` on a multi-threaded runtime, and turn its error into one line and exit 1.
+fn run<E: std::fmt::Display>(
+    format: LogFormat,
+    what: &str,
+    work: impl std::future::Future<Output = Result<(), E>>,
+) -> ExitCode {
+    let _log = init_logging(format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .expect("tokio runtime")
+        .expect("tokio runtime");
+    match runtime.block_on(work) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{what}: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 async fn serve(config: config::Config) -> std::io::Result<()> {

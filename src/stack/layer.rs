@@ -1,7 +1,7 @@
-//! The shape every corral layer shares (metrics, concurrency, retry, breaker, rate limit, timeout): state in an
-//! `Arc` built once per upstream ([`Shared`]), a tower `Layer` that hands clones of it to each
-//! service, and a call that may wait before and after the rest of the stack. Written once here;
-//! each layer implements [`Middleware::call`] only.
+//! The shape every corral layer shares (metrics, concurrency, retry, breaker, rate limit,
+//! timeout): state in an `Arc` built once per upstream ([`Shared`]), a tower `Layer` that hands
+//! clones of it to each service, and a call that may wait before and after the rest of the
+//! stack. Written once here; each layer implements [`Middleware::call`] only.
 
 use std::future::Future;
 use std::pin::Pin;

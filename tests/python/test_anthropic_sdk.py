@@ -10,11 +10,11 @@ tests/anthropic_sdk.rs; also runs under pytest. Run alone:
 
 import os
 import sys
-import time
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 import anthropic
+
+import runner  # tests/python/runner.py, beside this script
 
 MODEL = "claude-test"
 STORM = int(os.environ.get("CORRAL_STORM_CALLS", "40"))
@@ -92,29 +92,5 @@ def test_529_overloads_are_absorbed():
     storm(OVERLOADED_CALLS, os.environ["CORRAL_OVERLOADED_BASE_URL"])
 
 
-def main(names) -> int:
-    """Runs the tests named in `names`, or every test."""
-    tests = [
-        v
-        for k, v in sorted(globals().items())
-        if k.startswith("test_") and callable(v) and (not names or k in names)
-    ]
-    unknown = set(names) - {t.__name__ for t in tests}
-    assert not unknown, f"no such tests: {unknown}"
-    failed = 0
-    for test in tests:
-        start = time.monotonic()
-        try:
-            test()
-            print(f"ok   {test.__name__} ({time.monotonic() - start:.1f} s)")
-        except Exception:  # noqa: BLE001 - report every failure, then exit non-zero
-            failed += 1
-            print(f"FAIL {test.__name__}")
-            traceback.print_exc(file=sys.stdout)
-    print(f"anthropic {anthropic.__version__}")
-    print(f"sdk: {len(tests) - failed} passed, {failed} failed")
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(runner.run(globals(), sys.argv[1:], f"anthropic {anthropic.__version__}"))

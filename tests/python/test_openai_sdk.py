@@ -7,9 +7,10 @@ under pytest. Run alone: `OPENAI_BASE_URL=http://127.0.0.1:PORT/v1 python test_o
 
 import os
 import sys
-import traceback
 
 import openai
+
+import runner  # tests/python/runner.py, beside this script
 
 
 def make_client() -> openai.OpenAI:
@@ -58,21 +59,5 @@ def test_upstream_400_is_bad_request_error():
         raise AssertionError("a 400 from the upstream did not raise openai.BadRequestError")
 
 
-def main() -> int:
-    tests = [v for k, v in sorted(globals().items()) if k.startswith("test_") and callable(v)]
-    failed = 0
-    for test in tests:
-        try:
-            test()
-            print(f"ok   {test.__name__}")
-        except Exception:  # noqa: BLE001 - report every failure, then exit non-zero
-            failed += 1
-            print(f"FAIL {test.__name__}")
-            traceback.print_exc(file=sys.stdout)
-    print(f"openai {openai.__version__}")
-    print(f"sdk: {len(tests) - failed} passed, {failed} failed")
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(runner.run(globals(), sys.argv[1:], f"openai {openai.__version__}"))

@@ -8,11 +8,11 @@ tests/anthropic_sdk.rs; also runs under pytest.
 
 import os
 import sys
-import time
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
+
+import runner  # tests/python/runner.py, beside this script
 
 STORM = int(os.environ.get("CORRAL_STORM_CALLS", "40"))
 
@@ -42,22 +42,5 @@ def test_429_storm_is_absorbed():
     assert not failures, f"{len(failures)} of {STORM} calls failed: {failures[:3]}"
 
 
-def main() -> int:
-    tests = [v for k, v in sorted(globals().items()) if k.startswith("test_") and callable(v)]
-    failed = 0
-    for test in tests:
-        start = time.monotonic()
-        try:
-            test()
-            print(f"ok   {test.__name__} ({time.monotonic() - start:.1f} s)")
-        except Exception:  # noqa: BLE001 - report every failure, then exit non-zero
-            failed += 1
-            print(f"FAIL {test.__name__}")
-            traceback.print_exc(file=sys.stdout)
-    print(f"openai {openai.__version__}")
-    print(f"sdk: {len(tests) - failed} passed, {failed} failed")
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(runner.run(globals(), sys.argv[1:], f"openai {openai.__version__}"))

@@ -30,6 +30,21 @@ pub struct ProxyRequest {
     pub ctx: Arc<RequestCtx>,
 }
 
+#[cfg(test)]
+impl ProxyRequest {
+    /// A POST to `uri` with no headers or body, due within `deadline` from now.
+    pub fn for_test(uri: &str, deadline: Duration) -> Self {
+        let now = Instant::now();
+        Self {
+            method: Method::POST,
+            uri: uri.parse().expect("a test URI"),
+            headers: HeaderMap::new(),
+            body: Bytes::new(),
+            ctx: Arc::new(RequestCtx::new(now, now + deadline)),
+        }
+    }
+}
+
 /// What the layers learn about a request and tell each other, shared by all its attempts.
 #[derive(Debug)]
 pub struct RequestCtx {

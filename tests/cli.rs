@@ -18,20 +18,6 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 
-const BIN: &str = env!("CARGO_BIN_EXE_corral");
-
-/// A `corral` command with a clean environment for its own variables.
-fn corral_cmd(args: &[&str]) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.args(args)
-        .env_remove("CORRAL_CONFIG")
-        .env_remove("CORRAL_LISTEN")
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    cmd
-}
-
 /// A file in the temp dir, removed on drop.
 struct TempConfig(std::path::PathBuf);
 
@@ -83,7 +69,7 @@ base_url = "http://127.0.0.1:8000/v1"
 async fn check(name: &str, from: &str, to: &str, key_set: bool) -> (i32, String, String, String) {
     assert!(SAMPLE.contains(from), "sample has no `{from}`");
     let file = TempConfig::new(name, &SAMPLE.replacen(from, to, 1));
-    let mut cmd = corral_cmd(&["check-config", file.path()]);
+    let mut cmd = corral_command(["check-config", file.path()]);
     if key_set {
         cmd.env("CORRAL_CLI_TEST_KEY", "sk-cli-sample");
     } else {
@@ -102,7 +88,7 @@ async fn check(name: &str, from: &str, to: &str, key_set: bool) -> (i32, String,
 #[tokio::test]
 async fn check_config_accepts_the_example_config() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/corral.toml");
-    let out = corral_cmd(&["check-config", path])
+    let out = corral_command(["check-config", path])
         .env("OPENAI_API_KEY", "sk-example-openai")
         .env("ANTHROPIC_API_KEY", "sk-ant-example")
         .output()
@@ -204,7 +190,7 @@ async fn check_config_rejects_cap_below_base() {
 
 #[tokio::test]
 async fn run_rejects_a_bad_upstream_flag_before_binding() {
-    let out = corral_cmd(&["--listen", "127.0.0.1:0", "--upstream", "localhost:8000"])
+    let out = corral_command(["--listen", "127.0.0.1:0", "--upstream", "localhost:8000"])
         .output()
         .await
         .unwrap();
@@ -319,7 +305,7 @@ async fn quick_start_forwards_to_the_upstream_flag() {
         json(200, serde_json::json!({"path": seen.uri.path()}))
     })
     .await;
-    let corral = Running::spawn(corral_cmd(&[
+    let corral = Running::spawn(corral_command([
         "--listen",
         "127.0.0.1:0",
         "--upstream",
@@ -354,7 +340,7 @@ async fn env_vars_choose_the_config_file_and_override_its_listen() {
             upstream.url("/v1")
         ),
     );
-    let mut cmd = corral_cmd(&[]);
+    let mut cmd = corral_command::<&str>([]);
     cmd.env("CORRAL_CONFIG", file.path())
         .env("CORRAL_LISTEN", "127.0.0.1:0");
     let corral = Running::spawn(cmd).await;
@@ -371,7 +357,7 @@ async fn sigterm_drains_in_flight_requests_then_exits_zero() {
         json(200, serde_json::json!({"slow": true}))
     })
     .await;
-    let corral = Running::spawn(corral_cmd(&[
+    let corral = Running::spawn(corral_command([
         "--listen",
         "127.0.0.1:0",
         "--upstream",
@@ -424,7 +410,7 @@ async fn secrets_never_reach_the_logs() {
             upstream.url("/v1")
         ),
     );
-    let mut cmd = corral_cmd(&["--log-format", "json", "--config", file.path()]);
+    let mut cmd = corral_command(["--log-format", "json", "--config", file.path()]);
     cmd.env("SECRET_VAR", "sk-injected-secret")
         .env("RUST_LOG", "debug");
     let corral = Running::spawn(cmd).await;

@@ -26,7 +26,7 @@ use http_body_util::Full;
 use serde_json::Value;
 use support::*;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const BIN: &str = env!("CARGO_BIN_EXE_corral");
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
@@ -101,15 +101,8 @@ impl Running {
     /// Runs `corral ARGS` and waits for its `corral listening` (and, with `admin`, its `admin
     /// endpoints listening`) log line.
     async fn start(args: &[String], env: &[(&str, &str)], admin: bool) -> Self {
-        let mut cmd = Command::new(BIN);
-        cmd.args(args)
-            .env_remove("CORRAL_CONFIG")
-            .env_remove("CORRAL_LISTEN")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+        let mut cmd = corral_command(args);
+        cmd.stdout(Stdio::null()).stderr(Stdio::piped());
         for (k, v) in env {
             cmd.env(k, v);
         }

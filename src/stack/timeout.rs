@@ -70,18 +70,10 @@ impl Middleware for TryTimeout {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
     use tower::{Layer, ServiceExt};
 
     fn request(deadline: Duration) -> ProxyRequest {
-        let now = Instant::now();
-        ProxyRequest {
-            method: http::Method::POST,
-            uri: "http://127.0.0.1/v1".parse().unwrap(),
-            headers: Default::default(),
-            body: Default::default(),
-            ctx: Arc::new(crate::forward::RequestCtx::new(now, now + deadline)),
-        }
+        ProxyRequest::for_test("http://127.0.0.1/v1", deadline)
     }
 
     #[tokio::test(start_paused = true)]

@@ -261,3 +261,18 @@ pub async fn eventually(limit: std::time::Duration, mut cond: impl FnMut() -> bo
     }
     cond()
 }
+
+/// `corral ARGS` (the real binary) with its own environment variables cleared, `info` logs, no
+/// stdin, killed on drop.
+pub fn corral_command<S: AsRef<std::ffi::OsStr>>(
+    args: impl IntoIterator<Item = S>,
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_corral"));
+    cmd.args(args)
+        .env_remove("CORRAL_CONFIG")
+        .env_remove("CORRAL_LISTEN")
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}

@@ -14,7 +14,6 @@ use tower::{Layer, ServiceExt};
 
 use super::*;
 use crate::config::{HumanDuration, Jitter};
-use crate::forward::RequestCtx;
 
 /// Answers from a script, recording when each attempt arrived.
 #[derive(Clone)]
@@ -72,14 +71,7 @@ fn config(jitter: Jitter) -> RetryConfig {
 }
 
 fn request(deadline: Duration) -> ProxyRequest {
-    let now = Instant::now();
-    ProxyRequest {
-        method: http::Method::POST,
-        uri: "http://127.0.0.1/v1/chat/completions".parse().unwrap(),
-        headers: Default::default(),
-        body: Default::default(),
-        ctx: Arc::new(RequestCtx::new(now, now + deadline)),
-    }
+    ProxyRequest::for_test("http://127.0.0.1/v1/chat/completions", deadline)
 }
 
 fn retry(config: &RetryConfig, seed: u64) -> RetryLayer {

@@ -67,11 +67,11 @@ impl App {
         }
         let start = Instant::now();
         let method = req.method().clone();
-        let path = req.uri().path().to_owned();
         let upstream = match self.route(&req) {
             Ok(upstream) => Arc::clone(upstream),
             Err(e) => {
                 self.metrics.unrouted_error(e.label());
+                let path = req.uri().path();
                 tracing::info!(%method, path, status = e.status().as_u16(), error = e.label(), "refused");
                 return e.into_response();
             }

@@ -12,6 +12,7 @@ pub mod error;
 pub mod forward;
 pub mod herd;
 pub mod metrics;
+pub mod provider;
 pub mod router;
 pub mod server;
 pub mod shutdown;

@@ -205,7 +205,11 @@ pub enum Jitter {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetryConfig {
+    /// Retries of failures (5xx, resets, timeouts) per request.
     pub max_retries: u32,
+    /// Retries of throttles (retryable 429s and 529s) per request: the last guard, since each
+    /// waits for the rate limiter like a first attempt and the deadline bounds them anyway.
+    pub max_throttle_retries: u32,
     pub base: HumanDuration,
     pub cap: HumanDuration,
     pub jitter: Jitter,
@@ -235,6 +239,7 @@ impl Default for RetryConfig {
     fn default() -> Self {
         Self {
             max_retries: 6,
+            max_throttle_retries: 50,
             base: HumanDuration::from_millis(500),
             cap: HumanDuration::from_secs(30),
             jitter: Jitter::Full,

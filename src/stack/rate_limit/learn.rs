@@ -1,5 +1,8 @@
 //! Learning the upstream's limit from its own answers: a pacing bucket per kind (requests,
-//! tokens) whose rate, burst and level follow the provider's headers, or AIMD when it sends none.
+//! tokens) whose rate, burst and level follow the provider's headers, corrected by what its
+//! 429s show, or its 429s alone when it sends no headers.
+//!
+//! What the upstream does is the truth; what its headers report is a hint:
 //!
 //! - **Headers** (OpenAI `x-ratelimit-*`, Anthropic `anthropic-ratelimit-*`, Azure): refill rate
 //!   `(limit - remaining) / reset`, never assuming `limit` is per minute; burst `limit - floor`,
@@ -7,54 +10,90 @@
 //!   for per-minute reports). Every answer resynchronises the level: what the upstream had left
 //!   when it saw the attempt, plus refill since, minus what corral sent after it. Reported
 //!   headroom is spent no faster than answers confirm it (doubling per round trip).
+//! - **Demotion**: a 429 whose `remaining` is above the learned floor (a per-minute `limit` with
+//!   quantized enforcement: a small bucket refilling per second behind it) shows the report's
+//!   level is a lie. The level is then no longer read from `remaining` (it is set to empty by
+//!   each 429 and refills at the pace), the burst shrinks to half a second of the pace, and the
+//!   source reads `observed`. The headers are trusted again after `PROBATION` without another
+//!   such 429, doubling per demotion.
+//! - **Throttle windows** (every source): between two 429 events the upstream's bucket went from
+//!   empty to empty, so what it admitted in between is exactly what it refilled for us, however
+//!   many other clients share the key. Windows are added up until they span `MIN_WINDOW`, then
+//!   give an estimate that caps the pace (so four corrals on one key each settle on their share,
+//!   even though each sees the whole key's headers). A second event within `REPEAT` of the last
+//!   one, before any estimate, cuts the pace by `BETA`. An estimated cap holds for `HOLD`, then
+//!   probes upward by `GROWTH` per second; a cut one grows faster (it is a guess).
 //! - **Slow start** before anything is known: `initial_burst` requests go, each success lets two
 //!   more go (doubling per round trip), and the first throttle ends it.
-//! - **AIMD** without headers, as AWS's adaptive retry mode: on a throttle the rate becomes
-//!   `min(measured, current) * 0.7` (at least 0.5/s); on success it regrows along a cubic
-//!   (C = 0.4), capped at twice the measured send rate.
+//! - **No headers** (source `aimd`): the first 429 cuts the measured send rate by `BETA` (AWS's
+//!   adaptive mode); throttle windows then estimate the rate as above.
 //!
 //! A pure state machine: every method takes `now`, so tests drive it in virtual time.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use http::HeaderMap;
 use tokio::time::Instant;
 
+use crate::provider::{Kind, Report};
+
+/// Multiplicative cut on a throttle without an estimate (AWS adaptive retry's beta).
 const BETA: f64 = 0.7;
-const CUBIC_C: f64 = 0.4;
+/// No learned pace goes below this (requests or tokens per second).
 const MIN_RATE: f64 = 0.5;
 /// Slow start ends (ungated) once its window reaches this without a header or a throttle.
 const SLOW_START_END: f64 = 4096.0;
 /// Tickets unanswered this long are forgotten (their requests were cancelled or hang).
 const FORGET_UNANSWERED: Duration = Duration::from_secs(600);
+/// At most this many unanswered tickets are remembered (the oldest go first).
+const MAX_UNANSWERED: usize = 16_384;
 /// Held back when resynchronising the level from a report: the refill of this long (the
 /// uncertainty in when the upstream counted), and at least one token.
 const RESYNC_SLACK_TIME: Duration = Duration::from_millis(10);
 /// In slow start, one more request goes after this long without an answer.
 const SLOW_START_STALL: Duration = Duration::from_secs(1);
+/// Throttle windows are added up until they span this much before they give an estimate.
+const MIN_WINDOW: Duration = Duration::from_secs(1);
+/// A throttle window counts only if at least this many units per second were sent in it.
+const MIN_PRESSURE: f64 = 2.0;
+/// Two throttle events further apart than this may have had a full bucket in between: their
+/// window says nothing.
+const MAX_GAP: Duration = Duration::from_secs(10);
+/// A throttle event this soon after the previous one, with no estimate yet, cuts the pace.
+const REPEAT: Duration = Duration::from_secs(2);
+/// An estimate near the headers' whole rate (this corral is alone on the key) holds this long
+/// before probing upward...
+const HOLD: Duration = Duration::from_secs(10);
+/// ...by this fraction of it per second.
+const GROWTH: f64 = 0.01;
+/// An estimate below this share of the headers' rate means others draw on the key too...
+const ALONE: f64 = 0.8;
+/// ...and then the cap grows at once, by this fraction of the key's rate per second.
+const SHARE_GROWTH: f64 = 0.01;
+/// A cut (a guess, not an estimate) holds this long, then grows by `GUESS_GROWTH` of itself per
+/// second.
+const GUESS_HOLD: Duration = Duration::from_millis(500);
+const GUESS_GROWTH: f64 = 0.1;
+/// A header model caught lying is distrusted this long, doubling per demotion...
+const PROBATION: Duration = Duration::from_secs(60);
+/// ...up to this.
+const MAX_PROBATION: Duration = Duration::from_secs(3600);
+/// While demoted, the burst is the pace over this long.
+const DEMOTED_BURST: Duration = Duration::from_millis(500);
+/// A 429 whose `remaining` is at least this far above the learned floor says the report lies.
+const LIE_MARGIN: f64 = 2.0;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Requests,
-    Tokens,
-}
-
-impl Kind {
-    pub fn label(self) -> &'static str {
-        match self {
-            Kind::Requests => "requests",
-            Kind::Tokens => "tokens",
-        }
-    }
-}
-
+/// Where the pace comes from (the `corral_limit_source` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
     /// Nothing known yet (tokens: no gating at all).
     None,
     SlowStart,
+    /// The provider's headers, trusted.
     Headers,
+    /// The provider's headers were caught lying: pace from their rate and from the 429s.
+    Observed,
+    /// No headers: pace from the 429s alone.
     Aimd,
 }
 
@@ -64,57 +103,21 @@ impl Source {
             Source::None => "none",
             Source::SlowStart => "slow_start",
             Source::Headers => "headers",
+            Source::Observed => "observed",
             Source::Aimd => "aimd",
         }
     }
 }
 
-/// What one response's headers say about one bucket.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Report {
-    pub limit: f64,
-    pub remaining: f64,
-    pub reset: Option<Duration>,
-}
-
-/// Parse the report for `kind` from any provider's header family; `None` when absent or
-/// nonsensical (Azure's `-1`, remaining above limit, garbage).
-pub fn report(headers: &HeaderMap, kind: Kind, now_wall: std::time::SystemTime) -> Option<Report> {
-    use crate::stack::retry::hints::{parse_go_duration, parse_rfc3339_until};
-    let get = |name: &str| headers.get(name)?.to_str().ok().map(str::trim);
-    let num = |name: &str| {
-        get(name)?
-            .parse::<f64>()
-            .ok()
-            .filter(|n| n.is_finite() && *n >= 0.0)
-    };
-    let k = kind.label();
-    let (limit, remaining, reset) = if let Some(limit) = num(&format!("x-ratelimit-limit-{k}")) {
-        let reset = get(&format!("x-ratelimit-reset-{k}")).and_then(parse_go_duration);
-        (limit, num(&format!("x-ratelimit-remaining-{k}"))?, reset)
-    } else {
-        let reset = get(&format!("anthropic-ratelimit-{k}-reset"))
-            .and_then(|v| parse_rfc3339_until(v, now_wall));
-        (
-            num(&format!("anthropic-ratelimit-{k}-limit"))?,
-            num(&format!("anthropic-ratelimit-{k}-remaining"))?,
-            reset,
-        )
-    };
-    (limit > 0.0 && remaining <= limit).then_some(Report {
-        limit,
-        remaining,
-        reset,
-    })
-}
-
-/// What an answer says about the limit.
+/// What an answer says about this pacer's bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Answer {
     /// Anything but a throttle.
     Ok,
-    /// 429: our bucket is empty.
+    /// 429, and this bucket is the one that refused.
     RateLimited,
+    /// 429 from another bucket (the report still describes this one).
+    RefusedElsewhere,
     /// 529 and the like: the service is overloaded.
     Overloaded,
 }
@@ -125,6 +128,15 @@ pub struct Ticket {
     sent_at: Instant,
     /// Units admitted up to and including this one.
     seq: f64,
+    /// Units this one took.
+    cost: f64,
+}
+
+impl Ticket {
+    /// Units this one took.
+    pub fn cost(&self) -> f64 {
+        self.cost
+    }
 }
 
 /// Smoothed send rate over 0.5 s buckets (AWS: smoothing 0.8).
@@ -136,6 +148,17 @@ struct Meter {
 }
 
 impl Meter {
+    /// The smoothed rate, or before the first sample the rate of the bucket so far.
+    fn current(&self, now: Instant) -> f64 {
+        if self.rate > 0.0 {
+            return self.rate;
+        }
+        let elapsed = now
+            .saturating_duration_since(self.bucket_start)
+            .as_secs_f64();
+        self.count / elapsed.max(0.1)
+    }
+
     fn record(&mut self, now: Instant, n: f64) {
         let elapsed = now
             .saturating_duration_since(self.bucket_start)
@@ -154,21 +177,65 @@ impl Meter {
     }
 }
 
+/// What the 429s have shown (see the module doc: throttle windows).
+#[derive(Debug, Default)]
+struct Throttles {
+    /// The attempt whose 429 marked the last event: the bucket was empty when it arrived.
+    last: Option<Ticket>,
+    /// Units sent when the last event was taken in: 429s of attempts sent before belong to it.
+    cut_seq: f64,
+    /// When the last event was taken in.
+    at: Option<Instant>,
+    /// Units refused since `last`.
+    refused: f64,
+    /// Saturated windows added up toward an estimate: units admitted, and their span.
+    units: f64,
+    secs: f64,
+}
+
+/// A cap on the pace from the 429s: this pacer's share of the upstream's rate. It holds for a
+/// while, then grows additively (so corrals sharing a key, each cutting multiplicatively on its
+/// own 429s, drift toward equal shares, as AIMD flows do).
+#[derive(Debug, Clone, Copy)]
+struct Cap {
+    rate: f64,
+    since: Instant,
+    hold: Duration,
+    /// Growth after the hold, units per second per second.
+    slope: f64,
+}
+
+impl Cap {
+    fn at(&self, now: Instant) -> f64 {
+        let t = now
+            .saturating_duration_since(self.since + self.hold)
+            .as_secs_f64();
+        self.rate + self.slope * t
+    }
+}
+
 #[derive(Debug)]
 pub struct Pacer {
     kind: Kind,
+    /// Learned rates are used times this.
     margin: f64,
     source: Source,
+    /// The pace in effect (units per second); 0 while only answers drive the level.
     rate: f64,
+    /// Most units the level may hold.
     burst: f64,
-    tokens: f64,
+    /// The level: units that may go now (negative: owed).
+    level: f64,
+    /// When the level was last refilled.
     last: Instant,
-    floor: f64,
-    true_rate: f64,
+    /// The `remaining` at which the upstream refuses (per-minute reports count from an offset).
+    floor: Option<f64>,
+    /// The refill rate the headers imply, `(limit - remaining) / reset`, smoothed.
+    header_rate: f64,
+    /// Units admitted so far (tickets' sequence numbers).
     sent: f64,
-    w_max: f64,
-    last_throttle: Option<Instant>,
     meter: Meter,
+    /// The last answer (or slow-start stall release).
     quiet_since: Instant,
     /// The largest level the upstream has confirmed by answering without a throttle: reported
     /// headroom is spent no faster than it is confirmed (it doubles per round trip), so a
@@ -179,15 +246,22 @@ pub struct Pacer {
     /// The fastest answer seen (seconds from send to head).
     min_rtt: Option<f64>,
     /// Admitted and not yet answered, in admission order.
-    unanswered: VecDeque<(Ticket, f64)>,
+    unanswered: VecDeque<Ticket>,
+    throttle_log: Throttles,
+    cap: Option<Cap>,
+    /// While set and in the future, the headers' level is not believed (demoted).
+    distrust_until: Option<Instant>,
+    demotions: u32,
+    /// The last `remaining` reported, for `/status` and the gauge.
     pub last_remaining: Option<f64>,
+    /// 429s and 529s attributed to this bucket.
     pub throttles: u64,
 }
 
 impl Pacer {
     /// A pacer for `kind`; requests start in slow start with `initial_burst`, tokens ungated.
     pub fn new(kind: Kind, initial_burst: u32, margin: f64, now: Instant) -> Self {
-        let (source, tokens) = match kind {
+        let (source, level) = match kind {
             Kind::Requests => (Source::SlowStart, f64::from(initial_burst)),
             Kind::Tokens => (Source::None, 0.0),
         };
@@ -196,14 +270,12 @@ impl Pacer {
             margin,
             source,
             rate: 0.0,
-            burst: tokens.max(1.0),
-            tokens,
+            burst: level.max(1.0),
+            level,
             last: now,
-            floor: 0.0,
-            true_rate: 0.0,
+            floor: None,
+            header_rate: 0.0,
             sent: 0.0,
-            w_max: 0.0,
-            last_throttle: None,
             meter: Meter {
                 bucket_start: now,
                 count: 0.0,
@@ -214,6 +286,10 @@ impl Pacer {
             synced_seq: f64::NEG_INFINITY,
             min_rtt: None,
             unanswered: VecDeque::new(),
+            throttle_log: Throttles::default(),
+            cap: None,
+            distrust_until: None,
+            demotions: 0,
             last_remaining: None,
             throttles: 0,
         }
@@ -232,13 +308,44 @@ impl Pacer {
         self.burst
     }
 
+    /// How long until `units` could go at the current pace, if it is known.
+    pub fn time_for(&self, units: f64) -> Option<Duration> {
+        (self.rate > 0.0).then(|| Duration::from_secs_f64((units / self.rate).min(3600.0)))
+    }
+
+    /// The pace from the source, capped by what the 429s showed.
+    fn pace(&self, now: Instant) -> f64 {
+        let cap = self.cap.map(|c| {
+            // A cap never runs far ahead of what is actually sent.
+            c.at(now).min(c.rate.max(2.0 * self.meter.rate))
+        });
+        let base = match self.source {
+            Source::Headers | Source::Observed => self.header_rate,
+            Source::Aimd => 0.0,
+            Source::None | Source::SlowStart => return 0.0,
+        };
+        let pace = match (base > 0.0, cap) {
+            (true, Some(c)) => base.min(c),
+            (true, None) => base,
+            (false, Some(c)) => c,
+            (false, None) => return 0.0,
+        };
+        pace.max(MIN_RATE) * self.margin
+    }
+
     fn refill(&mut self, now: Instant) {
         let dt = now.saturating_duration_since(self.last).as_secs_f64();
         self.last = now;
-        if self.source == Source::Aimd {
-            self.rate = self.cubic(now);
+        if self.source == Source::Observed && self.distrust_until.is_some_and(|until| now >= until)
+        {
+            self.distrust_until = None;
+            self.source = Source::Headers;
         }
-        self.tokens = (self.tokens + self.rate * dt).min(self.burst);
+        self.rate = self.pace(now);
+        if matches!(self.source, Source::Observed | Source::Aimd) {
+            self.burst = (self.rate * DEMOTED_BURST.as_secs_f64()).max(1.0);
+        }
+        self.level = (self.level + self.rate * dt).min(self.burst);
     }
 
     /// Whether [`try_acquire`](Self::try_acquire) would admit `cost` units now.
@@ -247,7 +354,7 @@ impl Pacer {
             return true;
         }
         self.refill(now);
-        self.tokens >= cost.min(self.burst).max(f64::MIN_POSITIVE)
+        self.level >= cost.min(self.burst).max(f64::MIN_POSITIVE)
     }
 
     /// Admit `cost` units now, or say how long to wait (`None`: until an answer arrives).
@@ -257,8 +364,8 @@ impl Pacer {
         }
         self.refill(now);
         let need = cost.min(self.burst).max(f64::MIN_POSITIVE);
-        if self.tokens >= need {
-            self.tokens -= cost;
+        if self.level >= need {
+            self.level -= cost;
             return Ok(self.admit(cost, now));
         }
         if self.source == Source::SlowStart
@@ -266,15 +373,12 @@ impl Pacer {
         {
             // Nothing answered for a while (cancelled or slow requests): let one more go.
             self.quiet_since = now;
-            self.tokens -= cost;
+            self.level -= cost;
             return Ok(self.admit(cost, now));
         }
-        if self.rate > 0.0 {
-            Err(Some(Duration::from_secs_f64(
-                ((need - self.tokens) / self.rate).min(3600.0),
-            )))
-        } else {
-            Err(None)
+        match self.time_for(need - self.level) {
+            Some(wait) => Err(Some(wait)),
+            None => Err(None),
         }
     }
 
@@ -284,38 +388,41 @@ impl Pacer {
         let ticket = Ticket {
             sent_at: now,
             seq: self.sent,
+            cost,
         };
         if cost > 0.0 {
-            self.unanswered.push_back((ticket, cost));
+            if self.unanswered.len() >= MAX_UNANSWERED {
+                self.unanswered.pop_front();
+            }
+            self.unanswered.push_back(ticket);
         }
         ticket
     }
 
-    /// Units sent shortly before `ticket` and still unanswered: on a busy machine they may reach
-    /// the upstream after it (not yet counted in its `remaining`), so they count as sent after.
-    /// Forgets `ticket` itself, and tickets whose answer never came (cancelled requests).
-    fn unanswered_before(&mut self, ticket: Ticket, now: Instant) -> f64 {
-        while let Some((t, _)) = self.unanswered.front() {
+    /// Forget `ticket` (answered) and tickets whose answer never came (cancelled requests).
+    fn forget(&mut self, ticket: Ticket, now: Instant) {
+        while let Some(t) = self.unanswered.front() {
             if now.saturating_duration_since(t.sent_at) > FORGET_UNANSWERED {
                 self.unanswered.pop_front();
             } else {
                 break;
             }
         }
-        if let Some(i) = self
-            .unanswered
-            .iter()
-            .position(|(t, _)| t.seq == ticket.seq)
-        {
+        if let Some(i) = self.unanswered.iter().position(|t| t.seq == ticket.seq) {
             self.unanswered.remove(i);
         }
+    }
+
+    /// Units sent shortly before `ticket` and still unanswered: on a busy machine they may reach
+    /// the upstream after it (not yet counted in its `remaining`), so they count as sent after.
+    fn unanswered_before(&self, ticket: Ticket) -> f64 {
         let window = Duration::from_secs_f64(self.min_rtt.unwrap_or(0.05));
         let since = ticket.sent_at.checked_sub(window).unwrap_or(ticket.sent_at);
         self.unanswered
             .iter()
-            .take_while(|(t, _)| t.seq < ticket.seq)
-            .filter(|(t, _)| t.sent_at >= since)
-            .map(|(_, cost)| cost)
+            .take_while(|t| t.seq < ticket.seq)
+            .filter(|t| t.sent_at >= since)
+            .map(|t| t.cost)
             .sum()
     }
 
@@ -329,35 +436,149 @@ impl Pacer {
     ) {
         self.refill(now);
         self.quiet_since = now;
-        let throttled = answer != Answer::Ok;
-        if throttled {
+        self.forget(ticket, now);
+        if matches!(answer, Answer::RateLimited | Answer::Overloaded) {
             self.throttles += 1;
         }
         match report {
             Some(r) => self.learn_headers(ticket, answer, r, now),
-            None if throttled && self.kind == Kind::Requests && self.source != Source::Headers => {
-                self.throttle_aimd(now)
-            }
-            None if self.source == Source::SlowStart => {
-                self.tokens += 2.0;
-                self.burst = self.burst.max(self.tokens);
+            None if answer == Answer::Ok && self.source == Source::SlowStart => {
+                self.level += 2.0;
+                self.burst = self.burst.max(self.level);
                 if self.burst >= SLOW_START_END {
                     // Thousands of answers, no header, no throttle: nothing to learn; stop
-                    // gating (a later 429 starts AIMD).
+                    // gating (a later 429 paces from the 429s).
                     self.source = Source::None;
                 }
             }
             None => {}
         }
+        match answer {
+            Answer::RateLimited => self.throttled(ticket, now),
+            // Overload is the whole service, not our bucket: without headers, slow down as
+            // AWS's adaptive mode does; with them, nothing to learn about the bucket.
+            Answer::Overloaded
+                if report.is_none()
+                    && self.kind == Kind::Requests
+                    && !matches!(self.source, Source::Headers | Source::Observed) =>
+            {
+                self.cut(now);
+            }
+            _ => {}
+        }
+        self.rate = self.pace(now);
+    }
+
+    /// A 429 from this bucket: it was empty when `ticket` arrived.
+    fn throttled(&mut self, ticket: Ticket, now: Instant) {
+        self.level = self.level.min(0.0);
+        let log = &mut self.throttle_log;
+        if log.last.map_or(true, |l| ticket.seq > l.seq) {
+            log.refused += ticket.cost;
+        }
+        if ticket.seq <= log.cut_seq {
+            return; // sent before the last event was taken in: part of it
+        }
+        let mut estimate = None;
+        match log.last {
+            Some(last) if ticket.sent_at > last.sent_at => {
+                let span = ticket.sent_at.duration_since(last.sent_at);
+                let between = (ticket.seq - ticket.cost) - last.seq;
+                let secs = span.as_secs_f64();
+                // A window says what the upstream refilled only if corral kept asking
+                // throughout: sparse sends (a bucket that may have filled up) are no estimate.
+                if span <= MAX_GAP && between >= MIN_PRESSURE * secs {
+                    log.units += (between - (log.refused - ticket.cost)).max(0.0);
+                    log.secs += secs;
+                    if log.secs >= MIN_WINDOW.as_secs_f64() {
+                        estimate = Some(log.units / log.secs);
+                        log.units = 0.0;
+                        log.secs = 0.0;
+                    }
+                } else {
+                    log.units = 0.0;
+                    log.secs = 0.0;
+                }
+            }
+            _ => {}
+        }
+        let repeat = log
+            .at
+            .is_some_and(|at| now.saturating_duration_since(at) <= REPEAT);
+        log.last = Some(ticket);
+        log.cut_seq = self.sent;
+        log.at = Some(now);
+        log.refused = 0.0;
+        let headers_pace =
+            matches!(self.source, Source::Headers | Source::Observed) && self.header_rate > 0.0;
+        match estimate {
+            Some(e) => {
+                let e = e.max(MIN_RATE);
+                let alone = !headers_pace || e >= ALONE * self.header_rate;
+                self.cap = Some(if alone {
+                    Cap {
+                        rate: e,
+                        since: now,
+                        hold: HOLD,
+                        slope: GROWTH * e,
+                    }
+                } else {
+                    Cap {
+                        rate: e,
+                        since: now,
+                        hold: Duration::ZERO,
+                        slope: SHARE_GROWTH * self.header_rate,
+                    }
+                });
+            }
+            None if repeat || !headers_pace => self.cut(now),
+            None => {}
+        }
+        if !matches!(self.source, Source::Headers | Source::Observed) {
+            self.source = Source::Aimd;
+        }
+    }
+
+    /// Cut the pace by `BETA` (from the measured send rate when nothing paces yet).
+    fn cut(&mut self, now: Instant) {
+        let current = if self.rate > 0.0 {
+            self.rate / self.margin
+        } else {
+            self.meter.current(now)
+        };
+        let rate = (current * BETA).max(MIN_RATE);
+        self.cap = Some(Cap {
+            rate,
+            since: now,
+            hold: GUESS_HOLD,
+            slope: GUESS_GROWTH * rate,
+        });
+        self.level = self.level.min(0.0);
+        if matches!(self.source, Source::SlowStart | Source::None) {
+            self.source = Source::Aimd;
+        }
+    }
+
+    fn demote(&mut self, now: Instant) {
+        if self.distrust_until.is_none() {
+            self.demotions += 1;
+        }
+        let doubling = 2u32.saturating_pow(self.demotions.saturating_sub(1).min(16));
+        let probation = PROBATION.saturating_mul(doubling).min(MAX_PROBATION);
+        self.distrust_until = Some(now + probation);
+        self.source = Source::Observed;
     }
 
     fn learn_headers(&mut self, ticket: Ticket, answer: Answer, r: Report, now: Instant) {
-        let throttled = answer != Answer::Ok;
+        let throttled = matches!(answer, Answer::RateLimited | Answer::Overloaded);
         self.last_remaining = Some(r.remaining);
-        if answer == Answer::RateLimited && r.remaining >= 1.0 {
-            // The upstream refused with headroom left: its `remaining` counts from a floor.
-            // (Only a 429 says so: a 529 is the whole service overloaded, not our bucket.)
-            self.floor = r.remaining;
+        if answer == Answer::RateLimited {
+            // Only a 429 says where the bucket refuses (a 529 is the whole service).
+            match self.floor {
+                Some(floor) if r.remaining >= floor + LIE_MARGIN => self.demote(now),
+                None if r.remaining >= 1.0 => self.floor = Some(r.remaining),
+                _ => {}
+            }
         }
         self.verified = if throttled {
             (self.verified / 2.0).max(1.0)
@@ -367,73 +588,57 @@ impl Pacer {
         if let Some(reset) = r.reset.filter(|d| !d.is_zero()) {
             if r.limit > r.remaining {
                 let sample = (r.limit - r.remaining) / reset.as_secs_f64();
-                // A reset in whole seconds (Anthropic's RFC 3339 instants) is rounded up, so its
-                // sample bounds the rate from below: the estimate is the largest recent bound,
-                // decaying slowly so a lowered limit is still followed. Finer resets (OpenAI's)
-                // are averaged.
+                // A reset in whole seconds (Anthropic's RFC 3339 instants, Azure's integers) is
+                // rounded up, so its sample bounds the rate from below: the estimate is the
+                // largest recent bound, decaying slowly so a lowered limit is still followed.
+                // Finer resets (OpenAI's) are averaged.
                 let whole_seconds = reset.subsec_nanos() == 0;
-                self.true_rate = if self.true_rate == 0.0 || self.source != Source::Headers {
+                let fresh = self.header_rate == 0.0
+                    || !matches!(self.source, Source::Headers | Source::Observed);
+                self.header_rate = if fresh {
                     sample
                 } else if whole_seconds {
-                    sample.max(0.98 * self.true_rate)
+                    sample.max(0.98 * self.header_rate)
                 } else {
-                    0.5 * sample + 0.5 * self.true_rate
+                    0.5 * sample + 0.5 * self.header_rate
                 };
             }
         }
-        self.burst = (r.limit - self.floor).max(1.0);
         let since = now.saturating_duration_since(ticket.sent_at).as_secs_f64();
-        let sent_after = (self.sent - ticket.seq).max(0.0) + self.unanswered_before(ticket, now);
+        if !throttled && answer == Answer::Ok {
+            self.min_rtt = Some(self.min_rtt.map_or(since, |m| m.min(since)));
+        }
+        if self.distrust_until.is_some() {
+            self.source = Source::Observed;
+            return; // the level follows the 429s, not `remaining`
+        }
+        self.source = Source::Headers;
+        let floor = self.floor.unwrap_or(0.0);
+        self.burst = (r.limit - floor).max(1.0);
+        let sent_after = (self.sent - ticket.seq).max(0.0) + self.unanswered_before(ticket);
         // The upstream counted `remaining` when the attempt arrived, somewhere between the send
         // and now. Credit refill for at most the fastest round trip seen (none before one is
         // known): a slow connect or a busy machine must not inflate the level. The slack covers
         // the rest.
         let credit = self.min_rtt.map_or(0.0, |m| since.min(m));
-        let slack = (self.true_rate * RESYNC_SLACK_TIME.as_secs_f64()).max(1.0);
-        let level = (r.remaining - self.floor) + self.true_rate * credit - sent_after - slack;
+        let slack = (self.header_rate * RESYNC_SLACK_TIME.as_secs_f64()).max(1.0);
+        // With a cap below the headers' rate (others draw on the key too), only this pacer's
+        // share of the reported headroom is ours: every corral on the key sees the same report.
+        let share = match self.cap {
+            Some(c) if self.header_rate > 0.0 => (c.at(now) / self.header_rate).min(1.0),
+            _ => 1.0,
+        };
+        let headroom = (r.remaining - floor) + self.header_rate * credit;
+        let level = headroom * share - sent_after - slack;
         let level = level.min(self.burst).min(self.verified);
         // A report newer than the last one used sets the level; an older one (an answer that
         // took long describes the bucket as it was long ago) may only lower it.
         if ticket.seq > self.synced_seq {
             self.synced_seq = ticket.seq;
-            self.tokens = level;
+            self.level = level;
         } else {
-            self.tokens = self.tokens.min(level);
+            self.level = self.level.min(level);
         }
-        if !throttled {
-            self.min_rtt = Some(self.min_rtt.map_or(since, |m| m.min(since)));
-        }
-        if self.true_rate > 0.0 {
-            self.rate = self.true_rate * self.margin;
-        }
-        self.source = Source::Headers;
-    }
-
-    fn throttle_aimd(&mut self, now: Instant) {
-        let measured = self.meter.rate.max(MIN_RATE);
-        let current = if self.source == Source::Aimd {
-            self.rate
-        } else {
-            measured
-        };
-        self.w_max = current.min(measured * 2.0).max(MIN_RATE);
-        self.rate = (self.w_max * BETA).max(MIN_RATE);
-        self.burst = self.rate.max(1.0);
-        self.tokens = self.tokens.min(0.0);
-        self.last_throttle = Some(now);
-        self.source = Source::Aimd;
-    }
-
-    /// CUBIC regrowth since the last throttle, capped at twice the measured rate.
-    fn cubic(&self, now: Instant) -> f64 {
-        let Some(at) = self.last_throttle else {
-            return self.rate;
-        };
-        let t = now.saturating_duration_since(at).as_secs_f64();
-        let k = (self.w_max * (1.0 - BETA) / CUBIC_C).cbrt();
-        let w = CUBIC_C * (t - k).powi(3) + self.w_max;
-        let cap = (self.meter.rate * 2.0).max(self.w_max);
-        w.clamp(MIN_RATE, cap)
     }
 }
 

@@ -1,23 +1,34 @@
-//! Retry: every retryable answer is tried again, after a sleep of
-//! `max(server hint, jittered backoff) + U(0, floor_jitter)` (the jitter on top of a hint only),
-//! while attempts, the retry budget and the request's deadline allow. Giving up passes the
-//! upstream's last answer through, with `x-should-retry: false` when corral did retry, so the
-//! client's own loop does not multiply the load again.
+//! Retry. Throttles and failures are different things and are bounded differently:
 //!
-//! Classification (`policy`) is apart from the schedule (`backoff`, `hints`, the budget), as in
-//! Vector's `RetryLogic` vs `FibonacciRetryPolicy`. tower's `Retry` is not used: its policy can't
-//! read a response body (needed to tell `insufficient_quota` from a transient 429) or pass the
-//! last answer through on giving up; tower's `TpsBudget` is.
+//! - **Throttles wait.** A retryable (non-permanent) 429 or 529 is a pacing signal, not a
+//!   failure. A 429 goes straight back to the rate limiter below, which the 429 has paused for
+//!   its hint and which then lets requests out at the learned rate; a 529 (the whole service
+//!   overloaded) backs off first. Throttle retries count against neither `max_retries` nor the
+//!   retry budget: each one takes a token from the rate limiter like a first attempt, so they
+//!   cannot amplify load. They are bounded by the request's deadline (the rate limiter refuses a
+//!   wait the deadline cannot cover) and by `max_throttle_retries`, the last guard.
+//! - **Failures are budgeted.** 5xx, connection failures and per-try timeouts are retried after
+//!   `max(server hint, jittered backoff) + U(0, floor_jitter)` (the jitter on top of a hint
+//!   only), while `max_retries`, the retry budget and the deadline allow.
+//!
+//! Giving up passes the upstream's last answer through, with `x-should-retry: false` when corral
+//! did retry (so the client's own loop does not multiply the load again), and, when corral's
+//! limiter ended the wait, its `retry-after` if the answer carried none.
+//!
+//! Classification (`policy`) is apart from the schedule (`backoff`, `crate::provider`'s hints,
+//! the budget), as in Vector's `RetryLogic` vs `FibonacciRetryPolicy`. tower's `Retry` is not
+//! used: its policy can't read a response body (needed to tell `insufficient_quota` from a
+//! transient 429) or pass the last answer through on giving up; tower's `TpsBudget` is.
 
 pub mod backoff;
 mod body;
-pub mod hints;
 pub mod policy;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use http::header::RETRY_AFTER;
 use http::{HeaderValue, Response};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -28,6 +39,7 @@ use tower::ServiceExt;
 use self::backoff::Backoff;
 use self::policy::{judge_response, Verdict};
 use crate::body::{self as corral_body, Body};
+use crate::classify::Outcome;
 use crate::config::RetryConfig;
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
@@ -116,12 +128,16 @@ where
     let config = &shared.config;
     let metrics = &shared.metrics;
     shared.budget.deposit();
+    // Failures retried (bounded by `max_retries` and the budget) and throttles retried
+    // (bounded by the deadline and `max_throttle_retries`).
     let mut retries = 0u32;
+    let mut throttles = 0u32;
     let mut previous = Duration::ZERO;
     let mut previous_answer: Option<Last> = None;
     loop {
+        let attempts = retries + throttles;
         let result = inner.clone().oneshot(req.clone()).await;
-        let (last, reason, hint) = match result {
+        let (last, reason, hint, throttle) = match result {
             Ok(response) => {
                 if !may_retry(&response) {
                     return Ok(response);
@@ -136,8 +152,10 @@ where
                         return Ok(Response::from_parts(parts, corral_body::full(bytes)))
                     }
                     Verdict::Retry(reason) => {
-                        let hint = hints::retry_hint(&parts.headers, SystemTime::now());
-                        (Last::Response(parts, bytes), reason, hint)
+                        let hint = crate::provider::retry_hint(&parts.headers, SystemTime::now());
+                        let throttle =
+                            matches!(Outcome::of_status(parts.status), Outcome::Throttled(_));
+                        (Last::Response(parts, bytes), reason, hint, throttle)
                     }
                 }
             }
@@ -147,27 +165,48 @@ where
                 } else {
                     "connection"
                 };
-                (Last::Error(e), reason, None)
+                (Last::Error(e), reason, None, false)
             }
             // corral's own refusal (deadline, breaker, rate limit) after an earlier upstream
-            // answer: the client gets that answer, not corral's.
+            // answer: the client gets that answer, not corral's, with corral's Retry-After if
+            // the answer had none.
             Err(e) => {
                 return match previous_answer {
-                    Some(last) => give_up(last, retries, e.label(), &shared),
+                    Some(last) => give_up(last, attempts, e.label(), e.retry_after(), &shared),
                     None => Err(e),
                 }
             }
         };
-        if retries >= config.max_retries {
-            return give_up(last, retries, "max_retries", &shared);
-        }
-        if !shared.budget.withdraw() {
-            metrics.budget_exhausted.inc();
-            return give_up(last, retries, "budget", &shared);
-        }
-        let sleep = shared.sleep_for(retries, previous, hint);
+        let sleep = if throttle {
+            // A throttle is a pacing signal: the rate limiter below owns the wait (a 429 pauses
+            // the partition for its hint, then the pacers let requests out at the learned rate),
+            // so a retried 429 goes straight back to it. Each retry takes a token there like a
+            // first attempt, so retrying throttles cannot add load; the deadline bounds them.
+            if throttles >= config.max_throttle_retries {
+                return give_up(last, attempts, "max_throttle_retries", None, &shared);
+            }
+            if reason == "429" {
+                // The rate limiter enforces the hint; here only: can the deadline cover it?
+                if hint.is_some_and(|h| Instant::now() + h >= req.ctx.deadline) {
+                    return give_up(last, attempts + 1, "deadline", None, &shared);
+                }
+                Duration::ZERO
+            } else {
+                // 529: the whole service is overloaded, no bucket to wait for: back off.
+                shared.sleep_for(throttles, previous, hint)
+            }
+        } else {
+            if retries >= config.max_retries {
+                return give_up(last, attempts, "max_retries", None, &shared);
+            }
+            if !shared.budget.withdraw() {
+                metrics.budget_exhausted.inc();
+                return give_up(last, attempts, "budget", None, &shared);
+            }
+            shared.sleep_for(retries, previous, hint)
+        };
         if Instant::now() + sleep >= req.ctx.deadline {
-            return give_up(last, retries, "deadline", &shared);
+            return give_up(last, attempts, "deadline", None, &shared);
         }
         previous_answer = Some(last);
         metrics.retry(reason);
@@ -179,12 +218,16 @@ where
         tracing::debug!(
             upstream = metrics.name(),
             reason,
-            retry = retries + 1,
+            retry = attempts + 1,
             sleep_ms = sleep.as_millis() as u64,
             "retrying"
         );
         tokio::time::sleep(sleep).await;
-        retries += 1;
+        if throttle {
+            throttles += 1;
+        } else {
+            retries += 1;
+        }
         previous = sleep;
     }
 }
@@ -196,20 +239,30 @@ fn may_retry(response: &Response<Body>) -> bool {
         || crate::classify::should_retry_header(response.headers()) == Some(true)
 }
 
-/// Pass the last answer through. Once corral has retried, mark it so the SDKs don't retry again.
+/// Pass the last answer through. Once corral has retried, mark it so the SDKs don't retry again;
+/// when corral's own limiter ended the wait, add its Retry-After if the answer had none.
 fn give_up(
     last: Last,
-    retries: u32,
+    attempts: u32,
     why: &'static str,
+    retry_after: Option<Duration>,
     shared: &RetryShared,
 ) -> Result<Response<Body>, ProxyError> {
     shared.metrics.gave_up(why);
     match last {
         Last::Response(mut parts, bytes) => {
-            if retries > 0 && shared.config.mark_given_up {
+            if attempts > 0 && shared.config.mark_given_up {
                 parts
                     .headers
                     .insert("x-should-retry", HeaderValue::from_static("false"));
+            }
+            if let Some(after) = retry_after {
+                if !parts.headers.contains_key(RETRY_AFTER) {
+                    let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+                    parts
+                        .headers
+                        .insert(RETRY_AFTER, HeaderValue::from(secs.max(1)));
+                }
             }
             Ok(Response::from_parts(parts, corral_body::full(bytes)))
         }

@@ -1,5 +1,5 @@
 //! Classification: may this answer be retried, and why? (The schedule lives in `backoff`,
-//! `hints` and the budget.)
+//! `crate::provider`'s hints and the budget.)
 
 use http::response::Parts;
 

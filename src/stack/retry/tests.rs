@@ -93,13 +93,34 @@ async fn a_400_is_returned_on_the_first_attempt() {
     assert!(response.headers().get("x-should-retry").is_none());
 }
 
+/// Retry over the rate limit layer (learning off, no ceilings): the pause a 429 sets is what
+/// holds a throttled retry, as in the real stack.
+fn retry_over_rate_limit<S: crate::stack::layer::Next>(
+    config: &RetryConfig,
+    seed: u64,
+    inner: S,
+) -> impl crate::stack::layer::Next {
+    let mut upstream = crate::config::UpstreamConfig::new(
+        "t",
+        "/v1",
+        crate::config::types::parse_base_url("http://127.0.0.1:1").unwrap(),
+    );
+    upstream.rate_limit = crate::config::LearnMode::Off;
+    upstream.retry = config.clone();
+    let m = crate::metrics::Metrics::new().upstream("t");
+    let rate_limit = crate::stack::rate_limit::RateLimitLayer::new(
+        crate::stack::rate_limit::RateLimitShared::new(&upstream, m),
+    );
+    retry(config, seed).layer(rate_limit.layer(inner))
+}
+
 #[tokio::test(start_paused = true)]
 async fn retry_after_is_a_floor_with_jitter_on_top() {
     // 80 requests told "retry-after: 30" must not all return at second 30.
     let mut returns = Vec::new();
     for seed in 0..80 {
         let script = Script::new(vec![answer(429, &[("retry-after", "30")], "{}")]);
-        let svc = retry(&config(Jitter::Full), seed).layer(script.service());
+        let svc = retry_over_rate_limit(&config(Jitter::Full), seed, script.service());
         let start = Instant::now();
         let response = svc
             .oneshot(request(Duration::from_secs(600)))
@@ -110,12 +131,12 @@ async fn retry_after_is_a_floor_with_jitter_on_top() {
         let waited = times[1] - start;
         assert!(
             waited >= Duration::from_secs(30),
-            "slept {waited:?}, under the server's floor"
+            "sent again after {waited:?}, under the server's floor"
         );
         // tokio timers round up to the millisecond.
         assert!(
             waited <= Duration::from_millis(30_501),
-            "slept {waited:?}, more than floor + floor_jitter"
+            "sent again after {waited:?}, more than floor + floor_jitter"
         );
         returns.push(waited);
     }
@@ -125,6 +146,82 @@ async fn retry_after_is_a_floor_with_jitter_on_top() {
         returns.len() > 70,
         "returns are spread, not synchronized: {} distinct",
         returns.len()
+    );
+}
+
+/// Issue 9, point 1: throttles wait, failures are budgeted. A run of 429s longer than
+/// `max_retries` and than the budget is still retried, through the rate limiter, to success.
+#[tokio::test(start_paused = true)]
+async fn throttles_are_retried_beyond_max_retries_and_the_budget() {
+    let cfg = RetryConfig {
+        max_retries: 2,
+        budget_min_per_second: 1,
+        budget_ratio: 0.0,
+        ..config(Jitter::Full)
+    };
+    let mut answers: Vec<_> = (0..12)
+        .map(|_| answer(429, &[("retry-after-ms", "100")], "{}"))
+        .collect();
+    answers.push(answer(200, &[], "ok"));
+    let script = Script::new(answers);
+    let svc = retry_over_rate_limit(&cfg, 2, script.service());
+    let response = svc.oneshot(request(Duration::from_secs(60))).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(script.calls.load(Ordering::SeqCst), 13);
+    let times = script.times.lock().unwrap().clone();
+    for pair in times.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= Duration::from_millis(100),
+            "each retry waited out the 429's pause: {:?}",
+            pair[1] - pair[0]
+        );
+    }
+    // ...while `max_throttle_retries` stays the last guard.
+    let cfg = RetryConfig {
+        max_throttle_retries: 3,
+        ..cfg
+    };
+    let script = Script::new(
+        (0..12)
+            .map(|_| answer(429, &[("retry-after-ms", "100")], "{}"))
+            .collect(),
+    );
+    let svc = retry_over_rate_limit(&cfg, 3, script.service());
+    let response = svc.oneshot(request(Duration::from_secs(60))).await.unwrap();
+    assert_eq!(response.status(), 429);
+    assert_eq!(script.calls.load(Ordering::SeqCst), 4);
+    assert_eq!(response.headers()["x-should-retry"], "false");
+}
+
+/// A throttle whose next permitted send the deadline cannot cover goes back to the client with
+/// the upstream's answer, marked, and corral's Retry-After when the upstream gave none.
+#[tokio::test(start_paused = true)]
+async fn a_throttle_the_deadline_cannot_wait_for_goes_back_marked_with_retry_after() {
+    let script = Script::new(vec![
+        answer(429, &[("retry-after-ms", "100")], "{}"),
+        answer(
+            429,
+            &[
+                ("x-ratelimit-reset-requests", "5s"),
+                ("x-ratelimit-remaining-requests", "0"),
+            ],
+            "{}",
+        ),
+    ]);
+    let svc = retry_over_rate_limit(&config(Jitter::Full), 4, script.service());
+    let start = Instant::now();
+    let response = svc.oneshot(request(Duration::from_secs(2))).await.unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "gave up before the deadline"
+    );
+    assert_eq!(script.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(response.status(), 429);
+    assert_eq!(response.headers()["x-should-retry"], "false");
+    assert_eq!(
+        response.headers()["x-ratelimit-reset-requests"],
+        "5s",
+        "the upstream's answer"
     );
 }
 
@@ -178,17 +275,19 @@ async fn a_storm_longer_than_the_deadline_ends_within_it() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_hint_beyond_the_deadline_passes_the_429_through_unchanged() {
+async fn a_hint_beyond_the_deadline_passes_the_429_through_marked() {
     let script = Script::new(vec![answer(429, &[("retry-after", "120")], "slow down")]);
     let svc = retry(&config(Jitter::Full), 4).layer(script.service());
     let start = Instant::now();
     let response = svc.oneshot(request(Duration::from_secs(60))).await.unwrap();
     assert_eq!(start.elapsed(), Duration::ZERO, "gave up at once");
+    assert_eq!(script.calls.load(Ordering::SeqCst), 1);
     assert_eq!(response.status(), 429);
     assert_eq!(response.headers()["retry-after"], "120");
-    assert!(
-        response.headers().get("x-should-retry").is_none(),
-        "not retried, so unchanged"
+    assert_eq!(
+        response.headers()["x-should-retry"],
+        "false",
+        "the client must not retry a throttle its deadline cannot wait for"
     );
 }
 

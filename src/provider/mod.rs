@@ -1,0 +1,30 @@
+//! What a provider's response headers say, parsed once for everyone who needs it: the retry hint
+//! (`retry-after-ms`, `retry-after`, `x-ms-retry-after-ms`, the reset of an exhausted bucket),
+//! read by retry and by the rate limiter's pause, and the per-bucket rate-limit report (`limit`,
+//! `remaining`, `reset` of OpenAI's, Anthropic's and Azure's header families), read by the learner.
+//!
+//! These are pure functions of a `HeaderMap` and the wall clock: no state, no I/O. What the
+//! headers say is a hint; what the upstream does (a 429 while `remaining` claims headroom) is the
+//! truth, and the learner (`stack::rate_limit::learn`) decides which to believe.
+
+pub mod hints;
+mod report;
+
+pub use self::hints::retry_hint;
+pub use self::report::{report, Report};
+
+/// Which bucket a report describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Requests,
+    Tokens,
+}
+
+impl Kind {
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::Requests => "requests",
+            Kind::Tokens => "tokens",
+        }
+    }
+}

@@ -1,0 +1,570 @@
+//! One partition of an upstream's rate limit (the whole upstream, or one API key of it): its
+//! configured ceilings, its learned pacers, and the pause that a 429 puts on all of it.
+//!
+//! A request's way through [`Partition::acquire`]:
+//! 1. [`fast_path`](Partition::fast_path): nobody waiting, no pause, no governor bucket, and the
+//!    pacers admit it now: no turn to take, no timer.
+//! 2. Otherwise it waits out any pause (each waiter at its own jittered instant when nothing
+//!    else will pace them), then [`take_turn`](Partition::take_turn): a fair tokio mutex, so
+//!    waiters go in FIFO order and a large request is not starved by small ones.
+//! 3. [`wait`](Partition::wait): with the turn held, the governor buckets, then the pacers,
+//!    re-checking the pause (a 429 may arrive meanwhile), while the deadline allows.
+
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use http::HeaderMap;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::bucket::{take, Bucket};
+use super::learn::{Answer, Pacer, Source, Ticket};
+use crate::classify::Outcome;
+use crate::config::{LearnMode, UpstreamConfig};
+use crate::error::ProxyError;
+use crate::metrics::UpstreamMetrics;
+use crate::provider::{self, Kind, Report};
+
+/// The learned pacers of one partition, one per kind of limit.
+#[derive(Debug)]
+pub struct Pacers {
+    pub requests: Pacer,
+    pub tokens: Pacer,
+}
+
+impl Pacers {
+    fn get_mut(&mut self, kind: Kind) -> &mut Pacer {
+        match kind {
+            Kind::Requests => &mut self.requests,
+            Kind::Tokens => &mut self.tokens,
+        }
+    }
+}
+
+/// Proofs of admission from both pacers, handed back with the answer.
+#[derive(Debug, Clone, Copy)]
+pub struct Tickets {
+    requests: Ticket,
+    tokens: Ticket,
+}
+
+/// "No sends before": an instant that each 429 may push later, never earlier. Lock-free: one
+/// atomic read on the fast path.
+#[derive(Debug)]
+struct Pause {
+    origin: Instant,
+    /// Nanoseconds after `origin`; 0 = never paused.
+    until: AtomicU64,
+}
+
+impl Pause {
+    fn new() -> Self {
+        Self {
+            origin: Instant::now(),
+            until: AtomicU64::new(0),
+        }
+    }
+
+    fn extend(&self, until: Instant) {
+        let nanos = until.saturating_duration_since(self.origin).as_nanos();
+        self.until
+            .fetch_max(u64::try_from(nanos).unwrap_or(u64::MAX), Ordering::AcqRel);
+    }
+
+    /// The end of the pause in force at `now`, if any.
+    fn until(&self, now: Instant) -> Option<Instant> {
+        let nanos = self.until.load(Ordering::Acquire);
+        let until = self.origin + Duration::from_nanos(nanos);
+        (nanos > 0 && until > now).then_some(until)
+    }
+}
+
+/// The buckets of one partition.
+pub struct Partition {
+    /// Waiters on the slow path take turns through this fair mutex (FIFO).
+    turn: tokio::sync::Mutex<()>,
+    /// The configured requests-per-minute ceiling.
+    requests: Option<Bucket>,
+    /// The configured tokens-per-minute ceiling.
+    tokens: Option<Bucket>,
+    /// The learned pacers (`rate_limit = "auto"`).
+    pacers: Option<Mutex<Pacers>>,
+    /// Notified on every answer: slow start waits for answers, not for time.
+    answered: Notify,
+    /// Requests on the slow path (waiting for their turn or for capacity).
+    queued: AtomicUsize,
+    /// Whether the tokens pacer has learned anything (else token estimates are not needed).
+    tokens_learned: AtomicBool,
+    /// Set by 429s: nothing is sent to this partition before it passes.
+    pause: Pause,
+    /// With nothing else to pace waiters released by a pause, each waits up to this much more.
+    release_jitter: Duration,
+    /// The pause after a 429 with no hint and no learned pace.
+    default_pause: Duration,
+    rng: Mutex<SmallRng>,
+}
+
+/// Counts a request on the slow path for as long as it is there.
+struct Queued<'a>(&'a AtomicUsize);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Partition {
+    pub fn new(config: &UpstreamConfig) -> Self {
+        let l = &config.limits;
+        let requests = l.rpm.map(|rpm| {
+            let burst = l
+                .burst
+                .unwrap_or_else(|| NonZeroU32::new((rpm.get() / 60).max(1)).expect("non-zero"));
+            Bucket::per_minute(rpm, burst)
+        });
+        let tokens = l.tpm.map(|tpm| {
+            let burst = l
+                .token_burst
+                .unwrap_or_else(|| NonZeroU32::new((tpm.get() / 6).max(1)).expect("non-zero"));
+            Bucket::per_minute(tpm, burst)
+        });
+        let a = &config.adaptive;
+        let now = Instant::now();
+        // A configured burst is the user's word on the upstream's: slow start may spend it.
+        let initial = l.burst.map_or(a.initial_burst, NonZeroU32::get);
+        let pacers = (config.rate_limit == LearnMode::Auto).then(|| {
+            Mutex::new(Pacers {
+                requests: Pacer::new(Kind::Requests, initial, a.rate_margin, now),
+                tokens: Pacer::new(Kind::Tokens, a.initial_burst, a.rate_margin, now),
+            })
+        });
+        Self {
+            turn: tokio::sync::Mutex::new(()),
+            requests,
+            tokens,
+            pacers,
+            answered: Notify::new(),
+            queued: AtomicUsize::new(0),
+            tokens_learned: AtomicBool::new(false),
+            pause: Pause::new(),
+            release_jitter: config.retry.floor_jitter.0,
+            default_pause: config.retry.base.0,
+            rng: Mutex::new(SmallRng::from_os_rng()),
+        }
+    }
+
+    /// Whether requests must be charged a token estimate.
+    pub fn charges_tokens(&self) -> bool {
+        self.tokens.is_some() || self.tokens_learned.load(Ordering::Relaxed)
+    }
+
+    /// Wait for this request's turn and capacity. Returns the pacers' tickets.
+    pub async fn acquire(
+        &self,
+        cost: u32,
+        deadline: Instant,
+        upstream: &str,
+    ) -> Result<Option<Tickets>, ProxyError> {
+        if let Some(tickets) = self.fast_path(cost) {
+            return Ok(tickets);
+        }
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        let _queued = Queued(&self.queued);
+        let limited = |retry_after: Duration| ProxyError::RateLimited {
+            upstream: upstream.to_owned(),
+            retry_after,
+        };
+        let unpaced = self.pacers.is_none() && self.requests.is_none() && self.tokens.is_none();
+        self.wait_pause(deadline, unpaced).await.map_err(limited)?;
+        let _turn = self.take_turn(deadline).await.map_err(limited)?;
+        self.wait(cost, deadline).await.map_err(limited)
+    }
+
+    /// Admit at once when nothing waits, nothing is paused and the pacers say go now; `None`:
+    /// take the slow path.
+    fn fast_path(&self, cost: u32) -> Option<Option<Tickets>> {
+        if self.queued.load(Ordering::Acquire) > 0
+            || self.requests.is_some()
+            || self.tokens.is_some()
+        {
+            return None;
+        }
+        let now = Instant::now();
+        if self.pause.until(now).is_some() {
+            return None;
+        }
+        let Some(pacers) = &self.pacers else {
+            return Some(None);
+        };
+        let mut p = pacers.lock().expect("pacer lock");
+        let units = f64::from(cost);
+        if !(p.requests.can_acquire(1.0, now) && p.tokens.can_acquire(units, now)) {
+            return None;
+        }
+        let requests = p.requests.try_acquire(1.0, now).ok()?;
+        let tokens = p.tokens.try_acquire(units, now).ok()?;
+        Some(Some(Tickets { requests, tokens }))
+    }
+
+    /// Sleep until no pause is in force; `jitter`: each waiter then waits a little more, at
+    /// random, since nothing else will spread them. `Err`: the wait it would need.
+    async fn wait_pause(&self, deadline: Instant, jitter: bool) -> Result<(), Duration> {
+        while let Some(until) = self.pause.until(Instant::now()) {
+            let extra = if jitter && !self.release_jitter.is_zero() {
+                let spread = self.rng.lock().expect("rng lock").random_range(0.0..1.0);
+                self.release_jitter.mul_f64(spread)
+            } else {
+                Duration::ZERO
+            };
+            let wake = until + extra;
+            if wake > deadline {
+                return Err(wake.saturating_duration_since(Instant::now()));
+            }
+            tokio::time::sleep_until(wake).await;
+        }
+        Ok(())
+    }
+
+    /// This request's turn, in FIFO order.
+    async fn take_turn(
+        &self,
+        deadline: Instant,
+    ) -> Result<tokio::sync::MutexGuard<'_, ()>, Duration> {
+        tokio::time::timeout_at(deadline, self.turn.lock())
+            .await
+            .map_err(|_| Duration::from_secs(1))
+    }
+
+    /// With the turn held: the configured ceilings, then the pacers, while the deadline allows.
+    async fn wait(&self, cost: u32, deadline: Instant) -> Result<Option<Tickets>, Duration> {
+        if let Some(bucket) = &self.requests {
+            take(bucket, 1, deadline).await?;
+        }
+        if let Some(bucket) = &self.tokens {
+            take(bucket, cost, deadline).await?;
+        }
+        let Some(pacers) = &self.pacers else {
+            return self.wait_pause(deadline, false).await.map(|()| None);
+        };
+        let requests = self
+            .wait_pacer(pacers, Kind::Requests, 1.0, deadline)
+            .await?;
+        let tokens = self
+            .wait_pacer(pacers, Kind::Tokens, f64::from(cost), deadline)
+            .await?;
+        Ok(Some(Tickets { requests, tokens }))
+    }
+
+    /// With the turn held: wait until the `kind` pacer admits `units`, or an answer teaches it
+    /// more (slow start), re-checking the pause, while the deadline allows.
+    async fn wait_pacer(
+        &self,
+        pacers: &Mutex<Pacers>,
+        kind: Kind,
+        units: f64,
+        deadline: Instant,
+    ) -> Result<Ticket, Duration> {
+        loop {
+            self.wait_pause(deadline, false).await?;
+            let answered = self.answered.notified();
+            let now = Instant::now();
+            let verdict = pacers
+                .lock()
+                .expect("pacer lock")
+                .get_mut(kind)
+                .try_acquire(units, now);
+            match verdict {
+                Ok(ticket) => return Ok(ticket),
+                Err(Some(wait)) if now + wait > deadline => return Err(wait),
+                Err(Some(wait)) => tokio::time::sleep(wait.max(Duration::from_micros(200))).await,
+                Err(None) => {
+                    // Slow start: wait for an answer to teach us more (or re-check soon).
+                    if now >= deadline {
+                        return Err(Duration::from_secs(1));
+                    }
+                    let wake = (now + Duration::from_millis(250)).min(deadline);
+                    tokio::select! {
+                        () = answered => {}
+                        () = tokio::time::sleep_until(wake) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Learn from one attempt's answer; a 429 also pauses the partition until its hint passes.
+    pub fn observe(
+        &self,
+        tickets: Option<Tickets>,
+        outcome: Outcome,
+        headers: Option<&HeaderMap>,
+        metrics: &UpstreamMetrics,
+    ) {
+        let wall = SystemTime::now();
+        let now = Instant::now();
+        let rate_limited = outcome == Outcome::Throttled(429);
+        let hint = if rate_limited {
+            headers.and_then(|h| provider::retry_hint(h, wall))
+        } else {
+            None
+        };
+        let mut learned_pause = None;
+        if let (Some(pacers), Some(tickets)) = (&self.pacers, tickets) {
+            let mut p = pacers.lock().expect("pacer lock");
+            let reports = headers.map(|h| {
+                (
+                    provider::report(h, Kind::Requests, wall),
+                    provider::report(h, Kind::Tokens, wall),
+                )
+            });
+            let (requests_report, tokens_report) = reports.unwrap_or((None, None));
+            let (for_requests, for_tokens) = attribute(
+                outcome,
+                requests_report,
+                tokens_report,
+                tickets.tokens.cost(),
+            );
+            p.requests
+                .observe(tickets.requests, for_requests, requests_report, now);
+            p.tokens
+                .observe(tickets.tokens, for_tokens, tokens_report, now);
+            if rate_limited {
+                let refusing = if for_tokens == Answer::RateLimited {
+                    p.tokens.time_for(tickets.tokens.cost().max(1.0))
+                } else {
+                    p.requests.time_for(1.0)
+                };
+                learned_pause = refusing;
+            }
+            for pacer in [&p.requests, &p.tokens] {
+                let kind = pacer.kind().label();
+                metrics.learned(kind, pacer.rate(), pacer.burst());
+                metrics.limit_source(kind, pacer.source().label());
+                if let Some(r) = pacer.last_remaining {
+                    metrics.remaining(kind, r);
+                }
+            }
+            self.tokens_learned
+                .store(p.tokens.source() != Source::None, Ordering::Relaxed);
+        }
+        if rate_limited {
+            let pause = hint.or(learned_pause).unwrap_or(self.default_pause);
+            self.pause
+                .extend(now + pause.min(provider::hints::MAX_HINT));
+        }
+        if self.queued.load(Ordering::Acquire) > 0 {
+            self.answered.notify_waiters();
+        }
+    }
+
+    /// A JSON view for `/status`.
+    pub fn status(&self) -> serde_json::Value {
+        let ceiling = |b: &Option<Bucket>| {
+            b.as_ref().map(
+                |b| serde_json::json!({"per_second": b.per_second(), "burst": b.burst().get()}),
+            )
+        };
+        let learned = self.pacers.as_ref().map(|p| {
+            let p = p.lock().expect("pacer lock");
+            [&p.requests, &p.tokens]
+                .iter()
+                .map(|pacer| {
+                    serde_json::json!({
+                        "kind": pacer.kind().label(),
+                        "source": pacer.source().label(),
+                        "rate_per_second": pacer.rate(),
+                        "burst": pacer.burst(),
+                        "remaining_reported": pacer.last_remaining,
+                        "throttles_seen": pacer.throttles,
+                    })
+                })
+                .collect::<Vec<_>>()
+        });
+        let paused_ms = self
+            .pause
+            .until(Instant::now())
+            .map(|u| u.saturating_duration_since(Instant::now()).as_millis() as u64);
+        serde_json::json!({
+            "config_requests": ceiling(&self.requests),
+            "config_tokens": ceiling(&self.tokens),
+            "learned": learned,
+            "paused_ms": paused_ms,
+        })
+    }
+}
+
+/// Which bucket a 429 came from, by the reports on it: a bucket whose `remaining` cannot cover
+/// the attempt refused it (honestly). When no report explains the refusal, the requests bucket
+/// is blamed: that is where providers quantize (a per-minute report over a per-second bucket).
+fn attribute(
+    outcome: Outcome,
+    requests: Option<Report>,
+    tokens: Option<Report>,
+    token_cost: f64,
+) -> (Answer, Answer) {
+    match outcome {
+        Outcome::Throttled(429) => {
+            let requests_out = requests.is_some_and(|r| r.remaining < 1.0);
+            let tokens_out = tokens.is_some_and(|r| r.remaining < token_cost.max(1.0));
+            match (requests_out, tokens_out) {
+                (false, true) => (Answer::RefusedElsewhere, Answer::RateLimited),
+                (true, true) => (Answer::RateLimited, Answer::RateLimited),
+                _ => (Answer::RateLimited, Answer::RefusedElsewhere),
+            }
+        }
+        Outcome::Throttled(_) => (Answer::Overloaded, Answer::Overloaded),
+        _ => (Answer::Ok, Answer::Ok),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::config::types::parse_base_url;
+
+    fn config() -> UpstreamConfig {
+        UpstreamConfig::new("t", "/v1", parse_base_url("http://127.0.0.1:1").unwrap())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_large_request_is_not_starved_by_small_ones() {
+        let mut config = config();
+        config.rate_limit = LearnMode::Off;
+        config.limits.tpm = NonZeroU32::new(6000); // 100 tokens/s
+        config.limits.token_burst = NonZeroU32::new(100);
+        let partition = Arc::new(Partition::new(&config));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        partition.acquire(100, deadline, "t").await.unwrap(); // empties the bucket
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for (name, cost) in [
+            ("large", 100),
+            ("small-1", 10),
+            ("small-2", 10),
+            ("small-3", 10),
+        ] {
+            let (p, order) = (Arc::clone(&partition), Arc::clone(&order));
+            tasks.push(tokio::spawn(async move {
+                p.acquire(cost, deadline, "t").await.unwrap();
+                order.lock().unwrap().push(name);
+            }));
+            tokio::task::yield_now().await; // queue in this order
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(
+            *order.lock().unwrap(),
+            ["large", "small-1", "small-2", "small-3"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_capacity_within_the_deadline_is_a_429_with_retry_after() {
+        let mut config = config();
+        config.rate_limit = LearnMode::Off;
+        config.limits.rpm = NonZeroU32::new(60); // 1/s
+        config.limits.burst = NonZeroU32::new(1);
+        let partition = Partition::new(&config);
+        let soon = Instant::now() + Duration::from_millis(200);
+        partition.acquire(1, soon, "t").await.unwrap();
+        let err = partition.acquire(1, soon, "t").await.unwrap_err();
+        assert_eq!(err.status(), 429);
+        assert!(err.retry_after().unwrap() > Duration::from_millis(500));
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(k, v)| {
+                (
+                    http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    /// Issue 9, point 2: one 429 stops every send to the partition until its hint passes, and
+    /// requests already waiting do not walk into the empty bucket.
+    #[tokio::test(start_paused = true)]
+    async fn one_429_pauses_the_partition_until_its_hint_passes() {
+        let partition = Arc::new(Partition::new(&config()));
+        let metrics = crate::metrics::Metrics::new().upstream("t");
+        let far = Instant::now() + Duration::from_secs(60);
+        let tickets = partition.acquire(1, far, "t").await.unwrap();
+        let start = Instant::now();
+        let h = headers(&[("retry-after-ms", "1500")]);
+        partition.observe(tickets, Outcome::Throttled(429), Some(&h), &metrics);
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let p = Arc::clone(&partition);
+                tokio::spawn(async move {
+                    p.acquire(1, far, "t").await.unwrap();
+                    Instant::now()
+                })
+            })
+            .collect();
+        for w in waiters {
+            let sent = w.await.unwrap();
+            assert!(
+                sent >= start + Duration::from_millis(1500),
+                "sent {:?} after the 429, inside its 1.5 s hint",
+                sent - start
+            );
+        }
+        // A deadline inside the pause is refused at once with the pause as Retry-After.
+        let p = Partition::new(&config());
+        let tickets = p.acquire(1, far, "t").await.unwrap();
+        p.observe(tickets, Outcome::Throttled(429), Some(&h), &metrics);
+        let err = p
+            .acquire(1, Instant::now() + Duration::from_millis(500), "t")
+            .await
+            .unwrap_err();
+        assert_eq!(err.status(), 429);
+        assert!(err.retry_after().unwrap() >= Duration::from_millis(1400));
+    }
+
+    #[test]
+    fn a_429_is_blamed_on_the_bucket_its_reports_show_empty() {
+        let r = |remaining: f64| {
+            Some(Report {
+                limit: 1000.0,
+                remaining,
+                reset: None,
+            })
+        };
+        let t = Outcome::Throttled(429);
+        use Answer::{RateLimited as Rl, RefusedElsewhere as El};
+        assert_eq!(
+            attribute(t, r(5.0), r(10.0), 100.0),
+            (El, Rl),
+            "tokens short"
+        );
+        assert_eq!(
+            attribute(t, r(0.0), r(5000.0), 100.0),
+            (Rl, El),
+            "requests out"
+        );
+        assert_eq!(
+            attribute(t, r(900.0), r(900.0), 10.0),
+            (Rl, El),
+            "unexplained"
+        );
+        assert_eq!(attribute(t, None, None, 10.0), (Rl, El), "no headers");
+        assert_eq!(
+            attribute(Outcome::Throttled(529), None, None, 1.0),
+            (Answer::Overloaded, Answer::Overloaded)
+        );
+        assert_eq!(
+            attribute(Outcome::Success, None, None, 1.0),
+            (Answer::Ok, Answer::Ok)
+        );
+    }
+}

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use corral::simulate::{SimConfig, Simulator, Stats};
+use corral::simulate::{LimitReport, SimConfig, Simulator, Stats};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -230,6 +230,58 @@ async fn burst_over_capacity_gets_capacity_200s_and_429s_with_headers() {
     let arrivals: u32 = stats.arrivals_per_100ms.iter().sum();
     assert_eq!(arrivals, capacity + 10);
     assert!(stats.max_in_flight >= 2, "{stats:?}");
+    bounded(sim.shutdown()).await;
+}
+
+/// Sends `n` chat requests at once; answers come back as (head, body) in completion order.
+async fn burst(sim: &Sim, n: usize, body: Value) -> Vec<(http::response::Parts, Bytes)> {
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let (client, addr) = (sim.client.clone(), sim.addr);
+        let body = Bytes::from(body.to_string());
+        set.spawn(async move {
+            let res = send(&client, addr, Method::POST, "/v1/chat/completions", body).await;
+            let (parts, body) = res.expect("response").into_parts();
+            (parts, body.collect().await.unwrap().to_bytes())
+        });
+    }
+    bounded(set.join_all()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quantized_429_reports_a_large_remaining_and_the_refill_rate() {
+    // "1,200 RPM enforced as 20 per second".
+    let sim = start(SimConfig {
+        capacity: 20,
+        refill: 20.0,
+        limit_report: LimitReport::Quantized,
+        ..fast()
+    })
+    .await;
+    let responses = burst(&sim, 30, chat(false)).await;
+    let refused: Vec<_> = responses
+        .iter()
+        .filter(|(p, _)| p.status == StatusCode::TOO_MANY_REQUESTS)
+        .collect();
+    assert!(
+        !refused.is_empty(),
+        "a burst of 30 over 20 is refused in part"
+    );
+    for (parts, _) in refused {
+        let h = &parts.headers;
+        assert_eq!(header(h, "x-ratelimit-limit-requests"), "1200");
+        let remaining: u64 = header(h, "x-ratelimit-remaining-requests").parse().unwrap();
+        assert!(remaining >= 1150, "{remaining}: the report hides the burst");
+        let reset = parse_go_duration(header(h, "x-ratelimit-reset-requests"));
+        assert!(
+            reset > Duration::ZERO && reset <= Duration::from_secs(1),
+            "{reset:?}"
+        );
+        let rate = (1200 - remaining) as f64 / reset.as_secs_f64();
+        assert!((15.0..=25.0).contains(&rate), "{rate}/s from the headers");
+        let ms: u64 = header(h, "retry-after-ms").parse().unwrap();
+        assert!(ms <= 50, "one request token at 20/s: {ms} ms");
+    }
     bounded(sim.shutdown()).await;
 }
 

@@ -12,6 +12,14 @@ pub enum LimitReport {
     /// The refill rate in effect (it follows `--refill-change`) times 60; `remaining` is
     /// shifted so that `(limit - remaining) / reset` still equals the refill rate.
     PerMinute,
+    /// Enforcement stays `--capacity`/`--refill` (e.g. 20 at 20/s: "1,200 RPM enforced as 20
+    /// per second"), but the request headers describe a per-minute shadow bucket: `limit` is
+    /// the refill rate in effect times 60, `remaining` what is left of a bucket of that size
+    /// that starts full, is charged one per admitted request and refills at the same rate,
+    /// `reset` the time until it is full. `remaining` is large when a 429 arrives (the report
+    /// hides the burst) while `(limit - remaining) / reset` is still the refill rate. Token
+    /// headers (`--tpm`) are reported as in `capacity` mode.
+    Quantized,
 }
 
 /// `AT=RATE`: from `AT` after start (or the last reset) on, the request refill rate is `RATE`/s.

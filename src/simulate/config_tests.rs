@@ -67,6 +67,18 @@ fn all_flags_parse() {
 }
 
 #[test]
+fn limit_report_values() {
+    for (flag, want) in [
+        ("capacity", LimitReport::Capacity),
+        ("per-minute", LimitReport::PerMinute),
+        ("quantized", LimitReport::Quantized),
+    ] {
+        let c = config(&[&format!("--limit-report={flag}")]).unwrap();
+        assert_eq!(c.limit_report, want);
+    }
+}
+
+#[test]
 fn clap_rejects_malformed_values() {
     for bad in [
         "--service-time=fast",

@@ -8,6 +8,10 @@
 //!   schedule) starts full; each chat request takes one token at arrival, before its service
 //!   time. With `--tpm` a second bucket is charged prompt chars/4 + `max_tokens` (16 if absent).
 //!   No token: 429 at once, with `retry-after` (and `retry-after-ms` on OpenAI routes).
+//! - `--limit-report` chooses what the request headers say: `capacity` (the bucket as it is),
+//!   `per-minute` (refill x 60, `remaining` shifted to keep the rate), or `quantized` (a
+//!   per-minute shadow bucket charged per admitted request: `remaining` stays large on a 429,
+//!   hiding the burst, while `(limit - remaining) / reset` is still the refill rate).
 //! - `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropic) answer JSON, or
 //!   SSE with `"stream": true`; every response carries the provider's rate-limit headers.
 //! - Admitted requests may be failed on purpose: `--fail-503`, `--fail-529`, `--fail-reset`

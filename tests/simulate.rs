@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use corral::simulate::{LimitReport, SimConfig, Simulator, Stats};
+use corral::simulate::{HeaderStyle, LimitReport, SimConfig, Simulator, Stats};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -282,6 +282,84 @@ async fn quantized_429_reports_a_large_remaining_and_the_refill_rate() {
         let ms: u64 = header(h, "retry-after-ms").parse().unwrap();
         assert!(ms <= 50, "one request token at 20/s: {ms} ms");
     }
+    bounded(sim.shutdown()).await;
+}
+
+#[tokio::test]
+async fn azure_style_sends_whole_second_resets_and_x_ms_retry_after_ms() {
+    let sim = start(SimConfig {
+        capacity: 2,
+        refill: 0.4,
+        tpm: Some(6000),
+        header_style: HeaderStyle::Azure,
+        ..fast()
+    })
+    .await;
+    bounded(async {
+        let res = sim.post("/v1/chat/completions", chat(false)).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        let h = res.headers();
+        assert_eq!(header(h, "x-ratelimit-limit-requests"), "2");
+        assert_eq!(header(h, "x-ratelimit-remaining-requests"), "1");
+        // One request token at 0.4/s: 2.5s, rounded up.
+        assert_eq!(header(h, "x-ratelimit-reset-requests"), "3");
+        assert_eq!(header(h, "x-ratelimit-limit-tokens"), "6000");
+        // 18 tokens at 100/s: 0.18s, rounded up.
+        assert_eq!(header(h, "x-ratelimit-reset-tokens"), "1");
+        assert!(!h.contains_key("retry-after"));
+        sim.post("/v1/chat/completions", chat(false)).await;
+        let res = sim.post("/v1/chat/completions", chat(false)).await;
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        let h = res.headers();
+        let ms: u64 = header(h, "x-ms-retry-after-ms").parse().unwrap();
+        assert!((2000..=2500).contains(&ms), "{ms}");
+        assert_eq!(header(h, "retry-after"), "3");
+        assert!(!h.contains_key("retry-after-ms"), "{h:?}");
+        let reset = header(h, "x-ratelimit-reset-requests");
+        assert!(reset == "5" || reset == "4", "{reset}");
+        assert_eq!(json_body(res).await["error"]["code"], "rate_limit_exceeded");
+    })
+    .await;
+    bounded(sim.shutdown()).await;
+}
+
+#[tokio::test]
+async fn none_style_sends_no_rate_limit_headers_or_retry_hints() {
+    let sim = start(SimConfig {
+        capacity: 1,
+        refill: 0.1,
+        tpm: Some(6000),
+        header_style: HeaderStyle::None,
+        ..fast()
+    })
+    .await;
+    bounded(async {
+        let ok = sim.post("/v1/chat/completions", chat(false)).await;
+        let refused = sim.post("/v1/chat/completions", chat(false)).await;
+        assert_eq!(ok.status(), StatusCode::OK);
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        for res in [&ok, &refused] {
+            let names: Vec<&str> = res.headers().keys().map(|k| k.as_str()).collect();
+            assert!(
+                !names
+                    .iter()
+                    .any(|n| n.starts_with("x-ratelimit-") || n.contains("retry-after")),
+                "{names:?}"
+            );
+        }
+        let v = json_body(refused).await;
+        assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(!message.contains("try again"), "{message}");
+        // The Anthropic route keeps its headers.
+        sim.sim.reset();
+        let res = sim.post("/v1/messages", anthropic_msg(false)).await;
+        assert_eq!(
+            header(res.headers(), "anthropic-ratelimit-requests-limit"),
+            "1"
+        );
+    })
+    .await;
     bounded(sim.shutdown()).await;
 }
 

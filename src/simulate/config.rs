@@ -22,6 +22,23 @@ pub enum LimitReport {
     Quantized,
 }
 
+/// Which rate-limit headers the OpenAI route (`/v1/chat/completions`) sends; the Anthropic
+/// route always sends Anthropic's.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeaderStyle {
+    /// `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` with Go duration resets
+    /// ("1.5s"); a 429 adds `retry-after` (whole seconds) and `retry-after-ms`.
+    #[default]
+    #[value(name = "openai")]
+    OpenAi,
+    /// Azure OpenAI: the same names, but resets in whole seconds rounded up ("2"); a 429 adds
+    /// `retry-after` (whole seconds) and `x-ms-retry-after-ms`.
+    Azure,
+    /// No rate-limit headers and no retry hint (neither header nor "try again in" in the
+    /// message): a bare 429 with OpenAI's error JSON.
+    None,
+}
+
 /// `AT=RATE`: from `AT` after start (or the last reset) on, the request refill rate is `RATE`/s.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RefillChange {
@@ -47,6 +64,9 @@ pub struct SimulateArgs {
     /// What the `limit` rate-limit headers report.
     #[arg(long, value_enum, default_value_t = LimitReport::Capacity)]
     pub limit_report: LimitReport,
+    /// Rate-limit headers of the OpenAI route: OpenAI's, Azure's, or none at all.
+    #[arg(long, value_enum, default_value_t = HeaderStyle::OpenAi)]
+    pub header_style: HeaderStyle,
     /// Time to answer an admitted request (e.g. "200ms").
     #[arg(long, default_value = "200ms", value_parser = humantime::parse_duration)]
     pub service_time: Duration,
@@ -90,6 +110,8 @@ pub struct SimConfig {
     pub refill: f64,
     pub tpm: Option<u64>,
     pub limit_report: LimitReport,
+    /// `--header-style`: rate-limit headers of the OpenAI route.
+    pub header_style: HeaderStyle,
     pub service_time: Duration,
     pub service_jitter: Duration,
     /// Sorted by `at`.
@@ -112,6 +134,7 @@ impl Default for SimConfig {
             refill: 20.0,
             tpm: None,
             limit_report: LimitReport::Capacity,
+            header_style: HeaderStyle::OpenAi,
             service_time: Duration::from_millis(200),
             service_jitter: Duration::ZERO,
             refill_changes: Vec::new(),
@@ -190,6 +213,7 @@ impl TryFrom<SimulateArgs> for SimConfig {
             refill: a.refill,
             tpm: a.tpm,
             limit_report: a.limit_report,
+            header_style: a.header_style,
             service_time: a.service_time,
             service_jitter: a.service_jitter,
             refill_changes,

@@ -79,6 +79,19 @@ fn limit_report_values() {
 }
 
 #[test]
+fn header_style_values() {
+    for (flag, want) in [
+        ("openai", HeaderStyle::OpenAi),
+        ("azure", HeaderStyle::Azure),
+        ("none", HeaderStyle::None),
+    ] {
+        let c = config(&[&format!("--header-style={flag}")]).unwrap();
+        assert_eq!(c.header_style, want);
+    }
+    assert!(parse(&["--header-style=open-ai"]).is_err());
+}
+
+#[test]
 fn clap_rejects_malformed_values() {
     for bad in [
         "--service-time=fast",

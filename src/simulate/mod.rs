@@ -14,6 +14,9 @@
 //!   hiding the burst, while `(limit - remaining) / reset` is still the refill rate).
 //! - `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropic) answer JSON, or
 //!   SSE with `"stream": true`; every response carries the provider's rate-limit headers.
+//!   `--header-style` changes the OpenAI route's: `openai` (Go duration resets,
+//!   `retry-after-ms`), `azure` (whole-second resets, `x-ms-retry-after-ms`) or `none` (no
+//!   rate-limit header, no retry hint: a bare 429). The Anthropic route keeps its own.
 //! - Admitted requests may be failed on purpose: `--fail-503`, `--fail-529`, `--fail-reset`
 //!   (connection closed without a response), `--slow-first-byte` for `--slow-fraction`.
 //! - `GET /v1/models`, `GET /_stats` ([`Stats`]), `POST /_reset` ([`Simulator::reset`]);
@@ -22,7 +25,7 @@
 //! # Layout
 //! - `config`: [`SimulateArgs`] (clap) -> [`SimConfig`].
 //! - `bucket`, `limits`: token buckets and the values their headers report.
-//! - `headers`: OpenAI/Anthropic rate-limit headers, Go duration strings.
+//! - `headers`: OpenAI/Azure/Anthropic rate-limit headers, Go duration strings.
 //! - `state`: buckets and fault dice behind one mutex; `stats`: counters for `/_stats`.
 //! - `service`: routing and the request flow; `openai`, `anthropic`, `request`: bodies.
 //! - `body`: buffered or channel-fed streaming response body; `server`: accept loop.
@@ -46,7 +49,9 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-pub use self::config::{ConfigError, LimitReport, RefillChange, SimConfig, SimulateArgs};
+pub use self::config::{
+    ConfigError, HeaderStyle, LimitReport, RefillChange, SimConfig, SimulateArgs,
+};
 pub use self::error::SimulateError;
 pub use self::stats::Stats;
 

@@ -14,6 +14,7 @@ use http_body_util::{BodyExt, Limited};
 use tokio::time::Instant;
 
 use super::body::{self, SimBody};
+use super::config::HeaderStyle;
 use super::error::ConnectionReset;
 use super::limits::{token_cost, Admission, Kind};
 use super::request::{Answer, ChatRequest};
@@ -99,13 +100,15 @@ where
         .as_ref()
         .map_or(0, |r| token_cost(r.prompt_chars, r.max_tokens));
     let (admission, fate) = shared.admit(arrival, cost);
-    let headers = rate_headers(api, &admission);
+    let style = shared.config.header_style;
+    let headers = rate_headers(api, style, &admission);
     let (Some(fate), None) = (fate, admission.denied) else {
+        let hint = !(api == Api::OpenAi && style == HeaderStyle::None);
         return Ok(finish(
             shared,
             StatusCode::TOO_MANY_REQUESTS,
             headers,
-            refusal(api, &admission),
+            refusal(api, &admission, hint),
         ));
     };
     let request = match parsed {
@@ -178,26 +181,30 @@ fn answer_for(shared: &Shared, api: Api, request: &ChatRequest) -> Answer {
     }
 }
 
-fn rate_headers(api: Api, admission: &Admission) -> HeaderMap {
+fn rate_headers(api: Api, style: HeaderStyle, admission: &Admission) -> HeaderMap {
     let mut h = HeaderMap::with_capacity(12);
-    match api {
-        Api::OpenAi => headers::openai(&mut h, admission),
-        Api::Anthropic => headers::anthropic(&mut h, admission, SystemTime::now()),
+    match (api, style) {
+        (Api::OpenAi, HeaderStyle::OpenAi) => headers::openai(&mut h, admission),
+        (Api::OpenAi, HeaderStyle::Azure) => headers::azure(&mut h, admission),
+        (Api::OpenAi, HeaderStyle::None) => {}
+        (Api::Anthropic, _) => headers::anthropic(&mut h, admission, SystemTime::now()),
     }
     h
 }
 
-fn refusal(api: Api, admission: &Admission) -> Bytes {
+/// The 429 body; without `hint` its message does not say when to try again.
+fn refusal(api: Api, admission: &Admission, hint: bool) -> Bytes {
     let kind = admission.denied.map_or(Kind::Requests, |d| d.kind);
     let (what, limit) = match kind {
         Kind::Requests => ("requests", admission.requests.limit),
         Kind::Tokens => ("tokens", admission.tokens.map_or(0, |t| t.limit)),
     };
     let retry = admission.denied.map_or(Duration::ZERO, |d| d.retry_after);
-    let message = format!(
-        "Rate limit reached for {what} (corral simulate): limit {limit}. Please try again in {}.",
-        headers::go_duration(Duration::from_millis(headers::ceil_millis(retry)))
-    );
+    let mut message = format!("Rate limit reached for {what} (corral simulate): limit {limit}.");
+    if hint {
+        let retry = headers::go_duration(Duration::from_millis(headers::ceil_millis(retry)));
+        message.push_str(&format!(" Please try again in {retry}."));
+    }
     match api {
         Api::OpenAi => openai::error(&message, what, Some("rate_limit_exceeded")),
         Api::Anthropic => anthropic::error("rate_limit_error", &message),

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use corral::simulate::{HeaderStyle, LimitReport, SimConfig, Simulator, Stats};
+use corral::simulate::{FailWindow, HeaderStyle, LimitReport, SimConfig, Simulator, Stats};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -531,6 +531,41 @@ async fn injected_503_is_an_openai_error_without_retry_after() {
         assert_eq!(sim.stats().await.by_status.get("503"), Some(&3));
     })
     .await;
+    bounded(sim.shutdown()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_window_answers_503_inside_and_200_after() {
+    let window = Duration::from_millis(500);
+    let sim = start(SimConfig {
+        fail_503_windows: vec![FailWindow {
+            at: Duration::ZERO,
+            duration: window,
+        }],
+        ..fast()
+    })
+    .await;
+    let started = Instant::now();
+    // A blip: 20 requests at once all fail...
+    for (parts, body) in burst(&sim, 20, chat(false)).await {
+        assert_eq!(parts.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(!parts.headers.contains_key("retry-after"));
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["type"], "server_error");
+    }
+    assert!(started.elapsed() < window, "the burst outlasted the window");
+    // ...and their retries after the window succeed.
+    tokio::time::sleep_until(started + window + Duration::from_millis(50)).await;
+    for (parts, _) in burst(&sim, 20, chat(false)).await {
+        assert_eq!(parts.status, StatusCode::OK);
+    }
+    let stats = bounded(sim.stats()).await;
+    assert_eq!(stats.by_status.get("503"), Some(&20));
+    assert_eq!(stats.by_status.get("200"), Some(&20));
+    // A reset restarts the window's clock.
+    sim.sim.reset();
+    let res = bounded(sim.post("/v1/chat/completions", chat(false))).await;
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     bounded(sim.shutdown()).await;
 }
 

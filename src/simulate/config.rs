@@ -46,6 +46,25 @@ pub struct RefillChange {
     pub rate: f64,
 }
 
+/// `AT+DURATION`: admitted requests arriving in `[AT, AT+DURATION)` after start (or the last
+/// reset) are answered 503.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FailWindow {
+    /// Start of the window, from start or the last reset.
+    pub at: Duration,
+    /// Length of the window; validation refuses 0.
+    pub duration: Duration,
+}
+
+impl FailWindow {
+    /// Whether an arrival `offset` after start (or the last reset) falls in the window.
+    pub fn contains(&self, offset: Duration) -> bool {
+        offset
+            .checked_sub(self.at)
+            .is_some_and(|into| into < self.duration)
+    }
+}
+
 /// Flags of `corral simulate`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SimulateArgs {
@@ -79,6 +98,10 @@ pub struct SimulateArgs {
     /// Fraction (0..1) of admitted requests answered 503.
     #[arg(long = "fail-503", default_value_t = 0.0)]
     pub fail_503: f64,
+    /// `AT+DURATION` (e.g. `0s+150ms`, `5s+1s`): answer 503 to every admitted request arriving
+    /// in that window after start (or the last `/_reset`), as `--fail-503` does; repeatable.
+    #[arg(long = "fail-503-window", value_parser = parse_fail_window)]
+    pub fail_503_windows: Vec<FailWindow>,
     /// Fraction (0..1) of admitted requests answered 529 (overloaded).
     #[arg(long = "fail-529", default_value_t = 0.0)]
     pub fail_529: f64,
@@ -117,6 +140,9 @@ pub struct SimConfig {
     /// Sorted by `at`.
     pub refill_changes: Vec<RefillChange>,
     pub fail_503: f64,
+    /// `--fail-503-window`: arrival windows whose admitted requests are all answered 503;
+    /// sorted by `at`, each longer than 0.
+    pub fail_503_windows: Vec<FailWindow>,
     pub fail_529: f64,
     pub fail_reset: f64,
     pub slow_first_byte: Duration,
@@ -139,6 +165,7 @@ impl Default for SimConfig {
             service_jitter: Duration::ZERO,
             refill_changes: Vec::new(),
             fail_503: 0.0,
+            fail_503_windows: Vec::new(),
             fail_529: 0.0,
             fail_reset: 0.0,
             slow_first_byte: Duration::ZERO,
@@ -165,6 +192,8 @@ pub enum ConfigError {
     FaultsOverOne { sum: f64 },
     #[error("`--stream-chunks` must be at least 1")]
     ZeroChunks,
+    #[error("`--fail-503-window` must last longer than 0, got `{}+0s`", humantime::format_duration(*at))]
+    EmptyFailWindow { at: Duration },
 }
 
 impl SimulateArgs {
@@ -205,8 +234,13 @@ impl TryFrom<SimulateArgs> for SimConfig {
         if a.stream_chunks == 0 {
             return Err(ConfigError::ZeroChunks);
         }
+        if let Some(w) = a.fail_503_windows.iter().find(|w| w.duration.is_zero()) {
+            return Err(ConfigError::EmptyFailWindow { at: w.at });
+        }
         let mut refill_changes = a.refill_changes;
         refill_changes.sort_by_key(|c| c.at);
+        let mut fail_503_windows = a.fail_503_windows;
+        fail_503_windows.sort_by_key(|w| w.at);
         Ok(Self {
             listen: a.listen,
             capacity: a.capacity,
@@ -218,6 +252,7 @@ impl TryFrom<SimulateArgs> for SimConfig {
             service_jitter: a.service_jitter,
             refill_changes,
             fail_503: a.fail_503,
+            fail_503_windows,
             fail_529: a.fail_529,
             fail_reset: a.fail_reset,
             slow_first_byte: a.slow_first_byte,
@@ -248,6 +283,17 @@ pub fn parse_refill_change(s: &str) -> Result<RefillChange, String> {
         .parse()
         .map_err(|e| format!("RATE `{rate}`: {e}"))?;
     Ok(RefillChange { at, rate })
+}
+
+/// clap value parser for `AT+DURATION`.
+pub fn parse_fail_window(s: &str) -> Result<FailWindow, String> {
+    let (at, duration) = s
+        .split_once('+')
+        .ok_or_else(|| format!("expected AT+DURATION (e.g. `5s+1s`), got `{s}`"))?;
+    let at = humantime::parse_duration(at.trim()).map_err(|e| format!("AT `{at}`: {e}"))?;
+    let duration = humantime::parse_duration(duration.trim())
+        .map_err(|e| format!("DURATION `{duration}`: {e}"))?;
+    Ok(FailWindow { at, duration })
 }
 
 #[cfg(test)]

@@ -34,6 +34,8 @@ fn all_flags_parse() {
         "--refill-change=20s=1",
         "--refill-change=10s=0",
         "--fail-503=0.1",
+        "--fail-503-window=5s+1s",
+        "--fail-503-window=0s+150ms",
         "--fail-529=0.2",
         "--fail-reset=0.3",
         "--slow-first-byte=1s",
@@ -59,6 +61,20 @@ fn all_flags_parse() {
             RefillChange {
                 at: Duration::from_secs(20),
                 rate: 1.0
+            },
+        ]
+    );
+    // Sorted by `at`.
+    assert_eq!(
+        c.fail_503_windows,
+        vec![
+            FailWindow {
+                at: Duration::ZERO,
+                duration: Duration::from_millis(150)
+            },
+            FailWindow {
+                at: Duration::from_secs(5),
+                duration: Duration::from_secs(1)
             },
         ]
     );
@@ -98,6 +114,10 @@ fn clap_rejects_malformed_values() {
         "--refill-change=10s",
         "--refill-change=soon=3",
         "--refill-change=10s=lots",
+        "--fail-503-window=5s",
+        "--fail-503-window=soon+1s",
+        "--fail-503-window=5s+long",
+        "--header-style=aws",
         "--limit-report=hourly",
         "--capacity=-1",
         "--listen=localhost",
@@ -157,6 +177,12 @@ fn validation_rejects_nonsense() {
             ConfigError::FaultsOverOne { sum: 1.2 },
         ),
         (&["--stream-chunks=0"], ConfigError::ZeroChunks),
+        (
+            &["--fail-503-window=0s+1s", "--fail-503-window=2s+0s"],
+            ConfigError::EmptyFailWindow {
+                at: Duration::from_secs(2),
+            },
+        ),
     ];
     for (flags, want) in cases {
         assert_eq!(&config(flags).unwrap_err(), want, "{flags:?}");
@@ -167,4 +193,30 @@ fn validation_rejects_nonsense() {
 fn error_messages_name_the_flag() {
     let err = config(&["--fail-529=2"]).unwrap_err().to_string();
     assert_eq!(err, "`--fail-529` must be a fraction in 0..=1, got 2");
+    let err = config(&["--fail-503-window=5s+0ms"])
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "`--fail-503-window` must last longer than 0, got `5s+0s`"
+    );
+}
+
+#[test]
+fn fail_window_parses_and_is_half_open() {
+    let w = parse_fail_window("5s + 1s").unwrap();
+    let ms = Duration::from_millis;
+    assert_eq!(
+        w,
+        FailWindow {
+            at: ms(5000),
+            duration: ms(1000)
+        }
+    );
+    assert!(!w.contains(ms(4999)));
+    assert!(w.contains(ms(5000)));
+    assert!(w.contains(ms(5999)));
+    assert!(!w.contains(ms(6000)));
+    let err = parse_fail_window("5s").unwrap_err();
+    assert!(err.contains("AT+DURATION"), "{err}");
 }

@@ -19,6 +19,9 @@
 //!   rate-limit header, no retry hint: a bare 429). The Anthropic route keeps its own.
 //! - Admitted requests may be failed on purpose: `--fail-503`, `--fail-529`, `--fail-reset`
 //!   (connection closed without a response), `--slow-first-byte` for `--slow-fraction`.
+//!   `--fail-503-window AT+DURATION` plays a blip: every admitted request arriving in that
+//!   window after start (or the last reset) is answered 503 like `--fail-503`, after its
+//!   service time; retries after the window succeed.
 //! - `GET /v1/models`, `GET /_stats` ([`Stats`]), `POST /_reset` ([`Simulator::reset`]);
 //!   anything else is a JSON 404. `/v1/models` and the admin routes are not rate limited.
 //!
@@ -26,7 +29,8 @@
 //! - `config`: [`SimulateArgs`] (clap) -> [`SimConfig`].
 //! - `bucket`, `limits`: token buckets and the values their headers report.
 //! - `headers`: OpenAI/Azure/Anthropic rate-limit headers, Go duration strings.
-//! - `state`: buckets and fault dice behind one mutex; `stats`: counters for `/_stats`.
+//! - `state`: buckets, fault dice and fail windows behind one mutex; `stats`: counters for
+//!   `/_stats`.
 //! - `service`: routing and the request flow; `openai`, `anthropic`, `request`: bodies.
 //! - `body`: buffered or channel-fed streaming response body; `server`: accept loop.
 
@@ -50,7 +54,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 pub use self::config::{
-    ConfigError, HeaderStyle, LimitReport, RefillChange, SimConfig, SimulateArgs,
+    ConfigError, FailWindow, HeaderStyle, LimitReport, RefillChange, SimConfig, SimulateArgs,
 };
 pub use self::error::SimulateError;
 pub use self::stats::Stats;

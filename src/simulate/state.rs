@@ -43,6 +43,8 @@ pub struct Shared {
 struct Core {
     limiter: Limiter,
     rng: SmallRng,
+    /// Start or the last reset: the origin of `--fail-503-window`.
+    start: Instant,
 }
 
 impl Shared {
@@ -56,6 +58,7 @@ impl Shared {
             core: Mutex::new(Core {
                 limiter: Limiter::new(&config, now),
                 rng,
+                start: now,
             }),
             stats: Recorder::new(now),
             next_id: AtomicU64::new(1),
@@ -64,14 +67,15 @@ impl Shared {
     }
 
     /// Charges one request (and `cost` tokens) as of `arrival`; an admitted request also
-    /// gets its [`Fate`].
+    /// gets its [`Fate`], a 503 if it arrived in a `--fail-503-window`.
     pub fn admit(&self, arrival: Instant, cost: u64) -> (Admission, Option<Fate>) {
         let mut core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
         let admission = core.limiter.admit(arrival, cost);
-        let fate = admission
-            .denied
-            .is_none()
-            .then(|| roll(&self.config, &mut core.rng));
+        let offset = arrival.saturating_duration_since(core.start);
+        let fate = admission.denied.is_none().then(|| {
+            let fate = roll(&self.config, &mut core.rng);
+            in_window(&self.config, offset, fate)
+        });
         (admission, fate)
     }
 
@@ -80,6 +84,7 @@ impl Shared {
         let now = Instant::now();
         let mut core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
         core.limiter.reset(now);
+        core.start = now;
         self.stats.clear(now);
     }
 
@@ -119,9 +124,24 @@ fn roll(config: &SimConfig, rng: &mut impl Rng) -> Fate {
     Fate { delay, fault }
 }
 
+/// `fate` as rolled, or a 503 when `offset` (arrival after start/reset) is in a
+/// `--fail-503-window`; the service time stays as rolled.
+fn in_window(config: &SimConfig, offset: Duration, fate: Fate) -> Fate {
+    if config.fail_503_windows.iter().any(|w| w.contains(offset)) {
+        Fate {
+            fault: Some(Fault::Unavailable),
+            ..fate
+        }
+    } else {
+        fate
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::simulate::config::FailWindow;
+    use tokio::time::advance;
 
     fn rolls(config: SimConfig, n: usize) -> Vec<Fate> {
         let mut rng = SmallRng::seed_from_u64(1);
@@ -180,5 +200,63 @@ mod tests {
         assert!(fates
             .iter()
             .any(|f| f.delay > lo + Duration::from_millis(5)));
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn windows_turn_any_fate_into_a_503() {
+        let config = SimConfig {
+            fail_503_windows: vec![FailWindow {
+                at: ms(100),
+                duration: ms(50),
+            }],
+            ..SimConfig::default()
+        };
+        let ok = Fate {
+            delay: ms(200),
+            fault: None,
+        };
+        let reset = Fate {
+            fault: Some(Fault::Reset),
+            ..ok
+        };
+        let unavailable = Fate {
+            fault: Some(Fault::Unavailable),
+            ..ok
+        };
+        assert_eq!(in_window(&config, ms(99), ok), ok);
+        assert_eq!(in_window(&config, ms(100), ok), unavailable);
+        assert_eq!(in_window(&config, ms(149), reset), unavailable);
+        assert_eq!(in_window(&config, ms(150), reset), reset);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn windows_count_from_start_and_from_the_last_reset() {
+        let shared = Shared::new(SimConfig {
+            capacity: 1000,
+            fail_503_windows: vec![FailWindow {
+                at: ms(0),
+                duration: ms(150),
+            }],
+            seed: Some(1),
+            ..SimConfig::default()
+        });
+        let fault = |shared: &Shared| shared.admit(Instant::now(), 0).1.unwrap().fault;
+        assert_eq!(fault(&shared), Some(Fault::Unavailable));
+        advance(ms(150)).await;
+        assert_eq!(fault(&shared), None);
+        shared.reset();
+        assert_eq!(fault(&shared), Some(Fault::Unavailable));
+        // A refused request gets no fate at all.
+        let shared = Shared::new(SimConfig {
+            capacity: 1,
+            refill: 0.0,
+            ..shared.config.clone()
+        });
+        assert!(shared.admit(Instant::now(), 0).1.is_some());
+        assert!(shared.admit(Instant::now(), 0).1.is_none());
     }
 }

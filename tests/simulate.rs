@@ -363,6 +363,85 @@ async fn none_style_sends_no_rate_limit_headers_or_retry_hints() {
     bounded(sim.shutdown()).await;
 }
 
+// ===== queue mode =====
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_mode_serves_at_most_n_at_once_and_reports_the_wait() {
+    let (slots, service, n) = (4, Duration::from_millis(20), 12);
+    let sim = start(SimConfig {
+        capacity: 1000,
+        refill: 1000.0,
+        queue_slots: Some(slots),
+        service_time: service,
+        ..fast()
+    })
+    .await;
+    let sent = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let (client, addr) = (sim.client.clone(), sim.addr);
+        let body = Bytes::from(chat(false).to_string());
+        set.spawn(async move {
+            let res = send(&client, addr, Method::POST, "/v1/chat/completions", body).await;
+            let res = res.expect("response");
+            assert_eq!(res.status(), StatusCode::OK);
+            res.into_body().collect().await.unwrap();
+            sent.elapsed()
+        });
+    }
+    let mut latencies = bounded(set.join_all()).await;
+    latencies.sort();
+    // With 4 slots the k-th answer (0-based) needs k/4 + 1 full service times: nothing is
+    // served beside a full set of slots.
+    for (k, latency) in latencies.iter().enumerate() {
+        let floor = service * (k as u32 / slots + 1);
+        assert!(
+            *latency >= floor,
+            "answer {k} after {latency:?} < {floor:?}"
+        );
+    }
+    let s = bounded(sim.stats()).await;
+    assert_eq!(s.by_status.get("200"), Some(&(n as u64)));
+    assert_eq!(s.queued_now, 0);
+    assert!((1..=8).contains(&s.max_queued), "{s:?}");
+    // Waits 0 x4, ~20 x4, ~40 x4: p99 about 40 ms (generous bounds for a busy machine).
+    assert!(s.queue_wait_p50_ms <= s.queue_wait_p99_ms, "{s:?}");
+    assert_eq!(
+        s.queue_wait_p99_ms, s.queue_wait_max_ms,
+        "12 waits: p99 is the max"
+    );
+    assert!((20..=300).contains(&s.queue_wait_p99_ms), "{s:?}");
+    bounded(sim.shutdown()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_mode_stream_holds_its_slot_until_the_last_event() {
+    let sim = start(SimConfig {
+        queue_slots: Some(1),
+        stream_chunks: 4,
+        stream_interval: Duration::from_millis(40),
+        ..fast()
+    })
+    .await;
+    bounded(async {
+        let stream = sim.post("/v1/chat/completions", chat(true)).await;
+        assert_eq!(stream.status(), StatusCode::OK);
+        // The head is out; the events take 120 ms more.
+        let reader = tokio::spawn(read_events(stream));
+        let started = Instant::now();
+        let res = sim.post("/v1/chat/completions", chat(false)).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_millis(60), "{waited:?}");
+        assert_eq!(reader.await.unwrap().len(), 5);
+        let s = sim.stats().await;
+        assert_eq!(s.max_queued, 1);
+        assert!(s.queue_wait_max_ms >= 60, "{s:?}");
+    })
+    .await;
+    bounded(sim.shutdown()).await;
+}
+
 #[tokio::test]
 async fn reset_restores_the_bucket_and_clears_stats() {
     let sim = start(SimConfig {

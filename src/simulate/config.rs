@@ -86,6 +86,12 @@ pub struct SimulateArgs {
     /// Rate-limit headers of the OpenAI route: OpenAI's, Azure's, or none at all.
     #[arg(long, value_enum, default_value_t = HeaderStyle::OpenAi)]
     pub header_style: HeaderStyle,
+    /// Queue mode (a vLLM-like backend): serve at most N admitted requests at once; the rest
+    /// wait in a FIFO queue, refused by nothing, and their service time starts when they get a
+    /// slot. The buckets still apply: give a large `--capacity`/`--refill` (and perhaps
+    /// `--header-style none`) for a backend that never answers 429.
+    #[arg(long, value_name = "N")]
+    pub queue_slots: Option<u32>,
     /// Time to answer an admitted request (e.g. "200ms").
     #[arg(long, default_value = "200ms", value_parser = humantime::parse_duration)]
     pub service_time: Duration,
@@ -135,6 +141,9 @@ pub struct SimConfig {
     pub limit_report: LimitReport,
     /// `--header-style`: rate-limit headers of the OpenAI route.
     pub header_style: HeaderStyle,
+    /// `--queue-slots`: at most this many admitted requests are served at once, the rest
+    /// wait in FIFO order (a stream holds its slot until its last event). `None`: no queue.
+    pub queue_slots: Option<u32>,
     pub service_time: Duration,
     pub service_jitter: Duration,
     /// Sorted by `at`.
@@ -161,6 +170,7 @@ impl Default for SimConfig {
             tpm: None,
             limit_report: LimitReport::Capacity,
             header_style: HeaderStyle::OpenAi,
+            queue_slots: None,
             service_time: Duration::from_millis(200),
             service_jitter: Duration::ZERO,
             refill_changes: Vec::new(),
@@ -192,6 +202,8 @@ pub enum ConfigError {
     FaultsOverOne { sum: f64 },
     #[error("`--stream-chunks` must be at least 1")]
     ZeroChunks,
+    #[error("`--queue-slots` must be at least 1")]
+    ZeroQueueSlots,
     #[error("`--fail-503-window` must last longer than 0, got `{}+0s`", humantime::format_duration(*at))]
     EmptyFailWindow { at: Duration },
 }
@@ -234,6 +246,9 @@ impl TryFrom<SimulateArgs> for SimConfig {
         if a.stream_chunks == 0 {
             return Err(ConfigError::ZeroChunks);
         }
+        if a.queue_slots == Some(0) {
+            return Err(ConfigError::ZeroQueueSlots);
+        }
         if let Some(w) = a.fail_503_windows.iter().find(|w| w.duration.is_zero()) {
             return Err(ConfigError::EmptyFailWindow { at: w.at });
         }
@@ -248,6 +263,7 @@ impl TryFrom<SimulateArgs> for SimConfig {
             tpm: a.tpm,
             limit_report: a.limit_report,
             header_style: a.header_style,
+            queue_slots: a.queue_slots,
             service_time: a.service_time,
             service_jitter: a.service_jitter,
             refill_changes,

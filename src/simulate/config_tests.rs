@@ -29,6 +29,8 @@ fn all_flags_parse() {
         "--refill=2.5",
         "--tpm=1000",
         "--limit-report=per-minute",
+        "--header-style=azure",
+        "--queue-slots=4",
         "--service-time=5ms",
         "--service-jitter=1ms",
         "--refill-change=20s=1",
@@ -49,6 +51,8 @@ fn all_flags_parse() {
     assert_eq!(c.refill, 2.5);
     assert_eq!(c.tpm, Some(1000));
     assert_eq!(c.limit_report, LimitReport::PerMinute);
+    assert_eq!(c.header_style, HeaderStyle::Azure);
+    assert_eq!(c.queue_slots, Some(4));
     assert_eq!(c.service_time, Duration::from_millis(5));
     // Sorted by `at`.
     assert_eq!(
@@ -118,6 +122,8 @@ fn clap_rejects_malformed_values() {
         "--fail-503-window=soon+1s",
         "--fail-503-window=5s+long",
         "--header-style=aws",
+        "--queue-slots=-1",
+        "--queue-slots=many",
         "--limit-report=hourly",
         "--capacity=-1",
         "--listen=localhost",
@@ -177,6 +183,7 @@ fn validation_rejects_nonsense() {
             ConfigError::FaultsOverOne { sum: 1.2 },
         ),
         (&["--stream-chunks=0"], ConfigError::ZeroChunks),
+        (&["--queue-slots=0"], ConfigError::ZeroQueueSlots),
         (
             &["--fail-503-window=0s+1s", "--fail-503-window=2s+0s"],
             ConfigError::EmptyFailWindow {

@@ -22,6 +22,11 @@
 //!   `--fail-503-window AT+DURATION` plays a blip: every admitted request arriving in that
 //!   window after start (or the last reset) is answered 503 like `--fail-503`, after its
 //!   service time; retries after the window succeed.
+//! - `--queue-slots N` (a vLLM-like backend): at most N admitted requests are served at once;
+//!   the rest wait in a FIFO queue (refused by nothing) and their service time starts when
+//!   they get a slot; a stream holds its slot until its last event. The buckets still apply,
+//!   so such a backend takes a large `--capacity`/`--refill`. [`Stats`] reports the queue
+//!   waits (p50, p99, max, from a fixed-size histogram) and the queue length.
 //! - `GET /v1/models`, `GET /_stats` ([`Stats`]), `POST /_reset` ([`Simulator::reset`]);
 //!   anything else is a JSON 404. `/v1/models` and the admin routes are not rate limited.
 //!
@@ -29,8 +34,8 @@
 //! - `config`: [`SimulateArgs`] (clap) -> [`SimConfig`].
 //! - `bucket`, `limits`: token buckets and the values their headers report.
 //! - `headers`: OpenAI/Azure/Anthropic rate-limit headers, Go duration strings.
-//! - `state`: buckets, fault dice and fail windows behind one mutex; `stats`: counters for
-//!   `/_stats`.
+//! - `state`: buckets, fault dice and fail windows behind one mutex, the queue's semaphore;
+//!   `stats`: counters for `/_stats`; `histogram`: fixed-size histogram of queue waits.
 //! - `service`: routing and the request flow; `openai`, `anthropic`, `request`: bodies.
 //! - `body`: buffered or channel-fed streaming response body; `server`: accept loop.
 
@@ -40,6 +45,7 @@ mod bucket;
 mod config;
 mod error;
 mod headers;
+mod histogram;
 mod limits;
 mod openai;
 mod request;

@@ -2,8 +2,9 @@
 //! chat routes.
 //!
 //! A chat request is stamped on arrival, its body read, then charged to the buckets as of
-//! the arrival instant: a refusal is a 429 at once; an admitted request waits its service
-//! time (plus jitter and any slow-first-byte delay) before its fault roll is applied.
+//! the arrival instant: a refusal is a 429 at once; an admitted request waits for a slot
+//! (`--queue-slots` only), then its service time (plus jitter and any slow-first-byte delay)
+//! before its fault roll (or fail window) is applied.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -123,6 +124,8 @@ where
             ));
         }
     };
+    // With `--queue-slots`, the service time starts once a slot is free.
+    let slot = shared.slot(arrival).await;
     if !fate.delay.is_zero() {
         tokio::time::sleep(fate.delay).await;
     }
@@ -146,7 +149,8 @@ where
             Api::OpenAi => openai::stream_events(&answer, interval, request.include_usage),
             Api::Anthropic => anthropic::stream_events(&answer, interval),
         };
-        let mut r = Response::new(body::stream(events, in_flight));
+        // The stream holds its slot (and counts in flight) until its last event.
+        let mut r = Response::new(body::stream(events, (in_flight, slot)));
         let h = r.headers_mut();
         h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));

@@ -1,11 +1,13 @@
-//! State shared by every connection: config, buckets and dice behind one mutex, stats.
+//! State shared by every connection: config, buckets and dice behind one mutex, the
+//! `--queue-slots` semaphore, stats.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::config::SimConfig;
@@ -37,6 +39,8 @@ pub struct Shared {
     core: Mutex<Core>,
     pub stats: Recorder,
     next_id: AtomicU64,
+    /// `--queue-slots`: a fair (FIFO) semaphore with one permit per slot.
+    slots: Option<Arc<Semaphore>>,
 }
 
 #[derive(Debug)]
@@ -62,6 +66,9 @@ impl Shared {
             }),
             stats: Recorder::new(now),
             next_id: AtomicU64::new(1),
+            slots: config
+                .queue_slots
+                .map(|n| Arc::new(Semaphore::new((n as usize).min(Semaphore::MAX_PERMITS)))),
             config,
         }
     }
@@ -77,6 +84,21 @@ impl Shared {
             in_window(&self.config, offset, fate)
         });
         (admission, fate)
+    }
+
+    /// With `--queue-slots`, waits in FIFO order for a slot, held until the permit drops, and
+    /// records the wait since `arrival`; `None` at once without queue mode.
+    pub async fn slot(&self, arrival: Instant) -> Option<OwnedSemaphorePermit> {
+        let slots = Arc::clone(self.slots.as_ref()?);
+        let queued = self.stats.enqueue();
+        let permit = slots
+            .acquire_owned()
+            .await
+            .expect("the slot semaphore is never closed");
+        drop(queued);
+        self.stats
+            .waited(Instant::now().saturating_duration_since(arrival));
+        Some(permit)
     }
 
     /// Refills the buckets, restarts the refill schedule and clears the stats.
@@ -204,6 +226,53 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn queue_serves_at_most_n_in_arrival_order_and_records_waits() {
+        let shared = Arc::new(Shared::new(SimConfig {
+            queue_slots: Some(2),
+            ..SimConfig::default()
+        }));
+        let served = Arc::new(Mutex::new(Vec::new()));
+        let busy = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for i in 0..6 {
+            let (shared, served, busy) = (shared.clone(), served.clone(), busy.clone());
+            tasks.push(tokio::spawn(async move {
+                let slot = shared.slot(Instant::now()).await;
+                assert!(slot.is_some());
+                assert!(busy.fetch_add(1, Relaxed) < 2, "more than 2 served at once");
+                served.lock().unwrap().push(i);
+                tokio::time::sleep(ms(20)).await;
+                busy.fetch_sub(1, Relaxed);
+            }));
+            // Let it take a slot or join the queue before the next one arrives.
+            tokio::task::yield_now().await;
+        }
+        let s = shared.stats();
+        assert_eq!((s.queued_now, s.max_queued), (4, 4));
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(*served.lock().unwrap(), [0, 1, 2, 3, 4, 5]);
+        let s = shared.stats();
+        assert_eq!((s.queued_now, s.max_queued), (0, 4));
+        // Waits 0, 0, 20, 20, 40, 40.
+        let waits = (
+            s.queue_wait_p50_ms,
+            s.queue_wait_p99_ms,
+            s.queue_wait_max_ms,
+        );
+        assert_eq!(waits, (20, 40, 40));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_queue_no_slot_no_waits() {
+        let shared = Shared::new(SimConfig::default());
+        assert!(shared.slot(Instant::now()).await.is_none());
+        let s = shared.stats();
+        assert_eq!((s.queue_wait_max_ms, s.max_queued), (0, 0));
     }
 
     #[test]

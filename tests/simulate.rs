@@ -6,7 +6,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use corral::simulate::{FailWindow, HeaderStyle, LimitReport, SimConfig, Simulator, Stats};
+use corral::simulate::{
+    FailWindow, HeaderStyle, LimitReport, RefillChange, SimConfig, Simulator, Stats,
+};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -286,6 +288,42 @@ async fn quantized_429_reports_a_large_remaining_and_the_refill_rate() {
 }
 
 #[tokio::test]
+async fn per_minute_and_quantized_limits_follow_refill_change() {
+    for report in [LimitReport::PerMinute, LimitReport::Quantized] {
+        let sim = start(SimConfig {
+            capacity: 10,
+            refill: 20.0,
+            refill_changes: vec![RefillChange {
+                at: Duration::from_millis(150),
+                rate: 5.0,
+            }],
+            limit_report: report,
+            ..fast()
+        })
+        .await;
+        bounded(async {
+            let res = sim.post("/v1/chat/completions", chat(false)).await;
+            let h = res.headers();
+            assert_eq!(
+                header(h, "x-ratelimit-limit-requests"),
+                "1200",
+                "{report:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let res = sim.post("/v1/chat/completions", chat(false)).await;
+            let h = res.headers();
+            assert_eq!(header(h, "x-ratelimit-limit-requests"), "300", "{report:?}");
+            // One request owed at 5/s: 200 ms to refill, whatever the report.
+            assert_eq!(header(h, "x-ratelimit-remaining-requests"), "299");
+            let reset = parse_go_duration(header(h, "x-ratelimit-reset-requests"));
+            assert_eq!(reset, Duration::from_millis(200), "{report:?}");
+        })
+        .await;
+        bounded(sim.shutdown()).await;
+    }
+}
+
+#[tokio::test]
 async fn azure_style_sends_whole_second_resets_and_x_ms_retry_after_ms() {
     let sim = start(SimConfig {
         capacity: 2,
@@ -503,6 +541,50 @@ async fn tpm_bucket_adds_token_headers_and_refuses_large_requests() {
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
         assert!(res.headers().contains_key("retry-after"));
         assert_eq!(json_body(res).await["error"]["type"], "tokens");
+    })
+    .await;
+    bounded(sim.shutdown()).await;
+}
+
+#[tokio::test]
+async fn a_small_tpm_binds_before_the_request_bucket() {
+    // 600 tokens per minute = 10/s; 50 requests at 20/s would allow far more.
+    let sim = start(SimConfig {
+        tpm: Some(600),
+        ..fast()
+    })
+    .await;
+    bounded(async {
+        // "hello there" = 11 chars -> 2 + max_tokens 100 = 102 tokens; 5 fit in 600.
+        let body =
+            json!({"max_tokens": 100, "messages": [{"role": "user", "content": "hello there"}]});
+        for i in 0..5 {
+            let res = sim.post("/v1/chat/completions", body.clone()).await;
+            assert_eq!(res.status(), StatusCode::OK, "request {i}");
+        }
+        let res = sim.post("/v1/chat/completions", body).await;
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        let h = res.headers();
+        let tokens_left: u64 = header(h, "x-ratelimit-remaining-tokens").parse().unwrap();
+        assert!(
+            tokens_left < 102,
+            "{tokens_left} tokens left: below the cost"
+        );
+        let requests_left: u64 = header(h, "x-ratelimit-remaining-requests").parse().unwrap();
+        assert!(requests_left >= 40, "{requests_left}: requests remain");
+        // 12 tokens short at 10/s: 1.2 s, less what refilled during the test.
+        let ms: u64 = header(h, "retry-after-ms").parse().unwrap();
+        assert!((900..=1200).contains(&ms), "{ms}");
+        assert_eq!(header(h, "retry-after"), "2");
+        let v = json_body(res).await;
+        assert_eq!(v["error"]["type"], "tokens");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("Rate limit reached for tokens"),
+            "{message}"
+        );
+        let stats = sim.stats().await;
+        assert_eq!(stats.by_status.get("429"), Some(&1));
     })
     .await;
     bounded(sim.shutdown()).await;

@@ -42,7 +42,9 @@ pub enum HeaderStyle {
 /// `AT=RATE`: from `AT` after start (or the last reset) on, the request refill rate is `RATE`/s.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RefillChange {
+    /// When the rate changes, from start or the last reset.
     pub at: Duration,
+    /// The new refill rate, per second.
     pub rate: f64,
 }
 
@@ -106,7 +108,7 @@ pub struct SimulateArgs {
     pub fail_503: f64,
     /// `AT+DURATION` (e.g. `0s+150ms`, `5s+1s`): answer 503 to every admitted request arriving
     /// in that window after start (or the last `/_reset`), as `--fail-503` does; repeatable.
-    #[arg(long = "fail-503-window", value_parser = parse_fail_window)]
+    #[arg(long = "fail-503-window", value_name = "AT+DURATION", value_parser = parse_fail_window)]
     pub fail_503_windows: Vec<FailWindow>,
     /// Fraction (0..1) of admitted requests answered 529 (overloaded).
     #[arg(long = "fail-529", default_value_t = 0.0)]
@@ -134,30 +136,46 @@ pub struct SimulateArgs {
 /// Validated simulator settings; [`Default`] matches the flag defaults.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimConfig {
+    /// `--listen`: address `corral simulate` binds (a library user passes a listener to
+    /// [`Simulator::serve`](super::Simulator::serve) instead).
     pub listen: SocketAddr,
+    /// `--capacity`: request bucket size (burst); the bucket starts full.
     pub capacity: u32,
+    /// `--refill`: request bucket refill per second before any `refill_changes`.
     pub refill: f64,
+    /// `--tpm`: tokens-per-minute bucket (capacity and per-minute refill); `None`: none.
     pub tpm: Option<u64>,
+    /// `--limit-report`: what the request rate-limit headers describe.
     pub limit_report: LimitReport,
     /// `--header-style`: rate-limit headers of the OpenAI route.
     pub header_style: HeaderStyle,
     /// `--queue-slots`: at most this many admitted requests are served at once, the rest
     /// wait in FIFO order (a stream holds its slot until its last event). `None`: no queue.
     pub queue_slots: Option<u32>,
+    /// `--service-time`: time to answer an admitted request (after any queue wait).
     pub service_time: Duration,
+    /// `--service-jitter`: uniform extra service time in `0..=service_jitter`.
     pub service_jitter: Duration,
-    /// Sorted by `at`.
+    /// `--refill-change`: request refill rate changes, sorted by `at`.
     pub refill_changes: Vec<RefillChange>,
+    /// `--fail-503`: fraction of admitted requests answered 503.
     pub fail_503: f64,
     /// `--fail-503-window`: arrival windows whose admitted requests are all answered 503;
     /// sorted by `at`, each longer than 0.
     pub fail_503_windows: Vec<FailWindow>,
+    /// `--fail-529`: fraction of admitted requests answered 529.
     pub fail_529: f64,
+    /// `--fail-reset`: fraction of admitted requests whose connection is closed unanswered.
     pub fail_reset: f64,
+    /// `--slow-first-byte`: extra delay before the head for `slow_fraction` of requests.
     pub slow_first_byte: Duration,
+    /// `--slow-fraction`: fraction of admitted requests delayed by `slow_first_byte`.
     pub slow_fraction: f64,
+    /// `--stream-chunks`: content events in a streamed answer (at least 1).
     pub stream_chunks: u32,
+    /// `--stream-interval`: delay between streamed content events.
     pub stream_interval: Duration,
+    /// `--seed`: seed for jitter and fault rolls; `None`: random.
     pub seed: Option<u64>,
 }
 

@@ -167,8 +167,7 @@ fn per_minute(rate: f64) -> u64 {
 ///
 /// In per-minute mode `limit` is `rate * 60` and `remaining` is `left + (limit - capacity)`
 /// (at least 0), so `(limit - remaining) / reset` still equals the refill rate for a client
-/// that infers the rate from the headers.
-/// In quantized mode the request bucket is reported through [`quantized`] instead.
+/// that infers the rate from the headers. In quantized mode the request bucket is reported through [`quantized`] instead.
 pub fn reported(report: LimitReport, capacity: f64, rate: f64, left: f64) -> (u64, u64) {
     let left = left.max(0.0).floor() as u64;
     match report {

@@ -6,7 +6,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use corral::simulate::{SimConfig, Simulator, Stats};
+use corral::simulate::{
+    FailWindow, HeaderStyle, LimitReport, RefillChange, SimConfig, Simulator, Stats,
+};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -233,6 +235,251 @@ async fn burst_over_capacity_gets_capacity_200s_and_429s_with_headers() {
     bounded(sim.shutdown()).await;
 }
 
+/// Sends `n` chat requests at once; answers come back as (head, body) in completion order.
+async fn burst(sim: &Sim, n: usize, body: Value) -> Vec<(http::response::Parts, Bytes)> {
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let (client, addr) = (sim.client.clone(), sim.addr);
+        let body = Bytes::from(body.to_string());
+        set.spawn(async move {
+            let res = send(&client, addr, Method::POST, "/v1/chat/completions", body).await;
+            let (parts, body) = res.expect("response").into_parts();
+            (parts, body.collect().await.unwrap().to_bytes())
+        });
+    }
+    bounded(set.join_all()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quantized_429_reports_a_large_remaining_and_the_refill_rate() {
+    // "1,200 RPM enforced as 20 per second".
+    let sim = start(SimConfig {
+        capacity: 20,
+        refill: 20.0,
+        limit_report: LimitReport::Quantized,
+        ..fast()
+    })
+    .await;
+    let responses = burst(&sim, 30, chat(false)).await;
+    let refused: Vec<_> = responses
+        .iter()
+        .filter(|(p, _)| p.status == StatusCode::TOO_MANY_REQUESTS)
+        .collect();
+    assert!(
+        !refused.is_empty(),
+        "a burst of 30 over 20 is refused in part"
+    );
+    for (parts, _) in refused {
+        let h = &parts.headers;
+        assert_eq!(header(h, "x-ratelimit-limit-requests"), "1200");
+        let remaining: u64 = header(h, "x-ratelimit-remaining-requests").parse().unwrap();
+        assert!(remaining >= 1150, "{remaining}: the report hides the burst");
+        let reset = parse_go_duration(header(h, "x-ratelimit-reset-requests"));
+        assert!(
+            reset > Duration::ZERO && reset <= Duration::from_secs(1),
+            "{reset:?}"
+        );
+        let rate = (1200 - remaining) as f64 / reset.as_secs_f64();
+        assert!((15.0..=25.0).contains(&rate), "{rate}/s from the headers");
+        let ms: u64 = header(h, "retry-after-ms").parse().unwrap();
+        assert!(ms <= 50, "one request token at 20/s: {ms} ms");
+    }
+    bounded(sim.shutdown()).await;
+}
+
+#[tokio::test]
+async fn per_minute_and_quantized_limits_follow_refill_change() {
+    for report in [LimitReport::PerMinute, LimitReport::Quantized] {
+        let sim = start(SimConfig {
+            capacity: 10,
+            refill: 20.0,
+            refill_changes: vec![RefillChange {
+                at: Duration::from_millis(150),
+                rate: 5.0,
+            }],
+            limit_report: report,
+            ..fast()
+        })
+        .await;
+        bounded(async {
+            let res = sim.post("/v1/chat/completions", chat(false)).await;
+            let h = res.headers();
+            assert_eq!(
+                header(h, "x-ratelimit-limit-requests"),
+                "1200",
+                "{report:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let res = sim.post("/v1/chat/completions", chat(false)).await;
+            let h = res.headers();
+            assert_eq!(header(h, "x-ratelimit-limit-requests"), "300", "{report:?}");
+            // One request owed at 5/s: 200 ms to refill, whatever the report.
+            assert_eq!(header(h, "x-ratelimit-remaining-requests"), "299");
+            let reset = parse_go_duration(header(h, "x-ratelimit-reset-requests"));
+            assert_eq!(reset, Duration::from_millis(200), "{report:?}");
+        })
+        .await;
+        bounded(sim.shutdown()).await;
+    }
+}
+
+#[tokio::test]
+async fn azure_style_sends_whole_second_resets_and_x_ms_retry_after_ms() {
+    let sim = start(SimConfig {
+        capacity: 2,
+        refill: 0.4,
+        tpm: Some(6000),
+        header_style: HeaderStyle::Azure,
+        ..fast()
+    })
+    .await;
+    bounded(async {
+        let res = sim.post("/v1/chat/completions", chat(false)).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        let h = res.headers();
+        assert_eq!(header(h, "x-ratelimit-limit-requests"), "2");
+        assert_eq!(header(h, "x-ratelimit-remaining-requests"), "1");
+        // One request token at 0.4/s: 2.5s, rounded up.
+        assert_eq!(header(h, "x-ratelimit-reset-requests"), "3");
+        assert_eq!(header(h, "x-ratelimit-limit-tokens"), "6000");
+        // 18 tokens at 100/s: 0.18s, rounded up.
+        assert_eq!(header(h, "x-ratelimit-reset-tokens"), "1");
+        assert!(!h.contains_key("retry-after"));
+        sim.post("/v1/chat/completions", chat(false)).await;
+        let res = sim.post("/v1/chat/completions", chat(false)).await;
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        let h = res.headers();
+        let ms: u64 = header(h, "x-ms-retry-after-ms").parse().unwrap();
+        assert!((2000..=2500).contains(&ms), "{ms}");
+        assert_eq!(header(h, "retry-after"), "3");
+        assert!(!h.contains_key("retry-after-ms"), "{h:?}");
+        let reset = header(h, "x-ratelimit-reset-requests");
+        assert!(reset == "5" || reset == "4", "{reset}");
+        assert_eq!(json_body(res).await["error"]["code"], "rate_limit_exceeded");
+    })
+    .await;
+    bounded(sim.shutdown()).await;
+}
+
+#[tokio::test]
+async fn none_style_sends_no_rate_limit_headers_or_retry_hints() {
+    let sim = start(SimConfig {
+        capacity: 1,
+        refill: 0.1,
+        tpm: Some(6000),
+        header_style: HeaderStyle::None,
+        ..fast()
+    })
+    .await;
+    bounded(async {
+        let ok = sim.post("/v1/chat/completions", chat(false)).await;
+        let refused = sim.post("/v1/chat/completions", chat(false)).await;
+        assert_eq!(ok.status(), StatusCode::OK);
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        for res in [&ok, &refused] {
+            let names: Vec<&str> = res.headers().keys().map(|k| k.as_str()).collect();
+            assert!(
+                !names
+                    .iter()
+                    .any(|n| n.starts_with("x-ratelimit-") || n.contains("retry-after")),
+                "{names:?}"
+            );
+        }
+        let v = json_body(refused).await;
+        assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(!message.contains("try again"), "{message}");
+        // The Anthropic route keeps its headers.
+        sim.sim.reset();
+        let res = sim.post("/v1/messages", anthropic_msg(false)).await;
+        assert_eq!(
+            header(res.headers(), "anthropic-ratelimit-requests-limit"),
+            "1"
+        );
+    })
+    .await;
+    bounded(sim.shutdown()).await;
+}
+
+// ===== queue mode =====
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_mode_serves_at_most_n_at_once_and_reports_the_wait() {
+    let (slots, service, n) = (4, Duration::from_millis(20), 12);
+    let sim = start(SimConfig {
+        capacity: 1000,
+        refill: 1000.0,
+        queue_slots: Some(slots),
+        service_time: service,
+        ..fast()
+    })
+    .await;
+    let sent = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let (client, addr) = (sim.client.clone(), sim.addr);
+        let body = Bytes::from(chat(false).to_string());
+        set.spawn(async move {
+            let res = send(&client, addr, Method::POST, "/v1/chat/completions", body).await;
+            let res = res.expect("response");
+            assert_eq!(res.status(), StatusCode::OK);
+            res.into_body().collect().await.unwrap();
+            sent.elapsed()
+        });
+    }
+    let mut latencies = bounded(set.join_all()).await;
+    latencies.sort();
+    // With 4 slots the k-th answer (0-based) needs k/4 + 1 full service times: nothing is
+    // served beside a full set of slots.
+    for (k, latency) in latencies.iter().enumerate() {
+        let floor = service * (k as u32 / slots + 1);
+        assert!(
+            *latency >= floor,
+            "answer {k} after {latency:?} < {floor:?}"
+        );
+    }
+    let s = bounded(sim.stats()).await;
+    assert_eq!(s.by_status.get("200"), Some(&(n as u64)));
+    assert_eq!(s.queued_now, 0);
+    assert!((1..=8).contains(&s.max_queued), "{s:?}");
+    // Waits 0 x4, ~20 x4, ~40 x4: p99 about 40 ms (generous bounds for a busy machine).
+    assert!(s.queue_wait_p50_ms <= s.queue_wait_p99_ms, "{s:?}");
+    assert_eq!(
+        s.queue_wait_p99_ms, s.queue_wait_max_ms,
+        "12 waits: p99 is the max"
+    );
+    assert!((20..=300).contains(&s.queue_wait_p99_ms), "{s:?}");
+    bounded(sim.shutdown()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_mode_stream_holds_its_slot_until_the_last_event() {
+    let sim = start(SimConfig {
+        queue_slots: Some(1),
+        stream_chunks: 4,
+        stream_interval: Duration::from_millis(40),
+        ..fast()
+    })
+    .await;
+    bounded(async {
+        let stream = sim.post("/v1/chat/completions", chat(true)).await;
+        assert_eq!(stream.status(), StatusCode::OK);
+        // The head is out; the events take 120 ms more.
+        let reader = tokio::spawn(read_events(stream));
+        let started = Instant::now();
+        let res = sim.post("/v1/chat/completions", chat(false)).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_millis(60), "{waited:?}");
+        assert_eq!(reader.await.unwrap().len(), 5);
+        let s = sim.stats().await;
+        assert_eq!(s.max_queued, 1);
+        assert!(s.queue_wait_max_ms >= 60, "{s:?}");
+    })
+    .await;
+    bounded(sim.shutdown()).await;
+}
+
 #[tokio::test]
 async fn reset_restores_the_bucket_and_clears_stats() {
     let sim = start(SimConfig {
@@ -294,6 +541,50 @@ async fn tpm_bucket_adds_token_headers_and_refuses_large_requests() {
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
         assert!(res.headers().contains_key("retry-after"));
         assert_eq!(json_body(res).await["error"]["type"], "tokens");
+    })
+    .await;
+    bounded(sim.shutdown()).await;
+}
+
+#[tokio::test]
+async fn a_small_tpm_binds_before_the_request_bucket() {
+    // 600 tokens per minute = 10/s; 50 requests at 20/s would allow far more.
+    let sim = start(SimConfig {
+        tpm: Some(600),
+        ..fast()
+    })
+    .await;
+    bounded(async {
+        // "hello there" = 11 chars -> 2 + max_tokens 100 = 102 tokens; 5 fit in 600.
+        let body =
+            json!({"max_tokens": 100, "messages": [{"role": "user", "content": "hello there"}]});
+        for i in 0..5 {
+            let res = sim.post("/v1/chat/completions", body.clone()).await;
+            assert_eq!(res.status(), StatusCode::OK, "request {i}");
+        }
+        let res = sim.post("/v1/chat/completions", body).await;
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        let h = res.headers();
+        let tokens_left: u64 = header(h, "x-ratelimit-remaining-tokens").parse().unwrap();
+        assert!(
+            tokens_left < 102,
+            "{tokens_left} tokens left: below the cost"
+        );
+        let requests_left: u64 = header(h, "x-ratelimit-remaining-requests").parse().unwrap();
+        assert!(requests_left >= 40, "{requests_left}: requests remain");
+        // 12 tokens short at 10/s: 1.2 s, less what refilled during the test.
+        let ms: u64 = header(h, "retry-after-ms").parse().unwrap();
+        assert!((900..=1200).contains(&ms), "{ms}");
+        assert_eq!(header(h, "retry-after"), "2");
+        let v = json_body(res).await;
+        assert_eq!(v["error"]["type"], "tokens");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("Rate limit reached for tokens"),
+            "{message}"
+        );
+        let stats = sim.stats().await;
+        assert_eq!(stats.by_status.get("429"), Some(&1));
     })
     .await;
     bounded(sim.shutdown()).await;
@@ -401,6 +692,41 @@ async fn injected_503_is_an_openai_error_without_retry_after() {
         assert_eq!(sim.stats().await.by_status.get("503"), Some(&3));
     })
     .await;
+    bounded(sim.shutdown()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_window_answers_503_inside_and_200_after() {
+    let window = Duration::from_millis(500);
+    let sim = start(SimConfig {
+        fail_503_windows: vec![FailWindow {
+            at: Duration::ZERO,
+            duration: window,
+        }],
+        ..fast()
+    })
+    .await;
+    let started = Instant::now();
+    // A blip: 20 requests at once all fail...
+    for (parts, body) in burst(&sim, 20, chat(false)).await {
+        assert_eq!(parts.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(!parts.headers.contains_key("retry-after"));
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["type"], "server_error");
+    }
+    assert!(started.elapsed() < window, "the burst outlasted the window");
+    // ...and their retries after the window succeed.
+    tokio::time::sleep_until(started + window + Duration::from_millis(50)).await;
+    for (parts, _) in burst(&sim, 20, chat(false)).await {
+        assert_eq!(parts.status, StatusCode::OK);
+    }
+    let stats = bounded(sim.stats()).await;
+    assert_eq!(stats.by_status.get("503"), Some(&20));
+    assert_eq!(stats.by_status.get("200"), Some(&20));
+    // A reset restarts the window's clock.
+    sim.sim.reset();
+    let res = bounded(sim.post("/v1/chat/completions", chat(false))).await;
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     bounded(sim.shutdown()).await;
 }
 

@@ -85,6 +85,13 @@ impl Bucket {
         }
     }
 
+    /// Refills to `now`, then takes `n` tokens even if that leaves the bucket below zero (a
+    /// debt that later refills pay off first).
+    pub fn charge(&mut self, now: Instant, n: f64) {
+        self.refill(now);
+        self.tokens -= n;
+    }
+
     /// Time from the last refill until the bucket holds `level` tokens (capped at [`MAX_WAIT`]).
     pub fn time_until(&self, level: f64) -> Duration {
         let mut deficit = level.min(self.capacity) - self.tokens;

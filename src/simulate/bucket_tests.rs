@@ -98,3 +98,17 @@ async fn reset_refills_and_restarts_the_schedule() {
     advance(Duration::from_secs(2)).await;
     assert_eq!(b.rate(Instant::now()), 100.0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn charge_may_go_below_zero_and_refills_pay_the_debt_first() {
+    let mut b = Bucket::new(2.0, 1.0, vec![], Instant::now());
+    for _ in 0..3 {
+        b.charge(Instant::now(), 1.0);
+    }
+    assert_eq!(b.tokens(), -1.0);
+    assert_eq!(b.time_until(1.0), Duration::from_secs(2));
+    assert_eq!(b.time_until_full(), Duration::from_secs(3));
+    assert!(!b.try_take(Instant::now(), 1.0));
+    advance(Duration::from_secs(2)).await;
+    assert!(b.try_take(Instant::now(), 1.0));
+}

@@ -29,11 +29,15 @@ fn all_flags_parse() {
         "--refill=2.5",
         "--tpm=1000",
         "--limit-report=per-minute",
+        "--header-style=azure",
+        "--queue-slots=4",
         "--service-time=5ms",
         "--service-jitter=1ms",
         "--refill-change=20s=1",
         "--refill-change=10s=0",
         "--fail-503=0.1",
+        "--fail-503-window=5s+1s",
+        "--fail-503-window=0s+150ms",
         "--fail-529=0.2",
         "--fail-reset=0.3",
         "--slow-first-byte=1s",
@@ -47,6 +51,8 @@ fn all_flags_parse() {
     assert_eq!(c.refill, 2.5);
     assert_eq!(c.tpm, Some(1000));
     assert_eq!(c.limit_report, LimitReport::PerMinute);
+    assert_eq!(c.header_style, HeaderStyle::Azure);
+    assert_eq!(c.queue_slots, Some(4));
     assert_eq!(c.service_time, Duration::from_millis(5));
     // Sorted by `at`.
     assert_eq!(
@@ -62,8 +68,47 @@ fn all_flags_parse() {
             },
         ]
     );
+    // Sorted by `at`.
+    assert_eq!(
+        c.fail_503_windows,
+        vec![
+            FailWindow {
+                at: Duration::ZERO,
+                duration: Duration::from_millis(150)
+            },
+            FailWindow {
+                at: Duration::from_secs(5),
+                duration: Duration::from_secs(1)
+            },
+        ]
+    );
     assert_eq!(c.stream_chunks, 3);
     assert_eq!(c.seed, Some(7));
+}
+
+#[test]
+fn limit_report_values() {
+    for (flag, want) in [
+        ("capacity", LimitReport::Capacity),
+        ("per-minute", LimitReport::PerMinute),
+        ("quantized", LimitReport::Quantized),
+    ] {
+        let c = config(&[&format!("--limit-report={flag}")]).unwrap();
+        assert_eq!(c.limit_report, want);
+    }
+}
+
+#[test]
+fn header_style_values() {
+    for (flag, want) in [
+        ("openai", HeaderStyle::OpenAi),
+        ("azure", HeaderStyle::Azure),
+        ("none", HeaderStyle::None),
+    ] {
+        let c = config(&[&format!("--header-style={flag}")]).unwrap();
+        assert_eq!(c.header_style, want);
+    }
+    assert!(parse(&["--header-style=open-ai"]).is_err());
 }
 
 #[test]
@@ -73,6 +118,12 @@ fn clap_rejects_malformed_values() {
         "--refill-change=10s",
         "--refill-change=soon=3",
         "--refill-change=10s=lots",
+        "--fail-503-window=5s",
+        "--fail-503-window=soon+1s",
+        "--fail-503-window=5s+long",
+        "--header-style=aws",
+        "--queue-slots=-1",
+        "--queue-slots=many",
         "--limit-report=hourly",
         "--capacity=-1",
         "--listen=localhost",
@@ -132,6 +183,13 @@ fn validation_rejects_nonsense() {
             ConfigError::FaultsOverOne { sum: 1.2 },
         ),
         (&["--stream-chunks=0"], ConfigError::ZeroChunks),
+        (&["--queue-slots=0"], ConfigError::ZeroQueueSlots),
+        (
+            &["--fail-503-window=0s+1s", "--fail-503-window=2s+0s"],
+            ConfigError::EmptyFailWindow {
+                at: Duration::from_secs(2),
+            },
+        ),
     ];
     for (flags, want) in cases {
         assert_eq!(&config(flags).unwrap_err(), want, "{flags:?}");
@@ -142,4 +200,30 @@ fn validation_rejects_nonsense() {
 fn error_messages_name_the_flag() {
     let err = config(&["--fail-529=2"]).unwrap_err().to_string();
     assert_eq!(err, "`--fail-529` must be a fraction in 0..=1, got 2");
+    let err = config(&["--fail-503-window=5s+0ms"])
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "`--fail-503-window` must last longer than 0, got `5s+0s`"
+    );
+}
+
+#[test]
+fn fail_window_parses_and_is_half_open() {
+    let w = parse_fail_window("5s + 1s").unwrap();
+    let ms = Duration::from_millis;
+    assert_eq!(
+        w,
+        FailWindow {
+            at: ms(5000),
+            duration: ms(1000)
+        }
+    );
+    assert!(!w.contains(ms(4999)));
+    assert!(w.contains(ms(5000)));
+    assert!(w.contains(ms(5999)));
+    assert!(!w.contains(ms(6000)));
+    let err = parse_fail_window("5s").unwrap_err();
+    assert!(err.contains("AT+DURATION"), "{err}");
 }

@@ -14,6 +14,7 @@ const OA_LIMIT_TOK: HeaderName = HeaderName::from_static("x-ratelimit-limit-toke
 const OA_REMAINING_TOK: HeaderName = HeaderName::from_static("x-ratelimit-remaining-tokens");
 const OA_RESET_TOK: HeaderName = HeaderName::from_static("x-ratelimit-reset-tokens");
 const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
+const MS_RETRY_AFTER_MS: HeaderName = HeaderName::from_static("x-ms-retry-after-ms");
 const AN_LIMIT_REQ: HeaderName = HeaderName::from_static("anthropic-ratelimit-requests-limit");
 const AN_REMAINING_REQ: HeaderName =
     HeaderName::from_static("anthropic-ratelimit-requests-remaining");
@@ -26,11 +27,9 @@ const AN_RESET_TOK: HeaderName = HeaderName::from_static("anthropic-ratelimit-to
 /// `x-ratelimit-*` (requests, and tokens with `--tpm`), plus `retry-after`/`retry-after-ms`
 /// on a refusal.
 pub fn openai(headers: &mut HeaderMap, a: &Admission) {
-    let [limit, remaining, reset] = [OA_LIMIT_REQ, OA_REMAINING_REQ, OA_RESET_REQ];
-    openai_view(headers, &a.requests, limit, remaining, reset);
-    if let Some(t) = &a.tokens {
-        openai_view(headers, t, OA_LIMIT_TOK, OA_REMAINING_TOK, OA_RESET_TOK);
-    }
+    x_ratelimit(headers, a, |reset| {
+        text(go_duration(Duration::from_millis(ceil_millis(reset))))
+    });
     if let Some(d) = &a.denied {
         headers.insert(RETRY_AFTER, HeaderValue::from(ceil_secs(d.retry_after)));
         headers.insert(
@@ -40,11 +39,33 @@ pub fn openai(headers: &mut HeaderMap, a: &Admission) {
     }
 }
 
-fn openai_view(h: &mut HeaderMap, v: &View, limit: HeaderName, rem: HeaderName, reset: HeaderName) {
-    h.insert(limit, HeaderValue::from(v.limit));
-    h.insert(rem, HeaderValue::from(v.remaining));
-    let rounded = Duration::from_millis(ceil_millis(v.reset));
-    h.insert(reset, text(go_duration(rounded)));
+/// Azure OpenAI's flavour: the `x-ratelimit-*` names with resets in whole seconds (rounded
+/// up), plus `retry-after` and `x-ms-retry-after-ms` on a refusal.
+pub fn azure(headers: &mut HeaderMap, a: &Admission) {
+    x_ratelimit(headers, a, |reset| HeaderValue::from(ceil_secs(reset)));
+    if let Some(d) = &a.denied {
+        headers.insert(RETRY_AFTER, HeaderValue::from(ceil_secs(d.retry_after)));
+        headers.insert(
+            MS_RETRY_AFTER_MS,
+            HeaderValue::from(ceil_millis(d.retry_after)),
+        );
+    }
+}
+
+/// `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, each reset formatted by `reset`.
+fn x_ratelimit(h: &mut HeaderMap, a: &Admission, reset: impl Fn(Duration) -> HeaderValue) {
+    let names = [
+        [OA_LIMIT_REQ, OA_REMAINING_REQ, OA_RESET_REQ],
+        [OA_LIMIT_TOK, OA_REMAINING_TOK, OA_RESET_TOK],
+    ];
+    let views = [Some(&a.requests), a.tokens.as_ref()];
+    for (v, [limit, remaining, reset_name]) in views.into_iter().zip(names) {
+        if let Some(v) = v {
+            h.insert(limit, HeaderValue::from(v.limit));
+            h.insert(remaining, HeaderValue::from(v.remaining));
+            h.insert(reset_name, reset(v.reset));
+        }
+    }
 }
 
 /// `anthropic-ratelimit-*` with RFC 3339 reset instants relative to `wall_now`, plus

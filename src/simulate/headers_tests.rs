@@ -103,3 +103,24 @@ fn anthropic_headers_use_rfc3339_instants() {
     assert_eq!(get(&h, "retry-after-ms"), None);
     assert_eq!(get(&h, "x-ratelimit-limit-requests"), None);
 }
+
+#[test]
+fn azure_headers_use_whole_seconds_and_x_ms_retry_after_ms() {
+    let mut h = HeaderMap::new();
+    azure(&mut h, &admission(false, true));
+    assert_eq!(get(&h, "x-ratelimit-limit-requests"), Some("50"));
+    assert_eq!(get(&h, "x-ratelimit-remaining-requests"), Some("3"));
+    // 2.499001s rounded up.
+    assert_eq!(get(&h, "x-ratelimit-reset-requests"), Some("3"));
+    assert_eq!(get(&h, "x-ratelimit-limit-tokens"), Some("1000"));
+    assert_eq!(get(&h, "x-ratelimit-reset-tokens"), Some("90"));
+    assert_eq!(get(&h, "retry-after"), None);
+    assert_eq!(get(&h, "x-ms-retry-after-ms"), None);
+
+    let mut h = HeaderMap::new();
+    azure(&mut h, &admission(true, false));
+    assert_eq!(get(&h, "x-ratelimit-limit-tokens"), None);
+    assert_eq!(get(&h, "retry-after"), Some("2"));
+    assert_eq!(get(&h, "x-ms-retry-after-ms"), Some("1250"));
+    assert_eq!(get(&h, "retry-after-ms"), None);
+}

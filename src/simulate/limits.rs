@@ -45,6 +45,10 @@ pub struct Admission {
 #[derive(Debug)]
 pub struct Limiter {
     requests: Bucket,
+    /// `--limit-report quantized`: the per-minute bucket the request headers describe. Its
+    /// capacity is the largest `rate * 60` of the schedule, so its deficit (requests admitted
+    /// and not yet refilled) is the same whichever rate is in effect; see [`quantized`].
+    shadow: Option<Bucket>,
     tokens: Option<Bucket>,
     report: LimitReport,
 }
@@ -57,11 +61,26 @@ impl Limiter {
             config.refill_changes.clone(),
             now,
         );
+        let shadow = (config.limit_report == LimitReport::Quantized).then(|| {
+            let rates = config.refill_changes.iter().map(|c| c.rate);
+            let capacity = std::iter::once(config.refill)
+                .chain(rates)
+                .map(per_minute)
+                .max()
+                .unwrap_or(0);
+            Bucket::new(
+                capacity as f64,
+                config.refill,
+                config.refill_changes.clone(),
+                now,
+            )
+        });
         let tokens = config
             .tpm
             .map(|tpm| Bucket::new(tpm as f64, tpm as f64 / 60.0, Vec::new(), now));
         Self {
             requests,
+            shadow,
             tokens,
             report: config.limit_report,
         }
@@ -69,8 +88,8 @@ impl Limiter {
 
     pub fn reset(&mut self, now: Instant) {
         self.requests.reset(now);
-        if let Some(t) = &mut self.tokens {
-            t.reset(now);
+        for bucket in [&mut self.shadow, &mut self.tokens].into_iter().flatten() {
+            bucket.reset(now);
         }
     }
 
@@ -101,9 +120,30 @@ impl Limiter {
                 t.try_take(now, cost);
             }
         }
+        let requests = match &mut self.shadow {
+            Some(shadow) => {
+                shadow.refill(now);
+                if denied.is_none() {
+                    shadow.charge(now, 1.0);
+                }
+                let (limit, remaining) =
+                    quantized(shadow.capacity(), shadow.rate(now), shadow.tokens());
+                View {
+                    limit,
+                    remaining,
+                    reset: shadow.time_until_full(),
+                }
+            }
+            None => view(self.report, &self.requests, now),
+        };
+        // Tokens are reported honestly: per-minute is the same as capacity for a TPM bucket.
+        let token_report = match self.report {
+            LimitReport::Quantized => LimitReport::Capacity,
+            other => other,
+        };
         Admission {
-            requests: view(self.report, &self.requests, now),
-            tokens: self.tokens.as_ref().map(|t| view(self.report, t, now)),
+            requests,
+            tokens: self.tokens.as_ref().map(|t| view(token_report, t, now)),
             denied,
         }
     }
@@ -118,21 +158,37 @@ fn view(report: LimitReport, bucket: &Bucket, now: Instant) -> View {
     }
 }
 
+/// `rate`/s as a whole number per minute.
+fn per_minute(rate: f64) -> u64 {
+    (rate * 60.0).round() as u64
+}
+
 /// `(limit, remaining)` for a bucket holding `left` of `capacity` tokens, refilling at `rate`/s.
 ///
 /// In per-minute mode `limit` is `rate * 60` and `remaining` is `left + (limit - capacity)`
 /// (at least 0), so `(limit - remaining) / reset` still equals the refill rate for a client
-/// that infers the rate from the headers.
+/// that infers the rate from the headers. In quantized mode the request bucket is reported through [`quantized`] instead.
 pub fn reported(report: LimitReport, capacity: f64, rate: f64, left: f64) -> (u64, u64) {
     let left = left.max(0.0).floor() as u64;
     match report {
         LimitReport::Capacity => (capacity as u64, left),
-        LimitReport::PerMinute => {
-            let limit = (rate * 60.0).round() as u64;
+        LimitReport::PerMinute | LimitReport::Quantized => {
+            let limit = per_minute(rate);
             let shifted = left as i128 + limit as i128 - capacity as i128;
             (limit, shifted.max(0) as u64)
         }
     }
+}
+
+/// `(limit, remaining)` of the quantized report, from a shadow bucket of `capacity` (the
+/// largest per-minute limit of the schedule) holding `left` tokens (below zero once more was
+/// admitted than it holds) and refilling at `rate`/s.
+///
+/// `limit` is `rate * 60`; `remaining` is `limit` minus the shadow's deficit
+/// `capacity - left` (at least 0), so after a burst of `n` admitted requests `remaining` is
+/// still `limit - n`, and `(limit - remaining) / reset` is the refill rate.
+pub fn quantized(capacity: f64, rate: f64, left: f64) -> (u64, u64) {
+    reported(LimitReport::PerMinute, capacity, rate, left)
 }
 
 /// Tokens charged to the tokens-per-minute bucket: prompt chars / 4 + `max_tokens`.

@@ -1,4 +1,5 @@
 use super::*;
+use crate::simulate::config::RefillChange;
 use tokio::time::advance;
 
 fn limiter(capacity: u32, refill: f64, tpm: Option<u64>, report: LimitReport) -> Limiter {
@@ -107,4 +108,120 @@ async fn reset_refills_both_buckets() {
 fn token_cost_counts_prompt_chars_and_max_tokens() {
     assert_eq!(token_cost(0, None), DEFAULT_MAX_TOKENS);
     assert_eq!(token_cost(41, Some(100)), 110);
+}
+
+fn limiter_with_changes(
+    capacity: u32,
+    refill: f64,
+    changes: &[(u64, f64)],
+    report: LimitReport,
+) -> Limiter {
+    let config = SimConfig {
+        capacity,
+        refill,
+        refill_changes: changes
+            .iter()
+            .map(|&(ms, rate)| RefillChange {
+                at: Duration::from_millis(ms),
+                rate,
+            })
+            .collect(),
+        limit_report: report,
+        ..SimConfig::default()
+    };
+    Limiter::new(&config, Instant::now())
+}
+
+#[test]
+fn quantized_reports_limit_minus_the_shadow_deficit() {
+    // Shadow of 1200 (20/s) with 20 admitted: 1180 left of 1200.
+    assert_eq!(quantized(1200.0, 20.0, 1180.0), (1200, 1180));
+    // The schedule dropped the rate to 10/s: the same 20 are owed out of 600.
+    assert_eq!(quantized(1200.0, 10.0, 1180.0), (600, 580));
+    // More admitted than a minute holds (capacity 100 at 0.5/s): nothing remains.
+    assert_eq!(quantized(30.0, 0.5, -5.0), (30, 0));
+    assert_eq!(quantized(30.0, 0.5, 30.0), (30, 30));
+}
+
+#[tokio::test(start_paused = true)]
+async fn quantized_429_reports_a_large_remaining_and_the_true_rate() {
+    // "1,200 RPM enforced as 20 per second".
+    let mut l = limiter(20, 20.0, None, LimitReport::Quantized);
+    let now = Instant::now();
+    for i in 0..20 {
+        let a = l.admit(now, 0);
+        assert!(a.denied.is_none(), "request {i}");
+        assert_eq!(a.requests.remaining, 1200 - 1 - i);
+    }
+    let refused = l.admit(now, 0);
+    let denied = refused.denied.expect("the enforcing bucket is empty");
+    assert_eq!(denied.kind, Kind::Requests);
+    assert_eq!(denied.retry_after, Duration::from_millis(50));
+    let v = refused.requests;
+    assert_eq!(
+        (v.limit, v.remaining),
+        (1200, 1180),
+        "a refusal is not charged"
+    );
+    assert_eq!(v.reset, Duration::from_secs(1));
+    let rate = (v.limit - v.remaining) as f64 / v.reset.as_secs_f64();
+    assert_eq!(rate, 20.0);
+    // Half a second later 10 have refilled in both buckets.
+    advance(Duration::from_millis(500)).await;
+    let a = l.admit(Instant::now(), 0);
+    assert!(a.denied.is_none());
+    assert_eq!((a.requests.limit, a.requests.remaining), (1200, 1189));
+    assert_eq!(a.requests.reset, Duration::from_millis(550));
+    l.reset(Instant::now());
+    assert_eq!(l.admit(Instant::now(), 0).requests.remaining, 1199);
+}
+
+#[tokio::test(start_paused = true)]
+async fn quantized_tokens_are_reported_honestly() {
+    let mut l = limiter(20, 20.0, Some(600), LimitReport::Quantized);
+    let a = l.admit(Instant::now(), 500);
+    assert_eq!(
+        a.tokens,
+        Some(View {
+            limit: 600,
+            remaining: 100,
+            reset: Duration::from_secs(50)
+        })
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn quantized_figures_follow_refill_change() {
+    // 20/s, then 5/s from 1s on.
+    let mut l = limiter_with_changes(20, 20.0, &[(1000, 5.0)], LimitReport::Quantized);
+    for _ in 0..20 {
+        assert!(l.admit(Instant::now(), 0).denied.is_none());
+    }
+    advance(Duration::from_millis(500)).await;
+    // 10 refilled; one more admitted: 11 owed, 10 of them at 20/s, the last at 5/s.
+    let a = l.admit(Instant::now(), 0);
+    assert!(a.denied.is_none());
+    assert_eq!((a.requests.limit, a.requests.remaining), (1200, 1189));
+    assert_eq!(a.requests.reset, Duration::from_millis(700));
+    advance(Duration::from_millis(500)).await;
+    // At 1s: 1 owed, one more admitted, reported against 5/s = 300 per minute.
+    let a = l.admit(Instant::now(), 0);
+    assert!(a.denied.is_none());
+    assert_eq!((a.requests.limit, a.requests.remaining), (300, 298));
+    assert_eq!(a.requests.reset, Duration::from_millis(400));
+}
+
+#[tokio::test(start_paused = true)]
+async fn per_minute_figures_follow_refill_change() {
+    // 20/s, then 10/s from 1s on.
+    let mut l = limiter_with_changes(50, 20.0, &[(1000, 10.0)], LimitReport::PerMinute);
+    let a = l.admit(Instant::now(), 0);
+    assert_eq!((a.requests.limit, a.requests.remaining), (1200, 1199));
+    assert_eq!(a.requests.reset, Duration::from_millis(50));
+    advance(Duration::from_secs(1)).await;
+    let a = l.admit(Instant::now(), 0);
+    assert_eq!((a.requests.limit, a.requests.remaining), (600, 599));
+    assert_eq!(a.requests.reset, Duration::from_millis(100));
+    let rate = (a.requests.limit - a.requests.remaining) as f64 / a.requests.reset.as_secs_f64();
+    assert_eq!(rate, 10.0);
 }

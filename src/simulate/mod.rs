@@ -8,18 +8,34 @@
 //!   schedule) starts full; each chat request takes one token at arrival, before its service
 //!   time. With `--tpm` a second bucket is charged prompt chars/4 + `max_tokens` (16 if absent).
 //!   No token: 429 at once, with `retry-after` (and `retry-after-ms` on OpenAI routes).
+//! - `--limit-report` chooses what the request headers say: `capacity` (the bucket as it is),
+//!   `per-minute` (refill x 60, `remaining` shifted to keep the rate), or `quantized` (a
+//!   per-minute shadow bucket charged per admitted request: `remaining` stays large on a 429,
+//!   hiding the burst, while `(limit - remaining) / reset` is still the refill rate).
 //! - `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropic) answer JSON, or
 //!   SSE with `"stream": true`; every response carries the provider's rate-limit headers.
+//!   `--header-style` changes the OpenAI route's: `openai` (Go duration resets,
+//!   `retry-after-ms`), `azure` (whole-second resets, `x-ms-retry-after-ms`) or `none` (no
+//!   rate-limit header, no retry hint: a bare 429). The Anthropic route keeps its own.
 //! - Admitted requests may be failed on purpose: `--fail-503`, `--fail-529`, `--fail-reset`
 //!   (connection closed without a response), `--slow-first-byte` for `--slow-fraction`.
+//!   `--fail-503-window AT+DURATION` plays a blip: every admitted request arriving in that
+//!   window after start (or the last reset) is answered 503 like `--fail-503`, after its
+//!   service time; retries after the window succeed.
+//! - `--queue-slots N` (a vLLM-like backend): at most N admitted requests are served at once;
+//!   the rest wait in a FIFO queue (refused by nothing) and their service time starts when
+//!   they get a slot; a stream holds its slot until its last event. The buckets still apply,
+//!   so such a backend takes a large `--capacity`/`--refill`. [`Stats`] reports the queue
+//!   waits (p50, p99, max, from a fixed-size histogram) and the queue length.
 //! - `GET /v1/models`, `GET /_stats` ([`Stats`]), `POST /_reset` ([`Simulator::reset`]);
 //!   anything else is a JSON 404. `/v1/models` and the admin routes are not rate limited.
 //!
 //! # Layout
 //! - `config`: [`SimulateArgs`] (clap) -> [`SimConfig`].
 //! - `bucket`, `limits`: token buckets and the values their headers report.
-//! - `headers`: OpenAI/Anthropic rate-limit headers, Go duration strings.
-//! - `state`: buckets and fault dice behind one mutex; `stats`: counters for `/_stats`.
+//! - `headers`: OpenAI/Azure/Anthropic rate-limit headers, Go duration strings.
+//! - `state`: buckets, fault dice and fail windows behind one mutex, the queue's semaphore;
+//!   `stats`: counters for `/_stats`; `histogram`: fixed-size histogram of queue waits.
 //! - `service`: routing and the request flow; `openai`, `anthropic`, `request`: bodies.
 //! - `body`: buffered or channel-fed streaming response body; `server`: accept loop.
 
@@ -29,6 +45,7 @@ mod bucket;
 mod config;
 mod error;
 mod headers;
+mod histogram;
 mod limits;
 mod openai;
 mod request;
@@ -42,7 +59,9 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-pub use self::config::{ConfigError, LimitReport, RefillChange, SimConfig, SimulateArgs};
+pub use self::config::{
+    ConfigError, FailWindow, HeaderStyle, LimitReport, RefillChange, SimConfig, SimulateArgs,
+};
 pub use self::error::SimulateError;
 pub use self::stats::Stats;
 

@@ -2,8 +2,9 @@
 //! chat routes.
 //!
 //! A chat request is stamped on arrival, its body read, then charged to the buckets as of
-//! the arrival instant: a refusal is a 429 at once; an admitted request waits its service
-//! time (plus jitter and any slow-first-byte delay) before its fault roll is applied.
+//! the arrival instant: a refusal is a 429 at once; an admitted request waits for a slot
+//! (`--queue-slots` only), then its service time (plus jitter and any slow-first-byte delay)
+//! before its fault roll (or fail window) is applied.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -14,6 +15,7 @@ use http_body_util::{BodyExt, Limited};
 use tokio::time::Instant;
 
 use super::body::{self, SimBody};
+use super::config::HeaderStyle;
 use super::error::ConnectionReset;
 use super::limits::{token_cost, Admission, Kind};
 use super::request::{Answer, ChatRequest};
@@ -99,13 +101,15 @@ where
         .as_ref()
         .map_or(0, |r| token_cost(r.prompt_chars, r.max_tokens));
     let (admission, fate) = shared.admit(arrival, cost);
-    let headers = rate_headers(api, &admission);
+    let style = shared.config.header_style;
+    let headers = rate_headers(api, style, &admission);
     let (Some(fate), None) = (fate, admission.denied) else {
+        let hint = !(api == Api::OpenAi && style == HeaderStyle::None);
         return Ok(finish(
             shared,
             StatusCode::TOO_MANY_REQUESTS,
             headers,
-            refusal(api, &admission),
+            refusal(api, &admission, hint),
         ));
     };
     let request = match parsed {
@@ -120,6 +124,8 @@ where
             ));
         }
     };
+    // With `--queue-slots`, the service time starts once a slot is free.
+    let slot = shared.slot(arrival).await;
     if !fate.delay.is_zero() {
         tokio::time::sleep(fate.delay).await;
     }
@@ -143,7 +149,8 @@ where
             Api::OpenAi => openai::stream_events(&answer, interval, request.include_usage),
             Api::Anthropic => anthropic::stream_events(&answer, interval),
         };
-        let mut r = Response::new(body::stream(events, in_flight));
+        // The stream holds its slot (and counts in flight) until its last event.
+        let mut r = Response::new(body::stream(events, (in_flight, slot)));
         let h = r.headers_mut();
         h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
@@ -178,26 +185,30 @@ fn answer_for(shared: &Shared, api: Api, request: &ChatRequest) -> Answer {
     }
 }
 
-fn rate_headers(api: Api, admission: &Admission) -> HeaderMap {
+fn rate_headers(api: Api, style: HeaderStyle, admission: &Admission) -> HeaderMap {
     let mut h = HeaderMap::with_capacity(12);
-    match api {
-        Api::OpenAi => headers::openai(&mut h, admission),
-        Api::Anthropic => headers::anthropic(&mut h, admission, SystemTime::now()),
+    match (api, style) {
+        (Api::OpenAi, HeaderStyle::OpenAi) => headers::openai(&mut h, admission),
+        (Api::OpenAi, HeaderStyle::Azure) => headers::azure(&mut h, admission),
+        (Api::OpenAi, HeaderStyle::None) => {}
+        (Api::Anthropic, _) => headers::anthropic(&mut h, admission, SystemTime::now()),
     }
     h
 }
 
-fn refusal(api: Api, admission: &Admission) -> Bytes {
+/// The 429 body; without `hint` its message does not say when to try again.
+fn refusal(api: Api, admission: &Admission, hint: bool) -> Bytes {
     let kind = admission.denied.map_or(Kind::Requests, |d| d.kind);
     let (what, limit) = match kind {
         Kind::Requests => ("requests", admission.requests.limit),
         Kind::Tokens => ("tokens", admission.tokens.map_or(0, |t| t.limit)),
     };
     let retry = admission.denied.map_or(Duration::ZERO, |d| d.retry_after);
-    let message = format!(
-        "Rate limit reached for {what} (corral simulate): limit {limit}. Please try again in {}.",
-        headers::go_duration(Duration::from_millis(headers::ceil_millis(retry)))
-    );
+    let mut message = format!("Rate limit reached for {what} (corral simulate): limit {limit}.");
+    if hint {
+        let retry = headers::go_duration(Duration::from_millis(headers::ceil_millis(retry)));
+        message.push_str(&format!(" Please try again in {retry}."));
+    }
     match api {
         Api::OpenAi => openai::error(&message, what, Some("rate_limit_exceeded")),
         Api::Anthropic => anthropic::error("rate_limit_error", &message),

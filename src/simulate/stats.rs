@@ -1,4 +1,5 @@
-//! What the simulator saw: request counts by status, arrivals over time, peak concurrency.
+//! What the simulator saw: request counts by status, arrivals over time, peak concurrency,
+//! and with `--queue-slots` the queue's length and waits.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -6,6 +7,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use super::histogram::Histogram;
 
 /// Width of one `arrivals_per_100ms` slot.
 pub const SLOT: Duration = Duration::from_millis(100);
@@ -27,8 +30,25 @@ pub struct Stats {
     pub resets: u64,
     /// Arrivals per 100 ms slot since start/reset (index = slot).
     pub arrivals_per_100ms: Vec<u32>,
-    /// Most requests being answered at once (streams count until their last event).
+    /// Most requests being answered at once (streams count until their last event; with
+    /// `--queue-slots`, requests waiting for a slot count too).
     pub max_in_flight: u64,
+    /// `--queue-slots`: median wait of admitted requests for a slot (arrival to slot), in ms;
+    /// 0 without queue mode. Exact below 1,024 ms, within 1/64 above.
+    #[serde(default)]
+    pub queue_wait_p50_ms: u64,
+    /// `--queue-slots`: 99th percentile wait for a slot, in ms (as `queue_wait_p50_ms`).
+    #[serde(default)]
+    pub queue_wait_p99_ms: u64,
+    /// `--queue-slots`: longest wait for a slot, in ms.
+    #[serde(default)]
+    pub queue_wait_max_ms: u64,
+    /// `--queue-slots`: admitted requests waiting for a slot now.
+    #[serde(default)]
+    pub queued_now: u64,
+    /// `--queue-slots`: most admitted requests waiting for a slot at once.
+    #[serde(default)]
+    pub max_queued: u64,
 }
 
 /// Lock-free counters plus one mutex around the arrival histogram.
@@ -40,6 +60,10 @@ pub struct Recorder {
     in_flight: Arc<AtomicU64>,
     max_in_flight: AtomicU64,
     arrivals: Mutex<Arrivals>,
+    queued: AtomicU64,
+    max_queued: AtomicU64,
+    /// Queue waits in ms: a fixed histogram, so memory does not grow with requests.
+    waits: Mutex<Histogram>,
 }
 
 #[derive(Debug)]
@@ -58,6 +82,16 @@ impl Drop for InFlight {
     }
 }
 
+/// Counts one request as waiting for a slot until dropped.
+#[derive(Debug)]
+pub struct Queued<'a>(&'a AtomicU64);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
 impl Recorder {
     pub fn new(now: Instant) -> Self {
         Self {
@@ -70,6 +104,9 @@ impl Recorder {
                 start: now,
                 slots: Vec::with_capacity(1024),
             }),
+            queued: AtomicU64::new(0),
+            max_queued: AtomicU64::new(0),
+            waits: Mutex::new(Histogram::default()),
         }
     }
 
@@ -90,6 +127,20 @@ impl Recorder {
         InFlight(Arc::clone(&self.in_flight))
     }
 
+    /// Records a request starting to wait for a slot; the guard keeps it queued.
+    pub fn enqueue(&self) -> Queued<'_> {
+        let current = self.queued.fetch_add(1, Relaxed) + 1;
+        self.max_queued.fetch_max(current, Relaxed);
+        Queued(&self.queued)
+    }
+
+    /// Records how long a request waited for its slot.
+    pub fn waited(&self, wait: Duration) {
+        let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        let mut waits = self.waits.lock().unwrap_or_else(PoisonError::into_inner);
+        waits.record(ms);
+    }
+
     pub fn status(&self, status: u16) {
         let i = usize::from(status).min(STATUSES - 1);
         self.by_status[i].fetch_add(1, Relaxed);
@@ -99,9 +150,14 @@ impl Recorder {
         self.resets.fetch_add(1, Relaxed);
     }
 
-    /// Clears the counters; requests still in flight keep counting as in flight.
+    /// Clears the counters; requests still in flight (or queued) keep counting as such.
     pub fn clear(&self, now: Instant) {
         let mut arrivals = self.arrivals.lock().unwrap_or_else(PoisonError::into_inner);
+        self.waits
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        self.max_queued.store(self.queued.load(Relaxed), Relaxed);
         arrivals.start = now;
         arrivals.slots.clear();
         self.requests.store(0, Relaxed);
@@ -124,6 +180,7 @@ impl Recorder {
                 (n > 0).then(|| (code.to_string(), n))
             })
             .collect();
+        let waits = self.waits.lock().unwrap_or_else(PoisonError::into_inner);
         Stats {
             elapsed_ms: now.saturating_duration_since(arrivals.start).as_millis() as u64,
             requests: self.requests.load(Relaxed),
@@ -131,6 +188,11 @@ impl Recorder {
             resets: self.resets.load(Relaxed),
             arrivals_per_100ms: arrivals.slots.clone(),
             max_in_flight: self.max_in_flight.load(Relaxed),
+            queue_wait_p50_ms: waits.quantile(0.50),
+            queue_wait_p99_ms: waits.quantile(0.99),
+            queue_wait_max_ms: waits.max(),
+            queued_now: self.queued.load(Relaxed),
+            max_queued: self.max_queued.load(Relaxed),
         }
     }
 }
@@ -159,6 +221,37 @@ mod tests {
         assert_eq!(s.max_in_flight, 2);
         let want: BTreeMap<String, u64> = [("200".into(), 2), ("429".into(), 1)].into();
         assert_eq!(s.by_status, want);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn queue_counters_and_wait_percentiles() {
+        let r = Recorder::new(Instant::now());
+        let s = r.snapshot(Instant::now());
+        let waits = (
+            s.queue_wait_p50_ms,
+            s.queue_wait_p99_ms,
+            s.queue_wait_max_ms,
+        );
+        assert_eq!((waits, s.queued_now, s.max_queued), ((0, 0, 0), 0, 0));
+        let a = r.enqueue();
+        let b = r.enqueue();
+        drop(a);
+        let _c = r.enqueue();
+        for ms in [0, 10, 20, 30] {
+            r.waited(Duration::from_micros(ms * 1000 + 900));
+        }
+        let s = r.snapshot(Instant::now());
+        assert_eq!((s.queued_now, s.max_queued), (2, 2));
+        let waits = (
+            s.queue_wait_p50_ms,
+            s.queue_wait_p99_ms,
+            s.queue_wait_max_ms,
+        );
+        assert_eq!(waits, (10, 30, 30));
+        drop(b);
+        r.clear(Instant::now());
+        let s = r.snapshot(Instant::now());
+        assert_eq!((s.queued_now, s.max_queued, s.queue_wait_max_ms), (1, 1, 0));
     }
 
     #[tokio::test(start_paused = true)]

@@ -20,6 +20,9 @@ fn quick(tasks: usize) -> Spec {
         cap: Duration::from_secs(3),
         max_retries: 6,
         limit_report: LimitReport::Capacity,
+        scenario: None,
+        replicas: 1,
+        scale: 10.0,
     }
 }
 

@@ -7,6 +7,7 @@
 //! for each strategy.
 
 mod report;
+pub mod scenario;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -22,9 +23,10 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-pub use self::report::{svg, table};
+pub use self::report::{scenario_table, svg, table};
+pub use self::scenario::{Scenario, World};
 use crate::config::{self, Jitter};
-use crate::simulate::{LimitReport, SimConfig, Simulator};
+use crate::simulate::{LimitReport, Simulator};
 use crate::stack::retry::backoff::Backoff;
 
 /// The benchmark's flags.
@@ -49,9 +51,23 @@ pub struct HerdArgs {
     /// per-minute figure (providers differ; corral learns from both).
     #[arg(long, value_enum, default_value_t = LimitReport::Capacity)]
     pub limit_report: LimitReport,
+    /// Run these worlds (`all`: every one), corral unconfigured and with the limit set, and
+    /// print one table of them (instead of the strategies' table and chart).
+    #[arg(long, value_parser = parse_scenarios)]
+    pub scenario: Vec<Vec<Scenario>>,
+    /// corrals on the one simulator, the clients split evenly among them.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: usize,
     /// Where the table (herd.md) and chart (herd.svg) go.
     #[arg(long, default_value = "bench-out")]
     pub out: std::path::PathBuf,
+}
+
+fn parse_scenarios(s: &str) -> Result<Vec<Scenario>, String> {
+    if s == "all" {
+        return Ok(Scenario::ALL.to_vec());
+    }
+    <Scenario as clap::ValueEnum>::from_str(s, true).map(|one| vec![one])
 }
 
 /// One way of getting N tasks through the limit.
@@ -100,6 +116,12 @@ pub struct Spec {
     pub cap: Duration,
     pub max_retries: u32,
     pub limit_report: LimitReport,
+    /// The world (`None`: the classic herd against a capacity-reporting bucket).
+    pub scenario: Option<Scenario>,
+    /// corrals on the one simulator.
+    pub replicas: usize,
+    /// 10 at the quick scale (rates x10, times /10), else 1.
+    pub scale: f64,
 }
 
 impl Spec {
@@ -114,14 +136,28 @@ impl Spec {
             cap: Duration::from_secs(30).div_f64(scale),
             max_retries: 6,
             limit_report: a.limit_report,
+            scenario: None,
+            replicas: a.replicas.max(1),
+            scale,
         }
     }
 
-    /// The physical bound: (N - capacity) / refill.
-    pub fn bound(&self) -> Duration {
-        Duration::from_secs_f64(
-            (self.tasks.saturating_sub(self.capacity as usize)) as f64 / self.refill,
+    /// The world this spec runs in.
+    pub fn world(&self) -> World {
+        scenario::world(
+            self.scenario,
+            self.tasks,
+            self.capacity,
+            self.refill,
+            self.scale,
+            self.replicas,
+            self.limit_report,
         )
+    }
+
+    /// The physical bound of its world: (N - capacity) / refill for the classic herd.
+    pub fn bound(&self) -> Duration {
+        self.world().bound
     }
 }
 
@@ -129,6 +165,11 @@ impl Spec {
 #[derive(Debug, Clone)]
 pub struct RunResult {
     pub strategy: Strategy,
+    pub scenario: Option<Scenario>,
+    pub tasks: usize,
+    pub bound: Duration,
+    /// p99 of the time requests waited in the simulator's own queue (queue mode).
+    pub backend_queue_p99: Duration,
     pub makespan: Duration,
     pub ok: usize,
     pub failed: usize,
@@ -188,53 +229,50 @@ pub async fn run(spec: &Spec, strategies: &[Strategy]) -> std::io::Result<Vec<Ru
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
-/// One strategy against a fresh simulator.
+/// One strategy against a fresh simulator, in the spec's world.
 pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResult> {
+    let world = spec.world();
     let sim_listener = TcpListener::bind("127.0.0.1:0").await?;
     let sim_addr = sim_listener.local_addr()?;
-    let sim = Simulator::new(SimConfig {
-        capacity: spec.capacity,
-        refill: spec.refill,
-        service_time: spec.service,
-        limit_report: spec.limit_report,
-        ..SimConfig::default()
-    });
+    let sim = Simulator::new(world.sim.clone());
     let (stop_sim, sim_stopped) = oneshot::channel::<()>();
     let sim_task = tokio::spawn(sim.clone().serve(sim_listener, async {
         let _ = sim_stopped.await;
     }));
 
-    let (target, corral) = match strategy {
+    let mut corrals = Vec::new();
+    let targets: Vec<String> = match strategy {
         Strategy::CorralAuto | Strategy::CorralConfigured => {
             let limits = if strategy == Strategy::CorralConfigured {
-                format!(
-                    "[upstream.limits]\nrpm = {}\nburst = {}\n",
-                    (spec.refill * 60.0).round() as u64,
-                    spec.capacity
-                )
+                format!("[upstream.limits]\n{}", world.limits_toml)
             } else {
                 String::new()
             };
-            let toml = format!("[[upstream]]\nname = \"sim\"\nroute = \"/v1\"\nbase_url = \"http://{sim_addr}/v1\"\n{limits}");
+            let toml = format!(
+                "[[upstream]]\nname = \"sim\"\nroute = \"/v1\"\nbase_url = \"http://{sim_addr}/v1\"\n{}{limits}",
+                world.upstream_toml
+            );
             let config =
                 config::load_str("(herd benchmark)", &toml).map_err(std::io::Error::other)?;
-            let listener = TcpListener::bind("127.0.0.1:0").await?;
-            let addr = listener.local_addr()?;
-            let (stop, stopped) = oneshot::channel::<()>();
-            let task = tokio::spawn(crate::server::run(
-                crate::server::App::new(&config),
-                listener,
-                None,
-                async {
-                    let _ = stopped.await;
-                },
-            ));
-            (
-                format!("http://{addr}/v1/chat/completions"),
-                Some((stop, task)),
-            )
+            let mut targets = Vec::new();
+            for _ in 0..world.replicas {
+                let listener = TcpListener::bind("127.0.0.1:0").await?;
+                let addr = listener.local_addr()?;
+                let (stop, stopped) = oneshot::channel::<()>();
+                let task = tokio::spawn(crate::server::run(
+                    crate::server::App::new(&config),
+                    listener,
+                    None,
+                    async {
+                        let _ = stopped.await;
+                    },
+                ));
+                corrals.push((stop, task));
+                targets.push(format!("http://{addr}{}", world.path));
+            }
+            targets
         }
-        _ => (format!("http://{sim_addr}/v1/chat/completions"), None),
+        _ => vec![format!("http://{sim_addr}{}", world.path)],
     };
 
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
@@ -251,13 +289,16 @@ pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResu
         jitter,
     });
     let start = Instant::now();
-    let handles: Vec<_> = (0..spec.tasks)
+    let handles: Vec<_> = (0..world.tasks)
         .map(|i| {
-            let (client, target, client_429) = (client.clone(), target.clone(), Arc::clone(&client_429));
+            let target = targets[i % targets.len()].clone();
+            let (client, client_429) = (client.clone(), Arc::clone(&client_429));
             let max_retries = spec.max_retries;
             tokio::spawn(async move {
+                // Nine characters of content: every request costs the same tokens.
                 let body = Bytes::from(format!(
-                    r#"{{"model":"sim","messages":[{{"role":"user","content":"task {i}"}}],"max_tokens":16}}"#
+                    r#"{{"model":"sim","messages":[{{"role":"user","content":"task {:04}"}}],"max_tokens":16}}"#,
+                    i % 10_000
                 ));
                 let mut rng = SmallRng::from_os_rng();
                 let mut previous = Duration::ZERO;
@@ -283,7 +324,7 @@ pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResu
             })
         })
         .collect();
-    let mut latencies = Vec::with_capacity(spec.tasks);
+    let mut latencies = Vec::with_capacity(world.tasks);
     let mut ok = 0;
     for h in handles {
         let (success, latency) = h.await.map_err(std::io::Error::other)?;
@@ -292,7 +333,7 @@ pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResu
     }
     let makespan = start.elapsed();
     let stats = sim.stats();
-    if let Some((stop, task)) = corral {
+    for (stop, task) in corrals {
         let _ = stop.send(());
         let _ = task.await;
     }
@@ -303,9 +344,13 @@ pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResu
     arrivals.resize(slots, 0);
     Ok(RunResult {
         strategy,
+        scenario: spec.scenario,
+        tasks: world.tasks,
+        bound: world.bound,
+        backend_queue_p99: Duration::from_millis(stats.queue_wait_p99_ms),
         makespan,
         ok,
-        failed: spec.tasks - ok,
+        failed: world.tasks - ok,
         upstream_429: stats.by_status.get("429").copied().unwrap_or(0),
         client_429: client_429.load(Ordering::Relaxed),
         upstream_requests: stats.requests,
@@ -326,9 +371,14 @@ async fn post(client: &HttpClient, url: &str, body: Bytes) -> Option<u16> {
     Some(status)
 }
 
-/// `corral bench herd`: run, print the table, write `herd.md` and `herd.svg`.
+/// `corral bench herd`: run, print the table, write `herd.md` and `herd.svg` (or, with
+/// `--scenario`, `scenarios.md`).
 pub async fn main(args: HerdArgs) -> std::io::Result<()> {
     let spec = Spec::from_args(&args);
+    let scenarios: Vec<Scenario> = args.scenario.iter().flatten().copied().collect();
+    if !scenarios.is_empty() {
+        return scenarios_main(&args, spec, &scenarios).await;
+    }
     let strategies = if args.strategy.is_empty() {
         Strategy::ALL.to_vec()
     } else {
@@ -353,5 +403,40 @@ pub async fn main(args: HerdArgs) -> std::io::Result<()> {
         args.out.join("herd.md").display(),
         args.out.join("herd.svg").display()
     );
+    Ok(())
+}
+
+/// Each scenario, corral unconfigured and with the limit set (or the `--strategy` given).
+async fn scenarios_main(
+    args: &HerdArgs,
+    spec: Spec,
+    scenarios: &[Scenario],
+) -> std::io::Result<()> {
+    let strategies: Vec<Strategy> = if args.strategy.is_empty() {
+        vec![Strategy::CorralAuto, Strategy::CorralConfigured]
+    } else {
+        args.strategy.clone()
+    };
+    let mut results = Vec::new();
+    for scenario in scenarios {
+        let spec = Spec {
+            scenario: Some(*scenario),
+            ..spec.clone()
+        };
+        let world = spec.world();
+        eprintln!(
+            "{}: {} tasks over {} corral(s), bound {:.2}s",
+            scenario.label(),
+            world.tasks,
+            world.replicas,
+            world.bound.as_secs_f64()
+        );
+        results.extend(run(&spec, &strategies).await?);
+    }
+    let md = scenario_table(&results);
+    println!("{md}");
+    std::fs::create_dir_all(&args.out)?;
+    std::fs::write(args.out.join("scenarios.md"), &md)?;
+    eprintln!("wrote {}", args.out.join("scenarios.md").display());
     Ok(())
 }

@@ -39,6 +39,33 @@ pub fn table(spec: &Spec, results: &[RunResult]) -> String {
     out
 }
 
+/// One row per (scenario, strategy): makespan against that world's bound, upstream 429s,
+/// client failures, p99 client wait, p99 wait in the backend's own queue.
+pub fn scenario_table(results: &[RunResult]) -> String {
+    let mut out = String::new();
+    out.push_str("| scenario | corral | tasks | makespan s | bound s | vs bound | upstream 429s | 429s / tasks | failed | p99 wait s | backend queue p99 s |\n");
+    out.push_str("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for r in results {
+        let bound = r.bound.as_secs_f64();
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.2} | {:.2} | {:.2}x | {} | {:.1}% | {} | {:.2} | {:.2} |",
+            r.scenario.map_or("classic", |s| s.label()),
+            r.strategy.label(),
+            r.tasks,
+            r.makespan.as_secs_f64(),
+            bound,
+            r.makespan.as_secs_f64() / bound.max(1e-9),
+            r.upstream_429,
+            100.0 * r.upstream_429 as f64 / r.tasks.max(1) as f64,
+            r.failed,
+            r.percentile(0.99).as_secs_f64(),
+            r.backend_queue_p99.as_secs_f64(),
+        );
+    }
+    out
+}
+
 /// An SVG chart: one panel per strategy, arrivals per 100 ms over time on a log scale (a herd's
 /// first wave is hundreds of times the refill; a linear scale would flatten everything else).
 pub fn svg(spec: &Spec, results: &[RunResult]) -> String {

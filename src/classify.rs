@@ -44,11 +44,14 @@ impl Outcome {
         }
     }
 
-    /// Counts against the breaker's error rate: 429, 5xx, timeouts, connection errors.
+    /// The upstream is unwell: any 5xx (529 "overloaded" included), a timeout, a connection
+    /// error. This is what the breaker counts against the upstream's health. A 429 is not: it
+    /// is about the caller's quota, not the upstream's health (the breaker counts it only with
+    /// `count_throttles`, see `stack::breaker`).
     pub fn is_upstream_failure(self) -> bool {
         matches!(
             self,
-            Self::Throttled(_) | Self::ServerError(_) | Self::Timeout | Self::Transport
+            Self::Throttled(529) | Self::ServerError(_) | Self::Timeout | Self::Transport
         )
     }
 
@@ -97,7 +100,18 @@ mod tests {
         assert_eq!(s(529), Outcome::Throttled(529));
         assert_eq!(s(503), Outcome::ServerError(503));
         assert_eq!(s(400), Outcome::ClientError(400));
-        assert!(s(429).is_upstream_failure() && s(500).is_upstream_failure());
-        assert!(!s(404).is_upstream_failure());
+    }
+
+    #[test]
+    fn upstream_failures_are_its_health_not_throttles() {
+        let s = |c: u16| Outcome::of_status(StatusCode::from_u16(c).unwrap());
+        for failing in [500, 502, 503, 504, 529] {
+            assert!(s(failing).is_upstream_failure(), "{failing}");
+        }
+        assert!(Outcome::Timeout.is_upstream_failure());
+        assert!(Outcome::Transport.is_upstream_failure());
+        for fine in [200, 204, 301, 400, 404, 429] {
+            assert!(!s(fine).is_upstream_failure(), "{fine}");
+        }
     }
 }

@@ -266,22 +266,44 @@ pub enum OnOpen {
     Reject,
 }
 
-/// The circuit breaker over the last `window` outcomes.
+/// The circuit breaker: judges the upstream's health (5xx, 529, timeouts, connection errors;
+/// 429s only with `count_throttles`) over a window of outcomes that spans time as well as a
+/// count, and holds traffic while it is unhealthy (see `stack/breaker`).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BreakerConfig {
+    /// Whether the breaker runs at all.
     pub enabled: bool,
+    /// Outcomes remembered: the window holds at least the last `window` outcomes, and at least
+    /// the last `min_span` of them.
     pub window: u32,
+    /// Outcomes needed in the window before the breaker may open.
     pub min_samples: u32,
-    /// Opens when the error rate over the window reaches this.
+    /// Time the window's outcomes must span (from its oldest outcome) before the breaker may
+    /// open: failures at one instant are one event, however many requests they hit.
+    pub min_span: HumanDuration,
+    /// Opens when the window's error rate (each 100 ms slot of outcomes weighing the same)
+    /// reaches this.
     pub open_error_rate: f64,
-    /// Closes again when the probes' error rate is below this.
+    /// Closes again when the probes' error rate is below this (`0`: every probe must succeed);
+    /// while closed, a window at or above it restarts the `healthy_reset` clock.
     pub close_error_rate: f64,
+    /// Whether 429s count as failures. Off by default: a 429 says the caller's budget is spent,
+    /// not that the upstream is unwell, and is neither a success nor a failure.
+    pub count_throttles: bool,
     /// First cool-down; each consecutive open doubles it, up to `max_cooldown` (jittered).
     pub cooldown: HumanDuration,
+    /// Longest cool-down.
     pub max_cooldown: HumanDuration,
+    /// After being closed this long with the window below `close_error_rate`, the next open
+    /// starts again from `cooldown`.
+    pub healthy_reset: HumanDuration,
     /// Requests admitted while half-open.
     pub half_open_probes: u32,
+    /// On closing, requests held while open are released over at most this long, each at its
+    /// own offset into the open period (offsets scaled down when the open period was longer).
+    pub release_ramp: HumanDuration,
+    /// What requests do while the breaker holds traffic.
     pub on_open: OnOpen,
 }
 
@@ -291,11 +313,15 @@ impl Default for BreakerConfig {
             enabled: true,
             window: 50,
             min_samples: 20,
+            min_span: HumanDuration::from_secs(2),
             open_error_rate: 0.4,
-            close_error_rate: 0.1,
+            close_error_rate: 0.25,
+            count_throttles: false,
             cooldown: HumanDuration::from_secs(2),
             max_cooldown: HumanDuration::from_secs(60),
+            healthy_reset: HumanDuration::from_secs(30),
             half_open_probes: 5,
+            release_ramp: HumanDuration::from_secs(10),
             on_open: OnOpen::Queue,
         }
     }

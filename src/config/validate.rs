@@ -140,6 +140,23 @@ pub(super) fn validate(config: &Config) -> Result<(), Invalid> {
                 "`max_cooldown` must be at least `cooldown`".into(),
             ));
         }
+        if b.release_ramp.0.is_zero() {
+            return Err(at(
+                "breaker.release_ramp",
+                "`release_ramp` must be above zero, or held requests would all leave at once \
+                 when the breaker closes"
+                    .into(),
+            ));
+        }
+        if b.enabled && b.count_throttles && up.limits.partition == super::Partition::ApiKey {
+            return Err(at(
+                "breaker.count_throttles",
+                "`count_throttles = true` cannot be combined with `limits.partition = \"api_key\"`: \
+                 429s are per credential, and the upstream's one breaker would let one key's \
+                 throttling hold every key's traffic; leave `count_throttles = false`"
+                    .into(),
+            ));
+        }
         let a = &up.adaptive;
         if !(a.rate_margin > 0.0 && a.rate_margin <= 1.0) {
             return Err(at(

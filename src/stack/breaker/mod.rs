@@ -1,7 +1,38 @@
 //! Circuit breaker per upstream: a gate in front of every attempt (it sits inside Retry), fed the
-//! classified outcome of each. While open, requests wait (up to their deadline) instead of
-//! failing, or with `on_open = "reject"` get a 503 with Retry-After. When it closes, waiters go
-//! on to the rate limiter, which paces them: never all at once.
+//! classified outcome of each. It judges the upstream's **health**, not the caller's budget.
+//!
+//! **What counts.** Failures: 5xx (529 "overloaded" included), per-try timeouts, connection
+//! errors and resets before a response head. These say the upstream itself is unwell, for every
+//! caller alike. Successes: 1xx-3xx and 4xx other than 429 (the upstream answered; the request
+//! was at fault). Neutral, not recorded at all: 429s, and corral's own refusals (the upstream
+//! saw nothing). A 429 says *this caller* spent *its* quota (per API key, per organisation), and
+//! pacing it is the rate limiter's job (layer 4 learns from every 429); a breaker that opened on
+//! 429s would stop all traffic, other callers' included, when only one was over its limit, and
+//! the held requests would then come back together. `count_throttles = true` counts 429s as
+//! failures again, for an upstream whose 429s really mean overload.
+//!
+//! **When it opens, how long, how it closes:** see [`state`]. In short: only on an error rate
+//! that lasts (`min_samples` outcomes spanning `min_span`, in 100 ms slots that weigh the same,
+//! so a burst of failures at one instant is one event), for a growing, capped, jittered
+//! cool-down whose growth restarts after `healthy_reset` of health, then `half_open_probes`
+//! probes, of which not all need succeed.
+//!
+//! **While open**, requests wait (up to their deadline) instead of failing, or with
+//! `on_open = "reject"` get a 503 with Retry-After. **When it closes**, each waiting request
+//! leaves at its own offset into the open period (scaled into `release_ramp`, plus up to 100 ms
+//! of jitter), so retries that arrived spread leave spread instead of at the same instant; the
+//! rate limiter below then paces them as usual.
+//!
+//! **Partitions.** With `limits.partition = "api_key"` the rate limiter keeps buckets per
+//! credential, but there is one breaker per upstream, and that is right for what it counts:
+//! 5xx, timeouts and connection errors are the upstream's health, shared by all keys, and the
+//! per-key signal (429) is not counted, so one tenant's throttling never holds another tenant's
+//! traffic. `count_throttles = true` would break that, so configuration validation refuses it
+//! together with `partition = "api_key"` (naming `breaker.count_throttles`) rather than keep a
+//! breaker per key: per-key breakers would split the shared health evidence (a low-traffic key
+//! would need `min_samples` of its own to notice a dead upstream) and need a second, bounded
+//! map of keys beside the rate limiter's, for a combination whose point (counting per-key
+//! throttles as sickness) is better served by the per-key buckets themselves.
 
 pub mod state;
 
@@ -14,7 +45,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tower::ServiceExt;
 
-use self::state::{Admit, Breaker, Phase};
+use self::state::{Admit, Breaker, Phase, Probe, Ticket};
 use crate::classify::Outcome;
 use crate::config::{BreakerConfig, OnOpen};
 use crate::error::ProxyError;
@@ -22,12 +53,30 @@ use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
 use crate::stack::layer::{BoxFuture, Middleware, Next, Shared};
 
+/// What one outcome says about the upstream's health: `Some(true)` a failure, `Some(false)` a
+/// success, `None` nothing (not recorded).
+pub fn health(outcome: Outcome, count_throttles: bool) -> Option<bool> {
+    match outcome {
+        Outcome::Local => None,
+        Outcome::Throttled(429) if !count_throttles => None,
+        Outcome::Throttled(429) => Some(true),
+        other => Some(other.is_upstream_failure()),
+    }
+}
+
 /// One upstream's breaker, shared by all its requests.
 pub struct BreakerShared {
+    /// The state machine.
     state: Mutex<Breaker>,
+    /// Wakes waiting requests when the phase changes or a probe slot frees up.
     changed: Notify,
+    /// Jitter for cool-downs and releases.
     rng: Mutex<SmallRng>,
+    /// Wait or reject while traffic is held.
     on_open: OnOpen,
+    /// Whether 429s count as failures.
+    count_throttles: bool,
+    /// The breaker's gauge and transitions.
     metrics: UpstreamMetrics,
 }
 
@@ -39,12 +88,17 @@ impl BreakerShared {
             changed: Notify::new(),
             rng: Mutex::new(SmallRng::from_os_rng()),
             on_open: config.on_open,
+            count_throttles: config.count_throttles,
             metrics,
         })
     }
 
     pub fn phase(&self) -> Phase {
         self.state.lock().expect("breaker lock").phase()
+    }
+
+    fn jitter(&self) -> f64 {
+        self.rng.lock().expect("rng lock").random::<f64>()
     }
 
     fn transitioned(&self, phase: Phase) {
@@ -58,17 +112,18 @@ impl BreakerShared {
         self.changed.notify_waiters();
     }
 
-    /// Wait until admitted or the deadline passes.
-    async fn admit(&self, deadline: Instant) -> Result<bool, ProxyError> {
+    /// Wait until admitted (as a probe or not) or the deadline passes.
+    async fn admit(&self, deadline: Instant) -> Result<Option<Probe>, ProxyError> {
+        let mut ticket = Ticket::new(self.jitter());
         loop {
             let notified = self.changed.notified();
-            let (verdict, changed) = self
-                .state
-                .lock()
-                .expect("breaker lock")
-                .admit(Instant::now());
+            let (verdict, changed, phase) = {
+                let mut state = self.state.lock().expect("breaker lock");
+                let (verdict, changed) = state.admit(Instant::now(), &mut ticket);
+                (verdict, changed, state.phase())
+            };
             if changed {
-                self.transitioned(self.phase());
+                self.transitioned(phase);
             }
             let until = match verdict {
                 Admit::Pass { probe } => return Ok(probe),
@@ -91,39 +146,43 @@ impl BreakerShared {
         }
     }
 
-    fn record(&self, outcome: Outcome, probe: bool) {
-        let mut state = self.state.lock().expect("breaker lock");
-        let changed = if outcome.reached_upstream() {
-            let jitter = self.rng.lock().expect("rng lock").random::<f64>();
-            state.record(outcome.is_upstream_failure(), probe, Instant::now(), jitter)
-        } else {
-            if probe {
-                state.release_probe();
+    fn record(&self, outcome: Outcome, probe: Option<Probe>) {
+        let Some(failed) = health(outcome, self.count_throttles) else {
+            if let Some(probe) = probe {
+                self.release_probe(probe);
             }
-            false
+            return;
         };
+        let jitter = self.jitter();
+        let mut state = self.state.lock().expect("breaker lock");
+        let changed = state.record(failed, probe, Instant::now(), jitter);
         let phase = state.phase();
         drop(state);
         if changed {
             self.transitioned(phase);
         }
     }
+
+    /// A probe slot is free again: wake the waiters so one of them takes it.
+    fn release_probe(&self, probe: Probe) {
+        self.state
+            .lock()
+            .expect("breaker lock")
+            .release_probe(probe);
+        self.changed.notify_waiters();
+    }
 }
 
 /// Gives a half-open probe's slot back if its request is dropped (client gone) unanswered.
 struct ProbeSlot {
     shared: Arc<BreakerShared>,
-    probe: Option<bool>,
+    probe: Option<Probe>,
 }
 
 impl Drop for ProbeSlot {
     fn drop(&mut self) {
-        if self.probe == Some(true) {
-            self.shared
-                .state
-                .lock()
-                .expect("breaker lock")
-                .release_probe();
+        if let Some(probe) = self.probe.take() {
+            self.shared.release_probe(probe);
         }
     }
 }
@@ -138,7 +197,7 @@ impl Middleware for BreakerShared {
             let probe = shared.admit(req.ctx.deadline).await?;
             let mut slot = ProbeSlot {
                 shared: Arc::clone(&shared),
-                probe: Some(probe),
+                probe,
             };
             let result = next.oneshot(req).await;
             slot.probe = None;
@@ -151,31 +210,83 @@ impl Middleware for BreakerShared {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::body::Body;
     use crate::config::HumanDuration;
+    use http::Response;
 
-    fn shared(on_open: OnOpen) -> Arc<BreakerShared> {
-        let config = BreakerConfig {
+    fn config(on_open: OnOpen) -> BreakerConfig {
+        BreakerConfig {
             window: 10,
             min_samples: 5,
+            min_span: HumanDuration::from_secs(1),
             cooldown: HumanDuration::from_secs(4),
             half_open_probes: 1,
             on_open,
             ..BreakerConfig::default()
-        };
-        BreakerShared::new(&config, crate::metrics::Metrics::new().upstream("t"))
+        }
     }
 
-    fn open(b: &BreakerShared) {
-        for _ in 0..5 {
-            b.record(Outcome::ServerError(503), false);
+    fn shared_with(config: &BreakerConfig) -> Arc<BreakerShared> {
+        BreakerShared::new(config, crate::metrics::Metrics::new().upstream("t"))
+    }
+
+    fn shared(on_open: OnOpen) -> Arc<BreakerShared> {
+        shared_with(&config(on_open))
+    }
+
+    /// Record `outcome` every 100 ms (virtual time) until the breaker opens or 5 s pass; whether
+    /// it opened.
+    async fn feed(b: &BreakerShared, outcome: Outcome) -> bool {
+        for _ in 0..50 {
+            b.record(outcome, None);
+            if b.phase().name() == "open" {
+                return true;
+            }
+            tokio::time::advance(Duration::from_millis(100)).await;
         }
-        assert_eq!(b.phase().name(), "open");
+        false
+    }
+
+    async fn open(b: &BreakerShared) {
+        assert!(feed(b, Outcome::ServerError(503)).await, "503s open it");
+    }
+
+    #[test]
+    fn health_counts_5xx_timeouts_and_connection_errors_not_429s() {
+        for failure in [
+            Outcome::ServerError(500),
+            Outcome::ServerError(503),
+            Outcome::Throttled(529),
+            Outcome::Timeout,
+            Outcome::Transport,
+        ] {
+            assert_eq!(health(failure, false), Some(true), "{failure:?}");
+        }
+        for success in [Outcome::Success, Outcome::ClientError(400)] {
+            assert_eq!(health(success, false), Some(false), "{success:?}");
+        }
+        assert_eq!(health(Outcome::Throttled(429), false), None, "neutral");
+        assert_eq!(health(Outcome::Throttled(429), true), Some(true));
+        assert_eq!(health(Outcome::Local, true), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn throttles_dont_open_it_unless_counted() {
+        let b = shared(OnOpen::Queue);
+        assert!(!feed(&b, Outcome::Throttled(429)).await, "5 s of 429s");
+        assert!(feed(&b, Outcome::Throttled(529)).await, "529s are overload");
+
+        let counted = shared_with(&BreakerConfig {
+            count_throttles: true,
+            ..config(OnOpen::Queue)
+        });
+        assert!(feed(&counted, Outcome::Throttled(429)).await);
     }
 
     #[tokio::test(start_paused = true)]
     async fn reject_answers_503_with_the_remaining_cooldown() {
         let b = shared(OnOpen::Reject);
-        open(&b);
+        open(&b).await;
         let err = b
             .admit(Instant::now() + Duration::from_secs(60))
             .await
@@ -183,7 +294,7 @@ mod tests {
         assert_eq!(err.status(), 503);
         let after = err.retry_after().unwrap();
         assert!(
-            after > Duration::from_secs(2) && after <= Duration::from_secs(4),
+            after > Duration::from_secs(2) && after <= Duration::from_millis(4100),
             "{after:?}"
         );
     }
@@ -191,19 +302,15 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn queue_waits_for_the_half_open_probe_within_the_deadline() {
         let b = shared(OnOpen::Queue);
-        open(&b);
+        open(&b).await;
         let start = Instant::now();
         let probe = b.admit(start + Duration::from_secs(60)).await.unwrap();
-        assert!(probe, "admitted as a half-open probe");
+        assert!(probe.is_some(), "admitted as a half-open probe");
         assert!(
             start.elapsed() >= Duration::from_secs(3),
             "waited out the cool-down"
         );
-        open_again_then_deadline(&b).await;
-    }
-
-    async fn open_again_then_deadline(b: &BreakerShared) {
-        b.record(Outcome::Timeout, true);
+        b.record(Outcome::Timeout, probe);
         assert_eq!(b.phase().name(), "open", "the failed probe reopened it");
         // A deadline shorter than the (doubled) cool-down ends the wait with a 503.
         let err = b
@@ -211,5 +318,99 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, ProxyError::CircuitOpen { .. }), "{err}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn held_waiters_are_released_spread_in_arrival_order() {
+        let b = shared(OnOpen::Queue);
+        open(&b).await;
+        let opened = Instant::now();
+        let tasks: Vec<_> = (0..8u32)
+            .map(|i| {
+                let b = Arc::clone(&b);
+                tokio::spawn(async move {
+                    let arrival = Duration::from_millis(300) * i;
+                    tokio::time::sleep(arrival).await;
+                    let probe = b.admit(opened + Duration::from_secs(60)).await.unwrap();
+                    let passed = Instant::now();
+                    if probe.is_some() {
+                        b.record(Outcome::Success, probe);
+                    }
+                    (arrival, passed, probe.is_some())
+                })
+            })
+            .collect();
+        let mut results = Vec::new();
+        for t in tasks {
+            results.push(t.await.unwrap());
+        }
+        let probes: Vec<_> = results.iter().filter(|r| r.2).collect();
+        assert_eq!(probes.len(), 1, "one probe");
+        let closed = probes[0].1;
+        assert_eq!(b.phase(), Phase::Closed);
+        let mut passes: Vec<Instant> = results.iter().map(|r| r.1).collect();
+        passes.sort();
+        passes.dedup();
+        assert_eq!(passes.len(), 8, "no two released at the same instant");
+        let mut previous = closed;
+        for (arrival, passed, _) in results.iter().filter(|r| !r.2) {
+            let offset = *arrival;
+            assert!(
+                *passed >= closed + offset && *passed <= closed + offset + SLOT_SLACK,
+                "held {offset:?} into the open period, released {:?} after closing",
+                *passed - closed
+            );
+            assert!(*passed > previous, "in arrival order");
+            previous = *passed;
+        }
+    }
+
+    /// The release jitter (up to one 100 ms slot) plus rounding.
+    const SLOT_SLACK: Duration = Duration::from_millis(101);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_429_probe_frees_its_slot_for_a_waiter() {
+        let b = shared(OnOpen::Queue);
+        open(&b).await;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let first = b.admit(deadline).await.unwrap();
+        assert!(first.is_some(), "the first waiter probes");
+        let waiter = {
+            let b = Arc::clone(&b);
+            tokio::spawn(async move { b.admit(deadline).await })
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!waiter.is_finished(), "the only probe slot is taken");
+        b.record(Outcome::Throttled(429), first);
+        assert!(
+            matches!(b.phase(), Phase::HalfOpen { .. }),
+            "a 429 says nothing about health"
+        );
+        let second = tokio::time::timeout(Duration::from_millis(10), waiter)
+            .await
+            .expect("woken at once")
+            .unwrap()
+            .unwrap();
+        assert!(second.is_some(), "the waiter took the freed probe slot");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn probe_slot_is_released_when_the_client_leaves() {
+        let b = shared(OnOpen::Queue);
+        open(&b).await;
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let never = tower::service_fn(|_req: ProxyRequest| {
+            std::future::pending::<Result<Response<Body>, ProxyError>>()
+        });
+        let req = ProxyRequest::for_test("http://up/v1", Duration::from_secs(60));
+        let call = Arc::clone(&b).call(never, req);
+        assert!(tokio::time::timeout(Duration::from_millis(10), call)
+            .await
+            .is_err());
+        assert!(
+            matches!(b.phase(), Phase::HalfOpen { admitted: 0, .. }),
+            "{:?}",
+            b.phase()
+        );
     }
 }

@@ -1,14 +1,37 @@
 //! The breaker's state machine, free of I/O: fed outcomes and the time, it says who may pass.
 //!
 //! Vocabulary (the electrical one, not Linkerd's): **closed** = traffic flows; **open** = traffic
-//! is held; **half-open** = a few probes test the upstream.
+//! is held; **half-open** = a few probes test the upstream. An **episode** runs from the moment
+//! a closed breaker opens to the moment it closes again (through any number of re-opens).
 //!
-//! - Closed: over the last `window` outcomes (once at least `min_samples`), an error rate at or
-//!   above `open_error_rate` opens it.
+//! - Closed: outcomes go into a [`Window`] of 100 ms slots. It opens when the window holds at
+//!   least `min_samples` outcomes, they span at least `min_span` (from the oldest slot's first
+//!   outcome to now), and the window's error rate reaches `open_error_rate`. The rate is the
+//!   mean of the slots' own error rates, so each slot weighs the same however many outcomes it
+//!   holds: 20 requests that failed at one instant are one slot, one event, and cannot open the
+//!   breaker alone (their span is zero), nor outweigh the healthy seconds around them.
 //! - Open: for a cool-down of `cooldown * 2^(consecutive opens - 1)`, capped at `max_cooldown`,
-//!   jittered to 75-100% so several corrals don't probe in step; then half-open.
-//! - Half-open: admits `half_open_probes` requests; when all have answered, an error rate below
-//!   `close_error_rate` closes it (with a fresh window), anything else opens it again, longer.
+//!   jittered to 75-100% so several corrals don't probe in step; then half-open. The doubling
+//!   restarts from `cooldown` once the breaker has been closed for `healthy_reset` without its
+//!   window reaching `close_error_rate` (closing alone does not reset it: an upstream that
+//!   flaps open and closed keeps its long cool-down).
+//! - Half-open: admits `half_open_probes` requests. It closes when all have answered with an
+//!   error rate below `close_error_rate` (so with 5 probes and 0.25, one may fail; `0` means
+//!   none may), and opens again, longer, as soon as the failures alone make that impossible.
+//!   Closing starts a fresh window. Held requests wake for the probe slots each at its own
+//!   jitter, up to 100 ms after the cool-down, so the probes don't leave in step either. A
+//!   probe answered 429 (neutral) or refused locally gives its slot to the next request.
+//!
+//! **Held requests and the release ramp.** A request that finds the breaker open (or half-open
+//! with every probe slot taken) gets a [`Ticket`] recording when it was first held. On closing
+//! it is not let go at once with the others: it is released at
+//! `close + offset * scale + jitter`, where `offset` is how long after the episode began it
+//! arrived, `scale` is `min(1, release_ramp / open period)` and `jitter` is up to 100 ms (drawn
+//! once per request). Retries that arrived spread out leave spread out, in the order they came,
+//! and the whole backlog goes within `release_ramp` (+100 ms) however long the episode was. A
+//! held request that a new episode catches before its release joins it as if it had arrived at
+//! its release time, keeping its place. Requests arriving while the backlog drains pass at
+//! once: they are the live load, the backlog is replayed beside it at its original pace.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -16,6 +39,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::config::BreakerConfig;
+
+/// Width of one window slot: outcomes closer together than this are one event.
+pub const SLOT: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -47,32 +73,161 @@ impl Phase {
     }
 }
 
+/// A half-open probe, by the round of probes it belongs to: an answer from an earlier round
+/// (a slow probe outliving its round) is not taken for one of this round's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Probe(u64);
+
 /// May a request pass now?
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admit {
-    /// Yes; `probe` tells whether it is one of the half-open probes.
-    Pass { probe: bool },
-    /// Not before this instant (open), or not until a probe answers (half-open: `None`).
+    /// Yes; `probe` is set when it is one of the half-open probes.
+    Pass { probe: Option<Probe> },
+    /// Not before this instant (open, or its turn in the release ramp), or not until a probe
+    /// answers (half-open: `None`).
     Wait(Option<Instant>),
+}
+
+/// One request's place while the breaker holds it: ask [`Breaker::admit`] with the same ticket
+/// every time it wakes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ticket {
+    /// In [0, 1): this request's share of the 100 ms jitter on its release.
+    jitter: f64,
+    /// Set when first held: the episode, and the instant counted as its arrival in it.
+    held: Option<(u64, Instant)>,
+}
+
+impl Ticket {
+    /// A request not held yet; `jitter` in [0, 1) spreads its release.
+    pub fn new(jitter: f64) -> Self {
+        Self {
+            jitter: jitter.clamp(0.0, 1.0),
+            held: None,
+        }
+    }
+}
+
+/// One 100 ms slot of outcomes.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    /// The slot's first outcome.
+    start: Instant,
+    /// Outcomes recorded in it.
+    outcomes: u32,
+    /// Of which failures.
+    failures: u32,
+}
+
+/// The closed breaker's evidence: the last `window` outcomes, stretched back to cover at least
+/// `min_span`, in 100 ms slots.
+#[derive(Debug, Default)]
+struct Window {
+    /// Oldest first.
+    slots: VecDeque<Slot>,
+    /// Outcomes in all slots.
+    outcomes: u64,
+    /// Failures in all slots.
+    failures: u64,
+}
+
+impl Window {
+    fn push(&mut self, failed: bool, now: Instant, keep: u32, min_span: Duration) {
+        match self.slots.back_mut() {
+            Some(slot) if now < slot.start + SLOT => {
+                slot.outcomes += 1;
+                slot.failures += u32::from(failed);
+            }
+            _ => self.slots.push_back(Slot {
+                start: now,
+                outcomes: 1,
+                failures: u32::from(failed),
+            }),
+        }
+        self.outcomes += 1;
+        self.failures += u64::from(failed);
+        // Drop the oldest slot while the rest still hold `keep` outcomes spanning `min_span`.
+        while let (Some(oldest), Some(next)) = (self.slots.front(), self.slots.get(1)) {
+            let rest = self.outcomes - u64::from(oldest.outcomes);
+            if rest < u64::from(keep) || now.saturating_duration_since(next.start) < min_span {
+                break;
+            }
+            self.outcomes = rest;
+            self.failures -= u64::from(oldest.failures);
+            self.slots.pop_front();
+        }
+    }
+
+    /// From the oldest outcome to `now`.
+    fn span(&self, now: Instant) -> Duration {
+        self.slots
+            .front()
+            .map_or(Duration::ZERO, |s| now.saturating_duration_since(s.start))
+    }
+
+    /// The mean of the slots' error rates (0 when empty).
+    fn error_rate(&self) -> f64 {
+        if self.slots.is_empty() {
+            return 0.0;
+        }
+        let sum: f64 = self
+            .slots
+            .iter()
+            .map(|s| f64::from(s.failures) / f64::from(s.outcomes))
+            .sum();
+        sum / self.slots.len() as f64
+    }
+
+    fn clear(&mut self) {
+        *self = Self::default();
+    }
+}
+
+/// From a closed breaker opening to its closing again.
+#[derive(Debug, Clone, Copy)]
+struct Episode {
+    /// Counts from 1.
+    id: u64,
+    /// When the closed breaker opened.
+    opened_at: Instant,
+    /// When it closed again; `None` while it lasts.
+    closed_at: Option<Instant>,
 }
 
 #[derive(Debug)]
 pub struct Breaker {
+    /// The upstream's `[upstream.breaker]`.
     config: BreakerConfig,
-    window: VecDeque<bool>,
-    failures: usize,
+    /// Outcomes while closed.
+    window: Window,
+    /// Where the breaker is.
     phase: Phase,
+    /// Opens since the cool-down last started over; the cool-down doubles with each.
     consecutive_opens: u32,
+    /// Closed and healthy since then: the instant it closed or the window last reached
+    /// `close_error_rate`, whichever is later. `None` before the first close.
+    healthy_since: Option<Instant>,
+    /// When the last cool-down ended (the breaker went half-open).
+    half_open_at: Option<Instant>,
+    /// Rounds of probes so far (one per half-open phase).
+    round: u64,
+    /// The current (or last) episode, and the one before it.
+    episode: Option<Episode>,
+    previous: Option<Episode>,
 }
 
 impl Breaker {
     pub fn new(config: BreakerConfig) -> Self {
         Self {
-            window: VecDeque::with_capacity(config.window as usize),
             config,
-            failures: 0,
+            window: Window::default(),
             phase: Phase::Closed,
             consecutive_opens: 0,
+            healthy_since: None,
+            half_open_at: None,
+            round: 0,
+            episode: None,
+            previous: None,
         }
     }
 
@@ -80,81 +235,181 @@ impl Breaker {
         self.phase
     }
 
-    /// Admit one request at `now`; `jitter` in [0, 1) spreads the cool-down. Returns the verdict
-    /// and whether the phase changed.
-    pub fn admit(&mut self, now: Instant) -> (Admit, bool) {
+    /// Admit one request at `now`, `ticket` being its place if it has to wait (the same ticket
+    /// on every call for one request). Returns the verdict and whether the phase changed.
+    pub fn admit(&mut self, now: Instant, ticket: &mut Ticket) -> (Admit, bool) {
         let mut changed = false;
         if let Phase::Open { until } = self.phase {
             if now < until {
-                return (Admit::Wait(Some(until)), false);
+                self.hold(ticket, now);
+                return (Admit::Wait(Some(self.wake_at(until, ticket))), false);
             }
             self.phase = Phase::HalfOpen {
                 admitted: 0,
                 answered: 0,
                 failed: 0,
             };
+            self.half_open_at = Some(until);
+            self.round += 1;
             changed = true;
         }
+        // Held requests wake for the probes spread over 100 ms, so the probes don't leave in
+        // step, even when the first to wake makes it half-open and wakes them all.
+        let held_here = matches!(
+            (ticket.held, self.episode),
+            (Some((id, _)), Some(e)) if id == e.id
+        );
+        let wake = self.half_open_at.map(|at| self.wake_at(at, ticket));
+        let probes = self.config.half_open_probes;
+        let round = Probe(self.round);
         match &mut self.phase {
-            Phase::Closed => (Admit::Pass { probe: false }, changed),
-            Phase::HalfOpen { admitted, .. } if *admitted < self.config.half_open_probes => {
-                *admitted += 1;
-                (Admit::Pass { probe: true }, changed)
+            Phase::Closed => match self.release_at(ticket) {
+                Some(due) if now < due => (Admit::Wait(Some(due)), changed),
+                _ => (Admit::Pass { probe: None }, changed),
+            },
+            Phase::HalfOpen { .. } if held_here && wake.is_some_and(|w| now < w) => {
+                (Admit::Wait(wake), changed)
             }
-            _ => (Admit::Wait(None), changed),
+            Phase::HalfOpen { admitted, .. } if *admitted < probes => {
+                *admitted += 1;
+                (Admit::Pass { probe: Some(round) }, changed)
+            }
+            _ => {
+                self.hold(ticket, now);
+                (Admit::Wait(None), changed)
+            }
         }
     }
 
-    /// Record an answer from the upstream. Returns true when the phase changed.
-    pub fn record(&mut self, failed: bool, probe: bool, now: Instant, jitter: f64) -> bool {
+    /// Record an answer from the upstream (`failed`: it counts against its health; neutral
+    /// answers are not recorded at all). `jitter` in [0, 1) spreads a cool-down it starts.
+    /// Returns true when the phase changed.
+    pub fn record(
+        &mut self,
+        failed: bool,
+        probe: Option<Probe>,
+        now: Instant,
+        jitter: f64,
+    ) -> bool {
+        let close_rate = self.config.close_error_rate;
+        let this_round = probe == Some(Probe(self.round));
         match &mut self.phase {
             Phase::HalfOpen {
                 answered,
                 failed: f,
                 ..
-            } if probe => {
+            } if this_round => {
                 *answered += 1;
                 *f += u32::from(failed);
-                if *answered >= self.config.half_open_probes {
-                    let rate = f64::from(*f) / f64::from(*answered);
-                    if rate < self.config.close_error_rate || (*f == 0) {
-                        self.close();
-                    } else {
-                        self.open(now, jitter);
-                    }
-                    return true;
+                let probes = self.config.half_open_probes;
+                // Even if every other probe succeeds, the rate can't get below `close_rate`.
+                let hopeless = *f > 0 && f64::from(*f) / f64::from(probes) >= close_rate;
+                if hopeless {
+                    self.open(now, jitter);
+                    true
+                } else if *answered >= probes {
+                    self.close(now);
+                    true
+                } else {
+                    false
                 }
-                false
             }
             Phase::Closed => {
-                self.window.push_back(failed);
-                self.failures += usize::from(failed);
-                if self.window.len() > self.config.window as usize {
-                    let old = self.window.pop_front().expect("non-empty window");
-                    self.failures -= usize::from(old);
+                if self.healthy_since.is_some_and(|h| {
+                    now.saturating_duration_since(h) >= self.config.healthy_reset.0
+                }) {
+                    self.consecutive_opens = 0;
                 }
-                let n = self.window.len();
-                if n >= self.config.min_samples as usize
-                    && self.failures as f64 / n as f64 >= self.config.open_error_rate
+                let config = &self.config;
+                self.window
+                    .push(failed, now, config.window, config.min_span.0);
+                let rate = self.window.error_rate();
+                if self.window.failures > 0 && rate >= close_rate {
+                    self.healthy_since = Some(now);
+                }
+                if self.window.failures > 0
+                    && self.window.outcomes >= u64::from(config.min_samples)
+                    && self.window.span(now) >= config.min_span.0
+                    && rate >= config.open_error_rate
                 {
                     self.open(now, jitter);
                     return true;
                 }
                 false
             }
-            // Answers of requests admitted before the breaker opened don't move it further.
+            // Answers of requests admitted before the breaker opened, or of earlier rounds'
+            // probes, don't move it further.
             _ => false,
         }
     }
 
-    /// A probe that never reached the upstream (corral refused it locally) gives its slot back.
-    pub fn release_probe(&mut self) {
+    /// A probe that never reached the upstream (corral refused it locally, the client left) or
+    /// whose answer was neutral (a 429) gives its slot back.
+    pub fn release_probe(&mut self, probe: Probe) {
         if let Phase::HalfOpen { admitted, .. } = &mut self.phase {
-            *admitted = admitted.saturating_sub(1);
+            if probe.0 == self.round {
+                *admitted = admitted.saturating_sub(1);
+            }
         }
     }
 
+    /// When a held request wakes for the probes after a cool-down ending at `until`.
+    fn wake_at(&self, until: Instant, ticket: &Ticket) -> Instant {
+        until + SLOT.mul_f64(ticket.jitter)
+    }
+
+    /// The probe this round's probes carry.
+    #[cfg(test)]
+    fn probe(&self) -> Option<Probe> {
+        Some(Probe(self.round))
+    }
+
+    /// Give `ticket` its place in the current episode (the breaker is not closed).
+    fn hold(&self, ticket: &mut Ticket, now: Instant) {
+        let Some(current) = self.episode else {
+            return;
+        };
+        match ticket.held {
+            Some((id, _)) if id == current.id => {}
+            // Caught again before its release: it arrives, in this episode, when it was due.
+            Some(_) => {
+                let due = self.release_at(ticket).unwrap_or(now);
+                ticket.held = Some((current.id, due.max(current.opened_at)));
+            }
+            None => ticket.held = Some((current.id, now)),
+        }
+    }
+
+    /// When a ticket held in an episode that has closed goes (`None`: never held, or in an
+    /// episode forgotten since).
+    fn release_at(&self, ticket: &Ticket) -> Option<Instant> {
+        let (id, since) = ticket.held?;
+        let episode = [self.episode, self.previous]
+            .into_iter()
+            .flatten()
+            .find(|e| e.id == id)?;
+        let closed = episode.closed_at?;
+        let ramp = self.config.release_ramp.0;
+        let open_for = closed.saturating_duration_since(episode.opened_at);
+        let offset = since.saturating_duration_since(episode.opened_at);
+        let scaled = if open_for > ramp {
+            offset.mul_f64(ramp.as_secs_f64() / open_for.as_secs_f64())
+        } else {
+            offset
+        };
+        Some(closed + scaled.min(ramp) + ramp.min(SLOT).mul_f64(ticket.jitter))
+    }
+
     fn open(&mut self, now: Instant, jitter: f64) {
+        if self.phase == Phase::Closed {
+            let id = self.episode.map_or(1, |e| e.id + 1);
+            self.previous = self.episode;
+            self.episode = Some(Episode {
+                id,
+                opened_at: now,
+                closed_at: None,
+            });
+        }
         self.consecutive_opens += 1;
         let doubling = 2u32.saturating_pow(self.consecutive_opens.saturating_sub(1).min(16));
         let cooldown = self
@@ -169,101 +424,15 @@ impl Breaker {
         };
     }
 
-    fn close(&mut self) {
-        self.consecutive_opens = 0;
+    fn close(&mut self, now: Instant) {
+        if let Some(e) = &mut self.episode {
+            e.closed_at = Some(now);
+        }
         self.window.clear();
-        self.failures = 0;
+        self.healthy_since = Some(now);
         self.phase = Phase::Closed;
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::HumanDuration;
-
-    fn breaker() -> Breaker {
-        Breaker::new(BreakerConfig {
-            window: 10,
-            min_samples: 5,
-            cooldown: HumanDuration::from_secs(2),
-            max_cooldown: HumanDuration::from_secs(5),
-            half_open_probes: 2,
-            ..BreakerConfig::default()
-        })
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn opens_at_the_error_rate_after_min_samples() {
-        let mut b = breaker();
-        let now = Instant::now();
-        for _ in 0..3 {
-            assert!(
-                !b.record(true, false, now, 1.0),
-                "below min_samples it stays closed"
-            );
-        }
-        b.record(false, false, now, 1.0);
-        assert!(
-            b.record(false, false, now, 1.0),
-            "3 of 5 failed = 60% >= 40%: opens"
-        );
-        assert_eq!(
-            b.phase(),
-            Phase::Open {
-                until: now + Duration::from_secs(2)
-            }
-        );
-        assert_eq!(
-            b.admit(now).0,
-            Admit::Wait(Some(now + Duration::from_secs(2)))
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn half_open_probes_close_or_reopen_longer() {
-        let mut b = breaker();
-        let t0 = Instant::now();
-        for _ in 0..5 {
-            b.record(true, false, t0, 1.0);
-        }
-        let t1 = t0 + Duration::from_secs(2);
-        assert_eq!(b.admit(t1), (Admit::Pass { probe: true }, true));
-        assert_eq!(b.admit(t1).0, Admit::Pass { probe: true });
-        assert_eq!(b.admit(t1).0, Admit::Wait(None), "only two probes");
-        b.record(false, true, t1, 1.0);
-        assert!(b.record(true, true, t1, 1.0), "a failed probe reopens");
-        assert_eq!(
-            b.phase(),
-            Phase::Open {
-                until: t1 + Duration::from_secs(4)
-            },
-            "cool-down doubled"
-        );
-        let t2 = t1 + Duration::from_secs(4);
-        b.admit(t2);
-        b.admit(t2);
-        b.record(false, true, t2, 1.0);
-        assert!(b.record(false, true, t2, 1.0));
-        assert_eq!(b.phase(), Phase::Closed);
-        for _ in 0..3 {
-            b.record(true, false, t2, 1.0);
-        }
-        assert_eq!(b.phase(), Phase::Closed, "the window restarted on closing");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn cooldown_caps_and_jitters() {
-        let mut b = breaker();
-        let now = Instant::now();
-        b.consecutive_opens = 10;
-        b.open(now, 0.0);
-        assert_eq!(
-            b.phase(),
-            Phase::Open {
-                until: now + Duration::from_millis(3750)
-            },
-            "5s cap, 75% jitter floor"
-        );
-    }
-}
+mod tests;

@@ -172,7 +172,14 @@ impl Metrics {
 }
 
 /// Sources of a pacing limit, in the order of [`KindGauges::sources`].
-const SOURCES: [&str; 5] = ["config", "headers", "aimd", "slow_start", "none"];
+const SOURCES: [&str; 6] = [
+    "config",
+    "headers",
+    "observed",
+    "aimd",
+    "slow_start",
+    "none",
+];
 
 /// One upstream's metric handles: cheap to clone (one `Arc`), label values bound once.
 #[derive(Clone)]
@@ -190,7 +197,7 @@ pub struct KindGauges {
     rate: Gauge,
     burst: Gauge,
     remaining: Gauge,
-    sources: [Gauge; 5],
+    sources: [Gauge; 6],
 }
 
 /// The handles behind [`UpstreamMetrics`].

@@ -186,7 +186,13 @@ impl App {
             .router
             .upstreams()
             .iter()
-            .map(|u| crate::stack::status(u))
+            .map(|u| {
+                let mut v = u.state.status();
+                v["name"] = serde_json::json!(u.name);
+                v["route"] = serde_json::json!(u.route);
+                v["in_flight"] = serde_json::json!(u.metrics.in_flight.get());
+                v
+            })
             .collect();
         let json = serde_json::json!({
             "ready": self.ready.load(Ordering::SeqCst),

@@ -98,6 +98,7 @@ window = 10
 min_samples = 4
 open_error_rate = 0.5
 cooldown = "10s"
+min_span = "0s"
 on_open = "reject"
 
 [[upstream]]

@@ -7,11 +7,15 @@
 //!    its slot across its retries (a retry never queues behind newer requests), and the slot
 //!    moves into the response body: a stream is in flight until its last byte.
 //! 2. [`retry`]: re-calls everything below it, so each of the following sees every attempt.
+//!    Throttles (429, 529) are retried for as long as the deadline allows, failures within
+//!    `max_retries` and the budget: a retried 429 goes straight back to (4), which the 429 has
+//!    paused, and takes a token there like a first attempt, so it adds no load.
 //! 3. [`breaker`]: every attempt passes the gate (a retry that bypassed it would recreate the
 //!    herd) and reports its outcome. Before the rate limiter, so requests held by an open
 //!    breaker take no tokens, and when it closes they are paced out by (4), never all at once.
 //! 4. [`rate_limit`]: configured ceilings and learned pacing, taken by every attempt, first and
-//!    retries alike; it learns from every attempt's answer.
+//!    retries alike; it learns from every attempt's answer, and a 429 pauses its partition
+//!    until the hint passes. It owns throttles; the retry budget and the breaker own failures.
 //! 5. [`timeout`]: per-try time to response head (bounded by the deadline), attempt metrics.
 //!
 //! The innermost service is the pooled [`UpstreamClient`](crate::client::UpstreamClient).
@@ -46,6 +50,17 @@ pub struct StackState {
     pub window: Arc<concurrency::Window>,
     pub breaker: Option<Arc<breaker::BreakerShared>>,
     pub rate_limit: Arc<rate_limit::RateLimitShared>,
+}
+
+impl StackState {
+    /// A JSON view of the stack's state (the server adds the upstream's name and route).
+    pub fn status(&self) -> serde_json::Value {
+        serde_json::json!({
+            "concurrency": {"limit": self.window.limit(), "in_use": self.window.in_use(), "queued": self.window.waiting()},
+            "breaker": self.breaker.as_ref().map(|b| b.phase().name()),
+            "rate_limit": self.rate_limit.status(),
+        })
+    }
 }
 
 /// Build the stack for one upstream.
@@ -100,17 +115,4 @@ pub fn build(config: &UpstreamConfig, metrics: &UpstreamMetrics) -> (Stack, Stac
         rate_limit,
     };
     (BoxCloneSyncService::new(service), state)
-}
-
-/// A JSON summary of one upstream's stack for `/status`.
-pub fn status(upstream: &crate::router::Upstream) -> serde_json::Value {
-    let s = &upstream.state;
-    serde_json::json!({
-        "name": upstream.name,
-        "route": upstream.route,
-        "in_flight": upstream.metrics.in_flight.get(),
-        "concurrency": {"limit": s.window.limit(), "in_use": s.window.in_use(), "queued": s.window.waiting()},
-        "breaker": s.breaker.as_ref().map(|b| b.phase().name()),
-        "rate_limit": s.rate_limit.status(),
-    })
 }

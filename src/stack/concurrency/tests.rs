@@ -1,8 +1,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use http_body_util::BodyExt;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
+use tower::ServiceExt;
 
 use super::*;
 
@@ -87,35 +89,44 @@ async fn adaptive_window_follows_latency_within_its_bounds() {
         16,
         2,
         64,
-        2.0,
+        1.25,
         100,
         Duration::from_secs(60),
         crate::metrics::Metrics::new().upstream("t"),
     );
     assert_eq!(w.limit(), 16);
+    // Saturated (requests always waiting), `limit` in flight, a backend with `slots` slots of
+    // 50 ms and a FIFO queue: a round trip's worth of answers per round trip.
+    let mut clock = Instant::now();
+    let mut answer = |slots: u32| {
+        let rtt = Duration::from_millis(50).mul_f64((w.limit() as f64 / slots as f64).max(1.0));
+        clock += rtt / w.limit();
+        w.sample(gradient::Sample {
+            sent: clock - rtt,
+            rtt,
+            in_flight: w.limit(),
+            saturated: true,
+        });
+    };
     for _ in 0..300 {
-        w.sample(Duration::from_millis(50));
+        answer(1000);
     }
-    assert_eq!(
-        w.limit(),
-        64,
-        "flat latency grows it to the ceiling (max_concurrency)"
-    );
-    // 60 answers at 40x the baseline (the baseline itself drifts up over hundreds).
-    for _ in 0..60 {
-        w.sample(Duration::from_millis(2000));
+    assert_eq!(w.limit(), 64, "flat latency grows it to the ceiling");
+    for _ in 0..2000 {
+        answer(8);
     }
     assert!(
-        w.limit() < 16,
-        "a queueing backend shrinks it: {}",
+        (8..=12).contains(&w.limit()),
+        "a backend with 8 slots brings it to 8 + a quarter: {}",
         w.limit()
     );
-    assert!(w.limit() >= 2);
     // The semaphore follows the limit: exactly `limit` slots can be held.
     let deadline = Instant::now() + Duration::from_secs(1);
     let held: Vec<_> = hold_slots(&w, w.limit(), deadline).await;
     assert!(Arc::clone(&w.semaphore).try_acquire_owned().is_err());
+    assert_eq!(w.in_use(), w.limit() as usize);
     drop(held);
+    assert_eq!(w.in_use(), 0);
 }
 
 async fn hold_slots(w: &Arc<Window>, n: u32, deadline: Instant) -> Vec<Slot> {
@@ -124,4 +135,53 @@ async fn hold_slots(w: &Arc<Window>, n: u32, deadline: Instant) -> Vec<Slot> {
         slots.push(w.acquire(deadline).await.unwrap());
     }
     slots
+}
+
+/// Only 2xx answers to first attempts are samples: a fast error says nothing about the
+/// backend's queue, and a retried request's time includes its backoff.
+#[tokio::test(start_paused = true)]
+async fn only_first_attempt_successes_teach_the_window() {
+    let w = Window::adaptive(
+        8,
+        1,
+        64,
+        1.25,
+        100,
+        Duration::from_secs(60),
+        crate::metrics::Metrics::new().upstream("t"),
+    );
+    let backend = tower::service_fn(|req: ProxyRequest| {
+        let answer: BoxFuture = Box::pin(async move {
+            let status = match req.uri.path() {
+                "/busy" => 503,
+                "/retried" => {
+                    req.ctx.count_attempt();
+                    req.ctx.count_attempt();
+                    200
+                }
+                _ => 200,
+            };
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok(http::Response::builder()
+                .status(status)
+                .body(crate::body::full("{}"))
+                .unwrap())
+        });
+        answer
+    });
+    let stack: crate::stack::Stack = tower::util::BoxCloneSyncService::new(tower::Layer::layer(
+        &ConcurrencyLayer::new(Arc::clone(&w)),
+        backend,
+    ));
+    let base = || w.gradient.as_ref().unwrap().lock().unwrap().base_rtt();
+    for path in ["/busy", "/retried", "/ok"] {
+        for _ in 0..10 {
+            let req = ProxyRequest::for_test(&format!("http://b{path}"), Duration::from_secs(60));
+            let response = stack.clone().oneshot(req).await.unwrap();
+            response.into_body().collect().await.unwrap();
+        }
+        assert_eq!(base().is_some(), path == "/ok", "{path}");
+    }
+    assert_eq!(base(), Some(Duration::from_millis(100)));
+    assert_eq!(w.in_use(), 0);
 }

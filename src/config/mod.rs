@@ -335,9 +335,13 @@ pub struct AdaptiveConfig {
     pub initial_burst: u32,
     /// Learned rates are used times this (a margin under the provider's limit).
     pub rate_margin: f64,
-    /// Adaptive concurrency: the window shrinks when latency exceeds the minimum by this factor.
+    /// Adaptive concurrency: the latency the window aims at, as a multiple of the no-load
+    /// latency; the backend then holds `(tolerance - 1) x` its slots in its own queue.
     pub latency_tolerance: f64,
+    /// Adaptive concurrency: the window's floor.
     pub min_concurrency: u32,
+    /// Adaptive concurrency: the window's size before it has learned anything; slow start
+    /// doubles it per round trip from there.
     pub initial_concurrency: u32,
 }
 
@@ -346,9 +350,9 @@ impl Default for AdaptiveConfig {
         Self {
             initial_burst: 10,
             rate_margin: 0.97,
-            latency_tolerance: 2.0,
+            latency_tolerance: 1.25,
             min_concurrency: 1,
-            initial_concurrency: 16,
+            initial_concurrency: 8,
         }
     }
 }

@@ -4,6 +4,12 @@
 //! silently. The permit moves into the response body, so a stream counts as in flight until its
 //! last byte. The limit can move at run time (adaptive concurrency): growing adds permits,
 //! shrinking forgets free ones and takes the rest as debt from permits coming back.
+//!
+//! With `concurrency = "auto"` the limit is [`gradient::Gradient`]'s, which keeps a queueing
+//! backend's own queue short so the waiting happens here. It learns from one sample per
+//! request, taken when the first byte of a 2xx response body to a first attempt goes to the
+//! client: the time since the request got its slot (corral's queue excluded), the slots held
+//! then, and whether requests were waiting for one.
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -26,6 +32,8 @@ pub struct Window {
     semaphore: Arc<Semaphore>,
     limit: AtomicU32,
     debt: AtomicU32,
+    /// Slots held (can exceed `limit` while it shrinks: the difference is `debt`).
+    held: AtomicU32,
     waiting: AtomicUsize,
     queue_size: usize,
     queue_timeout: Duration,
@@ -59,6 +67,7 @@ impl Window {
             semaphore: Arc::new(Semaphore::new(limit as usize)),
             limit: AtomicU32::new(limit),
             debt: AtomicU32::new(0),
+            held: AtomicU32::new(0),
             waiting: AtomicUsize::new(0),
             queue_size,
             queue_timeout,
@@ -68,7 +77,8 @@ impl Window {
         }
     }
 
-    /// A window whose limit follows the upstream's latency, between `min` and `max`.
+    /// A window whose limit follows the upstream's latency, between `min` and `max`, starting at
+    /// `initial` and aiming at `tolerance` times the no-load latency (see [`gradient`]).
     pub fn adaptive(
         initial: u32,
         min: u32,
@@ -89,14 +99,19 @@ impl Window {
         ))
     }
 
-    /// Feed the time from slot to response head into the adaptive limit, if there is one.
-    fn sample(&self, latency: Duration) {
+    /// Feed one answer into the adaptive limit, if there is one.
+    fn sample(&self, sample: gradient::Sample) {
         if let Some(g) = &self.gradient {
-            let new = g.lock().expect("gradient lock").sample(latency);
+            let new = g.lock().expect("gradient lock").sample(sample);
             if new != self.limit() {
                 self.set_limit(new);
             }
         }
+    }
+
+    /// Whether the window is the bottleneck: requests wait for a slot, or every slot is held.
+    fn saturated(&self) -> bool {
+        self.waiting() > 0 || self.held.load(Ordering::Relaxed) >= self.limit()
     }
 
     pub fn limit(&self) -> u32 {
@@ -108,7 +123,7 @@ impl Window {
     }
 
     pub fn in_use(&self) -> usize {
-        (self.limit() as usize).saturating_sub(self.semaphore.available_permits())
+        self.held.load(Ordering::Relaxed) as usize
     }
 
     /// Move the limit to `new` (at least 1).
@@ -197,22 +212,50 @@ pub struct Slot {
     window: Arc<Window>,
     permit: Option<OwnedSemaphorePermit>,
     since: Instant,
+    /// Slots held just after this one was taken.
+    in_flight: u32,
+    /// Whether the first body byte still has to be reported to the adaptive limit.
+    learn: bool,
 }
 
 impl Slot {
     fn new(window: &Arc<Window>, permit: OwnedSemaphorePermit) -> Self {
+        let in_flight = window.held.fetch_add(1, Ordering::AcqRel) + 1;
         Self {
             window: Arc::clone(window),
             permit: Some(permit),
             since: Instant::now(),
+            in_flight,
+            learn: false,
+        }
+    }
+
+    /// The adaptive limit learns from a 2xx answered at the first attempt (a retried request's
+    /// time includes its backoff; an error's says nothing about the backend's queue).
+    fn learn_from(&mut self, status: http::StatusCode, attempts: u32) {
+        self.learn = self.window.gradient.is_some() && status.is_success() && attempts <= 1;
+    }
+}
+
+impl Guard for Slot {
+    /// The first body byte ends the round trip: for a stream that is the first token (the
+    /// head may come before the backend has even scheduled the request), for a complete
+    /// answer it comes with the head.
+    fn on_data(&mut self, _len: usize) {
+        if std::mem::take(&mut self.learn) {
+            self.window.sample(gradient::Sample {
+                sent: self.since,
+                rtt: self.since.elapsed(),
+                in_flight: self.in_flight,
+                saturated: self.window.saturated(),
+            });
         }
     }
 }
 
-impl Guard for Slot {}
-
 impl Drop for Slot {
     fn drop(&mut self) {
+        self.window.held.fetch_sub(1, Ordering::AcqRel);
         let held = self.since.elapsed().as_micros().min(u128::from(u32::MAX)) as u32;
         let old = self.window.hold_micros.load(Ordering::Relaxed);
         self.window
@@ -237,9 +280,10 @@ impl Middleware for Window {
     fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> BoxFuture {
         let window = self;
         Box::pin(async move {
-            let slot = window.acquire(req.ctx.deadline).await?;
+            let ctx = Arc::clone(&req.ctx);
+            let mut slot = window.acquire(ctx.deadline).await?;
             let response = next.oneshot(req).await?;
-            window.sample(slot.since.elapsed());
+            slot.learn_from(response.status(), ctx.attempts());
             Ok(response.map(|body| Guarded::wrap(body, slot)))
         })
     }

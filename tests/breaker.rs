@@ -180,7 +180,8 @@ async fn trickle(corral: &Corral, n: usize) -> Vec<u16> {
     out
 }
 
-const TRICKLE: &str = "rate_limit = \"off\"\n[upstream.retry]\nmax_retries = 0\nmax_throttle_retries = 0\n\
+const TRICKLE: &str =
+    "rate_limit = \"off\"\n[upstream.retry]\nmax_retries = 0\nmax_throttle_retries = 0\n\
     [upstream.breaker]\nmin_span = \"100ms\"\nmin_samples = 5\non_open = \"reject\"\n";
 
 #[tokio::test]

@@ -243,14 +243,15 @@ pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResu
     let mut corrals = Vec::new();
     let targets: Vec<String> = match strategy {
         Strategy::CorralAuto | Strategy::CorralConfigured => {
-            let limits = if strategy == Strategy::CorralConfigured {
+            // Unconfigured: the world's upstream keys (e.g. `concurrency = "auto"`); limit
+            // set: its limits (e.g. a fixed window of the backend's slots).
+            let extra = if strategy == Strategy::CorralConfigured {
                 format!("[upstream.limits]\n{}", world.limits_toml)
             } else {
-                String::new()
+                world.upstream_toml.clone()
             };
             let toml = format!(
-                "[[upstream]]\nname = \"sim\"\nroute = \"/v1\"\nbase_url = \"http://{sim_addr}/v1\"\n{}{limits}",
-                world.upstream_toml
+                "[[upstream]]\nname = \"sim\"\nroute = \"/v1\"\nbase_url = \"http://{sim_addr}/v1\"\n{extra}"
             );
             let config =
                 config::load_str("(herd benchmark)", &toml).map_err(std::io::Error::other)?;

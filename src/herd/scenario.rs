@@ -76,7 +76,7 @@ pub struct World {
     pub tasks: usize,
     /// corrals on the one simulator (clients split evenly).
     pub replicas: usize,
-    /// Added to each corral's `[[upstream]]` table in every run.
+    /// Added to each corral's `[[upstream]]` table when unconfigured.
     pub upstream_toml: String,
     /// Each corral's `[upstream.limits]` when the limit is set.
     pub limits_toml: String,
@@ -186,10 +186,6 @@ pub fn world(
             limits_toml = format!("max_concurrency = {slots}\n");
             bound = service.mul_f64(tasks as f64 / f64::from(slots));
         }
-    }
-    if scenario == Some(Scenario::Queue) {
-        // The limit set is a fixed window of the backend's slots.
-        upstream_toml.clear();
     }
     World {
         sim,

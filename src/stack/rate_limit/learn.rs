@@ -54,6 +54,8 @@ const RESYNC_SLACK_TIME: Duration = Duration::from_millis(10);
 const SLOW_START_STALL: Duration = Duration::from_secs(1);
 /// Throttle windows are added up until they span this much before they give an estimate.
 const MIN_WINDOW: Duration = Duration::from_secs(1);
+/// The round trip assumed for spreading a ramp's sends before one is measured.
+const RAMP_RTT_GUESS: f64 = 0.1;
 /// A throttle window counts only if at least this many units per second were sent in it.
 const MIN_PRESSURE: f64 = 2.0;
 /// Two throttle events further apart than this may have had a full bucket in between: their
@@ -245,6 +247,11 @@ pub struct Pacer {
     synced_seq: f64,
     /// The fastest answer seen (seconds from send to head).
     min_rtt: Option<f64>,
+    /// While ramping (headroom not yet confirmed), sends are spread over the round trip instead
+    /// of leaving in a burst when a batch of answers arrives: the next may go at this instant.
+    /// A 429 comes back fast, pauses the partition and stops the rest of the round, so the
+    /// round that finds the bucket's edge costs a 429 or two instead of half the round.
+    next_send: Instant,
     /// Admitted and not yet answered, in admission order.
     unanswered: VecDeque<Ticket>,
     throttle_log: Throttles,
@@ -285,6 +292,7 @@ impl Pacer {
             verified: f64::from(initial_burst.max(1)),
             synced_seq: f64::NEG_INFINITY,
             min_rtt: None,
+            next_send: now,
             unanswered: VecDeque::new(),
             throttle_log: Throttles::default(),
             cap: None,
@@ -348,13 +356,26 @@ impl Pacer {
         self.level = (self.level + self.rate * dt).min(self.burst);
     }
 
+    /// The spacing of sends while headroom is unconfirmed (slow start, or reported headroom
+    /// beyond what answers have confirmed): one round trip over the confirmed window.
+    fn ramp_gap(&self) -> Option<Duration> {
+        let window = match self.source {
+            Source::SlowStart => self.burst,
+            Source::Headers if self.verified < self.burst => self.verified,
+            _ => return None,
+        };
+        let rtt = self.min_rtt.unwrap_or(RAMP_RTT_GUESS);
+        Some(Duration::from_secs_f64(rtt / window.max(1.0)))
+    }
+
     /// Whether [`try_acquire`](Self::try_acquire) would admit `cost` units now.
     pub fn can_acquire(&mut self, cost: f64, now: Instant) -> bool {
         if self.source == Source::None {
             return true;
         }
         self.refill(now);
-        self.level >= cost.min(self.burst).max(f64::MIN_POSITIVE)
+        (self.ramp_gap().is_none() || now >= self.next_send)
+            && self.level >= cost.min(self.burst).max(f64::MIN_POSITIVE)
     }
 
     /// Admit `cost` units now, or say how long to wait (`None`: until an answer arrives).
@@ -364,8 +385,15 @@ impl Pacer {
         }
         self.refill(now);
         let need = cost.min(self.burst).max(f64::MIN_POSITIVE);
+        let gap = self.ramp_gap();
+        if gap.is_some() && now < self.next_send && self.level >= need {
+            return Err(Some(self.next_send - now));
+        }
         if self.level >= need {
             self.level -= cost;
+            if let Some(gap) = gap {
+                self.next_send = now + gap;
+            }
             return Ok(self.admit(cost, now));
         }
         if self.source == Source::SlowStart
@@ -437,6 +465,10 @@ impl Pacer {
         self.refill(now);
         self.quiet_since = now;
         self.forget(ticket, now);
+        if answer == Answer::Ok {
+            let rtt = now.saturating_duration_since(ticket.sent_at).as_secs_f64();
+            self.min_rtt = Some(self.min_rtt.map_or(rtt, |m| m.min(rtt)));
+        }
         if matches!(answer, Answer::RateLimited | Answer::Overloaded) {
             self.throttles += 1;
         }
@@ -605,9 +637,6 @@ impl Pacer {
             }
         }
         let since = now.saturating_duration_since(ticket.sent_at).as_secs_f64();
-        if !throttled && answer == Answer::Ok {
-            self.min_rtt = Some(self.min_rtt.map_or(since, |m| m.min(since)));
-        }
         if self.distrust_until.is_some() {
             self.source = Source::Observed;
             return; // the level follows the 429s, not `remaining`

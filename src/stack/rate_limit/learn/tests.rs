@@ -380,6 +380,7 @@ fn the_unanswered_list_is_bounded_without_headers() {
     pacer.source = Source::Headers;
     pacer.level = f64::INFINITY;
     pacer.burst = f64::INFINITY;
+    pacer.verified = f64::INFINITY;
     for _ in 0..(MAX_UNANSWERED + 100) {
         pacer.try_acquire(1.0, now).unwrap();
     }

@@ -1,7 +1,20 @@
 //! corral: a sidecar proxy that keeps LLM workloads from stampeding the APIs they depend on.
 //!
 //! # Layout
+//! - [`cli`]: the command line (clap) and logging; `main.rs` only runs it.
+//! - [`config`]: the TOML config, checked in one pass into validated types.
+//! - [`server`]: the accept loop, admin endpoints, graceful shutdown ([`shutdown`]).
+//! - [`router`]: path prefix to upstream, each upstream owning one built stack.
+//! - [`forward`]: what a request becomes before the stack (hop-by-hop headers, body buffered).
+//! - [`stack`]: the per-upstream tower stack: metrics, concurrency, retry, breaker, rate limit,
+//!   per-try timeout; its module doc gives the order and why.
+//! - [`provider`]: what a provider's response headers say (retry hints, rate-limit reports).
+//! - [`classify`]: one classifier of attempt outcomes.
+//! - [`client`]: the pooled upstream client. [`body`]: the response body types.
+//! - [`error`]: `ProxyError`, corral's own refusals as OpenAI-style JSON.
+//! - [`metrics`]: every Prometheus series, on an explicit registry.
 //! - [`simulate`]: `corral simulate`, a rate-limited fake OpenAI/Anthropic upstream for offline tests.
+//! - [`herd`]: `corral bench herd`, the thundering-herd benchmark in several worlds.
 
 pub mod body;
 pub mod classify;

@@ -114,9 +114,10 @@ async fn anthropic_python_sdk_through_corral() {
     let Some(python) = python() else { return };
     let (sim, sim_addr) = start(limited()).await;
     // The SDK appends /v1/messages to its base URL: /anthropic/v1/messages reaches the
-    // simulator's /v1/messages.
+    // simulator's /v1/messages. Learning is off so that the storm surely meets the upstream's
+    // 429s (a learning corral paces it without any): the point is that the SDK never sees one.
     let corral = Corral::start(&format!(
-        "[[upstream]]\nname = \"anthropic\"\nroute = \"/anthropic\"\nbase_url = \"http://{sim_addr}/\"\n"
+        "[[upstream]]\nname = \"anthropic\"\nroute = \"/anthropic\"\nbase_url = \"http://{sim_addr}/\"\nrate_limit = \"off\"\n"
     ))
     .await;
     let env = [
@@ -174,8 +175,9 @@ async fn anthropic_python_sdk_never_sees_529() {
 async fn openai_python_sdk_429_storm() {
     let Some(python) = python() else { return };
     let (sim, sim_addr) = start(limited()).await;
+    // Learning off: the storm must meet the upstream's 429s for the SDK to be spared them.
     let corral = Corral::start(&format!(
-        "[[upstream]]\nname = \"openai\"\nroute = \"/v1\"\nbase_url = \"http://{sim_addr}/v1\"\n"
+        "[[upstream]]\nname = \"openai\"\nroute = \"/v1\"\nbase_url = \"http://{sim_addr}/v1\"\nrate_limit = \"off\"\n"
     ))
     .await;
     let env = [

@@ -111,6 +111,7 @@ max_concurrency = 1
 queue_size = 1
 [upstream.retry]
 max_retries = 0
+max_throttle_retries = 0
 "#
     ))
     .await;
@@ -154,13 +155,16 @@ max_retries = 0
         let url = corral.url("/flaky/chat/completions");
         send(&client, post(&url, &chat(false))).await;
     }
-    // A 429 from the upstream passed through (its one token went above).
-    let url = corral.url("/strict/chat/completions");
-    let (parts, _) = send(&client, post(&url, &chat(false))).await;
-    assert_eq!(
-        parts.status, 429,
-        "the stingy upstream's 429 passes through"
-    );
+    // The stingy upstream's 429 (passed through above: no throttle retries there) paused its
+    // partition for about 10 s: a request whose deadline ends sooner gets corral's own 429.
+    let paused = Request::post(corral.url("/strict/chat/completions"))
+        .header("content-type", "application/json")
+        .header("x-corral-deadline-ms", "500")
+        .body(Full::new(Bytes::from(chat(false))))
+        .unwrap();
+    let (parts, _) = send(&client, paused).await;
+    assert_eq!(parts.status, 429, "refused while the partition is paused");
+    assert!(parts.headers.contains_key("x-corral-error"));
     // A client that retries on its own, and a path no upstream serves.
     let retried = Request::post(corral.url("/v1/chat/completions"))
         .header("content-type", "application/json")

@@ -2,12 +2,12 @@
 //! configured ceilings, its learned pacers, and the pause that a 429 puts on all of it.
 //!
 //! A request's way through [`Partition::acquire`]:
-//! 1. [`fast_path`](Partition::fast_path): nobody waiting, no pause, no governor bucket, and the
+//! 1. `fast_path`: nobody waiting, no pause, no governor bucket, and the
 //!    pacers admit it now: no turn to take, no timer.
 //! 2. Otherwise it waits out any pause (each waiter at its own jittered instant when nothing
-//!    else will pace them), then [`take_turn`](Partition::take_turn): a fair tokio mutex, so
+//!    else will pace them), then `take_turn`: a fair tokio mutex, so
 //!    waiters go in FIFO order and a large request is not starved by small ones.
-//! 3. [`wait`](Partition::wait): with the turn held, the governor buckets, then the pacers,
+//! 3. `wait`: with the turn held, the governor buckets, then the pacers,
 //!    re-checking the pause (a 429 may arrive meanwhile), while the deadline allows.
 
 use std::num::NonZeroU32;

@@ -4,7 +4,9 @@
 //! jitter; base 1 s, cap 30 s, 6 retries, Retry-After ignored as such loops do) and clients that
 //! never retry going through corral, unconfigured (learning the limit) and with its rate limit
 //! set to the simulator's. Everything runs in this process on 127.0.0.1; the simulator is fresh
-//! for each strategy.
+//! for each strategy. `--scenario` runs corral in other worlds instead (`scenario`): upstreams
+//! that report their limits differently, lie about them, move them, queue, or fail for a moment,
+//! and several corrals on one key (`--replicas`).
 
 mod report;
 pub mod scenario;
@@ -47,8 +49,9 @@ pub struct HerdArgs {
     /// Run only these strategies (default: all).
     #[arg(long, value_enum)]
     pub strategy: Vec<Strategy>,
-    /// What the simulator's `x-ratelimit-limit-requests` reports: the bucket's capacity, or a
-    /// per-minute figure (providers differ; corral learns from both).
+    /// What the simulator's `x-ratelimit-limit-requests` reports: the bucket's capacity, a
+    /// per-minute figure, or a quantized one (a per-minute report over a per-second bucket);
+    /// `--scenario` sets its own.
     #[arg(long, value_enum, default_value_t = LimitReport::Capacity)]
     pub limit_report: LimitReport,
     /// Run these worlds (`all`: every one), corral unconfigured and with the limit set, and

@@ -28,3 +28,17 @@ impl Kind {
         }
     }
 }
+
+/// A `HeaderMap` from `(name, value)` pairs, for tests.
+#[cfg(test)]
+pub fn header_map(pairs: &[(&str, &str)]) -> http::HeaderMap {
+    pairs
+        .iter()
+        .map(|(k, v)| {
+            (
+                http::HeaderName::from_bytes(k.as_bytes()).expect("a header name"),
+                v.parse().expect("a header value"),
+            )
+        })
+        .collect()
+}

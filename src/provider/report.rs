@@ -74,17 +74,7 @@ mod tests {
     #[test]
     fn header_shapes_and_garbage() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_740_435_900);
-        let h = |pairs: &[(&str, &str)]| -> HeaderMap {
-            pairs
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                        v.parse().unwrap(),
-                    )
-                })
-                .collect()
-        };
+        let h = crate::provider::header_map;
         let anthropic = h(&[
             ("anthropic-ratelimit-requests-limit", "1000"),
             ("anthropic-ratelimit-requests-remaining", "999"),

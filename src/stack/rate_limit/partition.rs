@@ -479,18 +479,6 @@ mod tests {
         assert!(err.retry_after().unwrap() > Duration::from_millis(500));
     }
 
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        pairs
-            .iter()
-            .map(|(k, v)| {
-                (
-                    http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                    v.parse().unwrap(),
-                )
-            })
-            .collect()
-    }
-
     /// Issue 9, point 2: one 429 stops every send to the partition until its hint passes, and
     /// requests already waiting do not walk into the empty bucket.
     #[tokio::test(start_paused = true)]
@@ -500,7 +488,7 @@ mod tests {
         let far = Instant::now() + Duration::from_secs(60);
         let tickets = partition.acquire(1, far, "t").await.unwrap();
         let start = Instant::now();
-        let h = headers(&[("retry-after-ms", "1500")]);
+        let h = provider::header_map(&[("retry-after-ms", "1500")]);
         partition.observe(tickets, Outcome::Throttled(429), Some(&h), &metrics);
         let waiters: Vec<_> = (0..3)
             .map(|_| {

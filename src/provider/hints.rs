@@ -94,20 +94,23 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 
 /// The wait the upstream asks for before the next attempt, if it says.
 pub fn retry_hint(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    explicit_hint(headers, now).or_else(|| reset_hint(headers, now))
+}
+
+/// The wait the upstream names outright: `retry-after-ms`, `retry-after`, `x-ms-retry-after-ms`
+/// (not a bucket's reset, which is the time until it is *full*).
+pub fn explicit_hint(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     if let Some(d) = header(headers, "retry-after-ms").and_then(parse_millis) {
         return Some(d);
     }
     if let Some(d) = header(headers, "retry-after").and_then(|v| parse_retry_after(v, now)) {
         return Some(d);
     }
-    if let Some(d) = header(headers, "x-ms-retry-after-ms").and_then(parse_millis) {
-        return Some(d);
-    }
-    reset_hint(headers, now)
+    header(headers, "x-ms-retry-after-ms").and_then(parse_millis)
 }
 
 /// The later reset among the buckets reported exhausted; the earliest reset if none says.
-fn reset_hint(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+pub fn reset_hint(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let mut exhausted: Option<Duration> = None;
     let mut any: Option<Duration> = None;
     let mut consider = |remaining: Option<&str>, reset: Option<Duration>| {

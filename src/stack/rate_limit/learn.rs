@@ -21,7 +21,8 @@
 //!   many other clients share the key. Windows are added up until they span `MIN_WINDOW`, then
 //!   give an estimate that caps the pace (so four corrals on one key each settle on their share,
 //!   even though each sees the whole key's headers). A second event within `REPEAT` of the last
-//!   one, before any estimate, cuts the pace by `BETA`. An estimated cap holds for `HOLD`, then
+//!   one that completes no estimate cuts the pace by `BETA` (so an estimated cap under steady
+//!   contention alternates with cuts, as AIMD does). An estimated cap holds for `HOLD`, then
 //!   probes upward by `GROWTH` per second; a cut one grows faster (it is a guess).
 //! - **Slow start** before anything is known: `initial_burst` requests go, each success lets two
 //!   more go (doubling per round trip), and the first throttle ends it.
@@ -608,8 +609,10 @@ impl Pacer {
             // Only a 429 says where the bucket refuses (a 529 is the whole service).
             match self.floor {
                 Some(floor) if r.remaining >= floor + LIE_MARGIN => self.demote(now),
-                None if r.remaining >= 1.0 => self.floor = Some(r.remaining),
-                _ => {}
+                Some(_) => {}
+                // The first 429 says where this report refuses: 0 for an honest one, the offset
+                // for a per-minute one.
+                None => self.floor = Some(r.remaining),
             }
         }
         self.verified = if throttled {

@@ -220,10 +220,10 @@ impl Partition {
             } else {
                 Duration::ZERO
             };
-            let wake = until + extra;
-            if wake > deadline {
-                return Err(wake.saturating_duration_since(Instant::now()));
+            if until > deadline {
+                return Err(until.saturating_duration_since(Instant::now()));
             }
+            let wake = (until + extra).min(deadline);
             tokio::time::sleep_until(wake).await;
         }
         Ok(())
@@ -307,12 +307,17 @@ impl Partition {
         let wall = SystemTime::now();
         let now = Instant::now();
         let rate_limited = outcome == Outcome::Throttled(429);
-        let hint = if rate_limited {
-            headers.and_then(|h| provider::retry_hint(h, wall))
-        } else {
-            None
+        // An explicit wait first; a bucket's reset is the time until it is *full*, far longer
+        // than one request needs, so the learner's estimate goes before it. A zero hint
+        // ("retry-after: 0", an instant already past) is no pause.
+        let (explicit, reset) = match headers {
+            Some(h) if rate_limited => (
+                provider::hints::explicit_hint(h, wall),
+                provider::hints::reset_hint(h, wall),
+            ),
+            _ => (None, None),
         };
-        let mut learned_pause = None;
+        let mut learned_pause: Option<Duration> = None;
         if let (Some(pacers), Some(tickets)) = (&self.pacers, tickets) {
             let mut p = pacers.lock().expect("pacer lock");
             let reports = headers.map(|h| {
@@ -352,7 +357,11 @@ impl Partition {
                 .store(p.tokens.source() != Source::None, Ordering::Relaxed);
         }
         if rate_limited {
-            let pause = hint.or(learned_pause).unwrap_or(self.default_pause);
+            let nonzero = |d: Option<Duration>| d.filter(|d| !d.is_zero());
+            let pause = nonzero(explicit)
+                .or(nonzero(learned_pause))
+                .or(nonzero(reset))
+                .unwrap_or(self.default_pause);
             self.pause
                 .extend(now + pause.min(provider::hints::MAX_HINT));
         }

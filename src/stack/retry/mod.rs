@@ -12,8 +12,9 @@
 //!   only), while `max_retries`, the retry budget and the deadline allow.
 //!
 //! Giving up passes the upstream's last answer through, with `x-should-retry: false` when corral
-//! did retry (so the client's own loop does not multiply the load again), and, when corral's
-//! limiter ended the wait, its `retry-after` if the answer carried none.
+//! did retry or when a throttle's wait is beyond the deadline (so the client's own loop does not
+//! multiply the load again), and corral's `retry-after` (its limiter's wait, or the hint it read
+//! from a reset header) if the answer carried none.
 //!
 //! Classification (`policy`) is apart from the schedule (`backoff`, `crate::provider`'s hints,
 //! the budget), as in Vector's `RetryLogic` vs `FibonacciRetryPolicy`. tower's `Retry` is not
@@ -188,7 +189,7 @@ where
             if reason == "429" {
                 // The rate limiter enforces the hint; here only: can the deadline cover it?
                 if hint.is_some_and(|h| Instant::now() + h >= req.ctx.deadline) {
-                    return give_up(last, attempts + 1, "deadline", None, &shared);
+                    return give_up(last, attempts + 1, "deadline", hint, &shared);
                 }
                 Duration::ZERO
             } else {
@@ -206,7 +207,10 @@ where
             shared.sleep_for(retries, previous, hint)
         };
         if Instant::now() + sleep >= req.ctx.deadline {
-            return give_up(last, attempts, "deadline", None, &shared);
+            // A throttle the deadline cannot wait for is marked even on its first answer: the
+            // client's own loop would only meet the same limit.
+            let marked = attempts + u32::from(throttle);
+            return give_up(last, marked, "deadline", hint, &shared);
         }
         previous_answer = Some(last);
         metrics.retry(reason);
@@ -239,8 +243,9 @@ fn may_retry(response: &Response<Body>) -> bool {
         || crate::classify::should_retry_header(response.headers()) == Some(true)
 }
 
-/// Pass the last answer through. Once corral has retried, mark it so the SDKs don't retry again;
-/// when corral's own limiter ended the wait, add its Retry-After if the answer had none.
+/// Pass the last answer through. `attempts > 0` (corral retried, or a throttle's wait is beyond
+/// the deadline): mark it so the SDKs don't retry again; add `retry_after` if the answer has no
+/// Retry-After.
 fn give_up(
     last: Last,
     attempts: u32,

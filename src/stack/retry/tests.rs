@@ -219,6 +219,11 @@ async fn a_throttle_the_deadline_cannot_wait_for_goes_back_marked_with_retry_aft
     assert_eq!(response.status(), 429);
     assert_eq!(response.headers()["x-should-retry"], "false");
     assert_eq!(
+        response.headers()["retry-after"],
+        "5",
+        "corral's Retry-After, read from the exhausted bucket's reset"
+    );
+    assert_eq!(
         response.headers()["x-ratelimit-reset-requests"],
         "5s",
         "the upstream's answer"

@@ -376,13 +376,15 @@ async fn a_report_caught_lying_is_demoted_then_trusted_again() {
 #[test]
 fn the_unanswered_list_is_bounded_without_headers() {
     let now = Instant::now();
-    let mut pacer = Pacer::new(Kind::Tokens, 10, 1.0, now);
-    pacer.source = Source::Headers;
-    pacer.level = f64::INFINITY;
-    pacer.burst = f64::INFINITY;
-    pacer.verified = f64::INFINITY;
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
+    // Answered without any report (no headers): each answer leaves the list.
+    let t = pacer.try_acquire(1.0, now).unwrap();
+    assert_eq!(pacer.unanswered.len(), 1);
+    pacer.observe(t, Answer::Ok, None, now);
+    assert!(pacer.unanswered.is_empty());
+    // Never answered (cancelled): the list keeps the newest MAX_UNANSWERED.
     for _ in 0..(MAX_UNANSWERED + 100) {
-        pacer.try_acquire(1.0, now).unwrap();
+        pacer.admit(1.0, now);
     }
     assert_eq!(pacer.unanswered.len(), MAX_UNANSWERED);
 }

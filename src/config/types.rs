@@ -5,7 +5,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use http::uri::{Scheme, Uri};
+use http::uri::Uri;
 use serde::de::{self, Deserializer};
 use serde::{Deserialize, Serialize, Serializer};
 
@@ -129,9 +129,6 @@ impl BaseUrl {
     /// The path without a trailing slash ("" for the root).
     pub fn path(&self) -> &str {
         self.0.path().trim_end_matches('/')
-    }
-    pub fn is_https(&self) -> bool {
-        self.0.scheme() == Some(&Scheme::HTTPS)
     }
 }
 

@@ -33,7 +33,7 @@ use crate::classify::Outcome;
 use crate::config::{self, LearnMode, UpstreamConfig};
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{BoxFuture, Middleware, Next, Shared};
+use crate::stack::layer::{lock, BoxFuture, Middleware, Next, Shared};
 
 /// Most partitions kept; requests with further keys share the upstream's default partition.
 const MAX_PARTITIONS: usize = 10_000;
@@ -79,7 +79,7 @@ impl RateLimitShared {
             return Arc::clone(&self.default);
         };
         let key = hasher.hash_one(credential.as_bytes());
-        let mut map = map.lock().expect("partition lock");
+        let mut map = lock(map);
         if let Some(b) = map.get(&key) {
             return Arc::clone(b);
         }
@@ -95,9 +95,23 @@ impl RateLimitShared {
     pub fn status(&self) -> serde_json::Value {
         let mut v = self.default.status();
         if let Some((map, _)) = &self.by_key {
-            v["partitions"] = serde_json::json!(map.lock().expect("partition lock").len());
+            v["partitions"] = serde_json::json!(lock(map).len());
         }
         v
+    }
+}
+
+#[cfg(test)]
+impl RateLimitShared {
+    /// Poison every std mutex this holds (tests of [`crate::stack::layer::lock`]).
+    pub(crate) fn poison_locks(&self) {
+        self.default.poison_locks();
+        if let Some((map, _)) = &self.by_key {
+            for partition in lock(map).values() {
+                partition.poison_locks();
+            }
+            crate::stack::layer::poison(map);
+        }
     }
 }
 

@@ -158,6 +158,11 @@ impl Partition {
         }
     }
 
+    /// Whether a 429's pause is in force at `now`.
+    pub fn is_paused(&self, now: Instant) -> bool {
+        self.pause.until(now).is_some()
+    }
+
     /// Whether requests must be charged a token estimate.
     pub fn charges_tokens(&self) -> bool {
         self.tokens.is_some() || self.tokens_learned.load(Ordering::Relaxed)

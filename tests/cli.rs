@@ -189,6 +189,93 @@ async fn check_config_rejects_cap_below_base() {
 }
 
 #[tokio::test]
+async fn check_config_rejects_a_duration_beyond_a_year() {
+    let (code, _, stderr, path) =
+        check("long", "cap = \"30s\"", "cap = \"500000000000y\"", true).await;
+    assert_eq!(code, 2);
+    assert_eq!(
+        stderr,
+        format!("{path}:14: upstream.retry.cap: duration `500000000000y` is too long: at most 365 days (\"365d\")")
+    );
+}
+
+// Config errors never quote a value that may be a credential: each rejection below asserts
+// its message and that the secret is not in it.
+
+#[tokio::test]
+async fn check_config_hides_a_literal_key_before_a_stray_variable() {
+    let (code, _, stderr, path) = check(
+        "stray",
+        "\"Bearer ${CORRAL_CLI_TEST_KEY}\"",
+        "\"Bearer sk-literal-secret ${\"",
+        true,
+    )
+    .await;
+    assert_eq!(code, 2);
+    assert_eq!(
+        stderr,
+        format!("{path}:10: upstream.headers.Authorization: unterminated `${{`: a variable is written `${{NAME}}`")
+    );
+    assert!(!stderr.contains("sk-literal"), "{stderr}");
+}
+
+#[tokio::test]
+async fn check_config_hides_a_header_value_of_the_wrong_type() {
+    let (code, _, stderr, path) = check(
+        "header-type",
+        "\"Bearer ${CORRAL_CLI_TEST_KEY}\"",
+        "98765432123456789",
+        true,
+    )
+    .await;
+    assert_eq!(code, 2);
+    assert_eq!(
+        stderr,
+        format!("{path}:10: upstream.headers.Authorization: invalid type: integer `*****`, expected a string")
+    );
+    assert!(!stderr.contains("98765432123456789"), "{stderr}");
+}
+
+#[tokio::test]
+async fn check_config_hides_credentials_in_a_base_url() {
+    for (url, shown, secret) in [
+        (
+            "https://user:sk-url-secret@api.openai.com/v1",
+            "`https://*****@api.openai.com/v1` must name a host, without user info",
+            "sk-url-secret",
+        ),
+        (
+            "https://api.openai.com/v1?key=sk-query-secret",
+            "`https://api.openai.com/v1?*****` must not have a query string",
+            "sk-query-secret",
+        ),
+    ] {
+        let (code, _, stderr, path) =
+            check("url-secret", "https://api.openai.com/v1", url, true).await;
+        assert_eq!(code, 2);
+        assert_eq!(stderr, format!("{path}:7: upstream.base_url: URL {shown}"));
+        assert!(!stderr.contains(secret), "{stderr}");
+    }
+}
+
+#[tokio::test]
+async fn check_config_quotes_a_refused_value_as_written_not_as_expanded() {
+    let (code, _, stderr, path) = check(
+        "expanded",
+        "\"https://api.openai.com/v1\"",
+        "\"${CORRAL_CLI_TEST_KEY}\"",
+        true,
+    )
+    .await;
+    assert_eq!(code, 2);
+    assert_eq!(
+        stderr,
+        format!("{path}:7: upstream.base_url: URL `${{CORRAL_CLI_TEST_KEY}}` needs a scheme, e.g. https://${{CORRAL_CLI_TEST_KEY}}")
+    );
+    assert!(!stderr.contains("sk-cli-sample"), "{stderr}");
+}
+
+#[tokio::test]
 async fn run_rejects_a_bad_upstream_flag_before_binding() {
     let out = corral_command(["--listen", "127.0.0.1:0", "--upstream", "localhost:8000"])
         .output()

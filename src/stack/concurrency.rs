@@ -179,7 +179,9 @@ impl Window {
         }
         self.metrics.queue_depth.set(waiting as i64 + 1);
         let start = Instant::now();
-        let until = (start + self.queue_timeout).min(deadline);
+        let until = start
+            .checked_add(self.queue_timeout)
+            .map_or(deadline, |t| t.min(deadline));
         match tokio::time::timeout_at(until, Arc::clone(&self.semaphore).acquire_owned()).await {
             Ok(Ok(permit)) => {
                 self.metrics

@@ -145,7 +145,7 @@ impl Metrics {
     }
 
     /// Handles for one upstream, with its label values bound once, and every labelled family
-    /// given a zero series for each value it can take (see [`Metrics::init_labels`]).
+    /// given a zero series for each value it can take (see `Metrics::init_labels`).
     pub fn upstream(&self, name: &str) -> UpstreamMetrics {
         self.init_labels(name);
         let v = &[name];

@@ -2,9 +2,9 @@
 //!
 //! Order, outermost first (a request passes down, its response back up):
 //!
-//! 0. [`CatchPanicLayer`](layer::CatchPanicLayer): outside everything, so a panic in any layer
-//!    below, or in the client, is answered with a 500 `internal` (and counted) instead of a
-//!    closed connection with no reply.
+//! 0. [`CatchPanicLayer`]: outside everything, so a panic in any layer below, or in the client,
+//!    is answered with a 500 `internal` (and counted) instead of a closed connection with no
+//!    reply. A panic in a response body already streaming is not caught: its head has gone.
 //! 1. [`metrics`]: one call per client request: counts, duration, in-flight until the body ends.
 //! 2. [`concurrency`]: the window and its bounded FIFO queue. Outside Retry, so a request keeps
 //!    its slot across its retries (a retry never queues behind newer requests), and the slot

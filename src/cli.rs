@@ -1,9 +1,11 @@
 //! Command line: `corral` (run), `corral check-config PATH`, `corral simulate`.
 
+use std::io::{BufWriter, Write};
 use std::num::NonZeroU32;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use tracing_appender::non_blocking::{NonBlocking, NonBlockingBuilder, WorkerGuard};
 
 use crate::config::{self, types::parse_base_url, Config, ConfigError, ListenAddr, UpstreamConfig};
 
@@ -124,18 +126,27 @@ impl RunArgs {
     }
 }
 
+/// Log lines that may wait for the writer thread; beyond this many a new line is dropped (and
+/// counted in `corral_log_lines_dropped_total`). At a few hundred bytes a line that holds at
+/// most a few MB, and a burst of several thousand requests' lines.
+const LOG_QUEUE_LINES: usize = 8_192;
+
+/// The writer thread's buffer: queued lines go out in one write per batch (or per this much).
+const LOG_WRITE_BUFFER: usize = 64 * 1024;
+
 /// Install the tracing subscriber: text or JSON on stderr, `RUST_LOG` filters (default info).
 ///
-/// Lines are written by a background thread (one request line per request would otherwise cost
-/// a locked, unbuffered write on the request path); it blocks rather than drops when behind.
+/// Logging never blocks a request: lines are queued for a background thread (one request line
+/// per request would otherwise cost a locked, unbuffered write on the request path), which
+/// writes them through a buffer flushed after each batch. When the queue is full (stderr slower
+/// than the lines come) new lines are dropped and counted in `corral_log_lines_dropped_total`.
 /// Keep the returned guard alive until exit: dropping it flushes what is queued.
 #[must_use = "dropping the guard stops the log writer"]
-pub fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
+pub fn init_logging(format: LogFormat) -> WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .finish(std::io::stderr());
+    let (writer, guard) = log_writer(std::io::stderr());
+    crate::metrics::count_dropped_log_lines(writer.error_counter());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer);
@@ -144,4 +155,96 @@ pub fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::Worker
         LogFormat::Json => builder.json().flatten_event(true).init(),
     }
     guard
+}
+
+/// A writer that never blocks its caller: lines queue (at most [`LOG_QUEUE_LINES`], then
+/// dropped and counted) for a thread that writes them to `out` in batches.
+fn log_writer<W: Write + Send + 'static>(out: W) -> (NonBlocking, WorkerGuard) {
+    NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(LOG_QUEUE_LINES)
+        .thread_name("corral-log")
+        .finish(BufWriter::with_capacity(LOG_WRITE_BUFFER, Discard(out)))
+}
+
+/// `out`, its errors swallowed: a line stderr refuses has nowhere else to go, and a failing
+/// flush retried forever would spin the writer thread at exit.
+struct Discard<W>(W);
+
+impl<W: Write> Write for Discard<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        Ok(self.0.write(buf).unwrap_or(buf.len()))
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = self.0.flush();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A writer whose every write waits until `release` is dropped: a stderr pipe nobody reads.
+    struct Stuck(mpsc::Receiver<()>);
+
+    impl Write for Stuck {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let _ = self.0.recv();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_stuck_log_writer_drops_lines_instead_of_blocking_requests() {
+        let (release, stuck) = mpsc::channel::<()>();
+        let (writer, guard) = log_writer(Stuck(stuck));
+        let dropped = writer.error_counter();
+        let subscriber = tracing_subscriber::fmt().with_writer(writer).finish();
+        // More lines than the queue and the write buffer can hold together.
+        let lines = 4 * LOG_QUEUE_LINES;
+        let (done, finished) = mpsc::channel();
+        std::thread::spawn(move || {
+            tracing::subscriber::with_default(subscriber, || {
+                for n in 0..lines {
+                    tracing::info!(n, upstream = "openai", status = 200, "request");
+                }
+            });
+            let _ = done.send(());
+        });
+        assert!(
+            finished.recv_timeout(Duration::from_secs(60)).is_ok(),
+            "logging blocked behind a stuck writer"
+        );
+        assert!(
+            dropped.dropped_lines() >= lines - LOG_QUEUE_LINES - LOG_WRITE_BUFFER / 32,
+            "{} of {lines} lines dropped",
+            dropped.dropped_lines()
+        );
+        drop(release);
+        drop(guard);
+    }
+
+    #[test]
+    fn a_broken_stderr_is_ignored() {
+        struct Broken;
+        impl Write for Broken {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                Err(std::io::ErrorKind::BrokenPipe.into())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Err(std::io::ErrorKind::BrokenPipe.into())
+            }
+        }
+        let mut out = BufWriter::new(Discard(Broken));
+        out.write_all(b"a line\n").unwrap();
+        out.flush().unwrap();
+    }
 }

@@ -58,8 +58,6 @@ pub enum ProxyError {
         upstream: String,
         retry_after: Duration,
     },
-    #[error("corral is shutting down")]
-    Draining,
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -77,7 +75,7 @@ impl ProxyError {
             Self::QueueFull { .. } | Self::QueueTimeout { .. } | Self::RateLimited { .. } => {
                 StatusCode::TOO_MANY_REQUESTS
             }
-            Self::CircuitOpen { .. } | Self::Draining => StatusCode::SERVICE_UNAVAILABLE,
+            Self::CircuitOpen { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -98,7 +96,6 @@ impl ProxyError {
             | Self::QueueTimeout { .. }
             | Self::RateLimited { .. }
             | Self::CircuitOpen { .. }
-            | Self::Draining
             | Self::Internal(_) => false,
         }
     }
@@ -119,7 +116,6 @@ impl ProxyError {
             Self::QueueTimeout { .. } => "queue_timeout",
             Self::RateLimited { .. } => "rate_limited",
             Self::CircuitOpen { .. } => "circuit_open",
-            Self::Draining => "draining",
             Self::Internal(_) => "internal",
         }
     }

@@ -4,12 +4,16 @@
 //! from bounded sets (upstream names from the config, status codes, fixed reason enums); never
 //! keys, paths or models.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
 use prometheus::{
     CounterVec, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
     IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
+use tracing_appender::non_blocking::ErrorCounter;
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -51,6 +55,7 @@ pub struct Metrics {
     concurrency_limit: IntGaugeVec,
     corral_errors: IntCounterVec,
     hint_seconds: CounterVec,
+    panics: IntCounterVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -85,7 +90,7 @@ impl Metrics {
     pub fn new() -> Self {
         let r = Registry::new();
         let up = &["upstream"];
-        Self {
+        let m = Self {
             requests: counter(&r, "corral_requests_total", "Client requests answered, by upstream, method and status code.", &["upstream", "method", "code"]),
             request_duration: histogram(&r, "corral_request_duration_seconds", "Time from a client request to its response head, retries and waits included.", up, LATENCY_BUCKETS),
             upstream_duration: histogram(&r, "corral_upstream_duration_seconds", "Time from sending one attempt upstream to its response head.", up, LATENCY_BUCKETS),
@@ -118,8 +123,16 @@ impl Metrics {
                 r.register(Box::new(c.clone())).expect("unique metric");
                 c
             },
-            registry: r,
+            panics: counter(&r, "corral_panics_total", "Panics caught while serving a request; each was answered with a 500 `internal`.", up),
+            registry: {
+                r.register(Box::new(LogLinesDropped::new())).expect("unique metric");
+                r
+            },
+        };
+        for cause in CAUSES {
+            m.corral_errors.with_label_values(&[UNROUTED, cause]);
         }
+        m
     }
 
     /// The Prometheus text exposition of every metric.
@@ -131,8 +144,10 @@ impl Metrics {
         String::from_utf8(buf).expect("prometheus text is UTF-8")
     }
 
-    /// Handles for one upstream, with its label values bound once.
+    /// Handles for one upstream, with its label values bound once, and every labelled family
+    /// given a zero series for each value it can take (see `Metrics::init_labels`).
     pub fn upstream(&self, name: &str) -> UpstreamMetrics {
+        self.init_labels(name);
         let v = &[name];
         let kind = |k: &str| KindGauges {
             rate: self.learned_rate.with_label_values(&[name, k]),
@@ -160,14 +175,150 @@ impl Metrics {
             rate_wait: self.rate_wait.with_label_values(v),
             tokens_charged: self.tokens_charged.with_label_values(v),
             concurrency_limit: self.concurrency_limit.with_label_values(v),
+            panics: self.panics.with_label_values(v),
         }))
+    }
+
+    /// A zero series for each known value of each bounded label of `upstream`, so a fresh
+    /// corral's first scrape already has every family a dashboard panel queries ("No data"
+    /// otherwise, until the first sample). Families labelled by `upstream` alone get theirs
+    /// when [`Metrics::upstream`] binds them. `corral_requests_total` gets one: `POST`, `200`.
+    fn init_labels(&self, upstream: &str) {
+        let init = |family: &IntCounterVec, values: &[&str]| {
+            for value in values {
+                family.with_label_values(&[upstream, value]);
+            }
+        };
+        init(&self.attempts, OUTCOMES);
+        init(&self.retries, RETRY_REASONS);
+        init(&self.gave_up, GAVE_UP);
+        init(&self.breaker_transitions, BREAKER_PHASES);
+        init(&self.upstream_throttles, THROTTLE_CODES);
+        init(&self.client_throttles, THROTTLE_SOURCES);
+        init(&self.corral_errors, CAUSES);
+        self.requests.with_label_values(&[upstream, "POST", "200"]);
     }
 
     /// A corral-made answer for a request that matched no upstream.
     pub fn unrouted_error(&self, cause: &str) {
         self.corral_errors
-            .with_label_values(&["(none)", cause])
+            .with_label_values(&[UNROUTED, cause])
             .inc();
+    }
+}
+
+/// The `upstream` label of answers to requests that matched no upstream.
+const UNROUTED: &str = "(none)";
+
+// ===== known label values: zero series from the first scrape =====
+
+/// `outcome` of an attempt: every [`Outcome::label`](crate::classify::Outcome::label).
+const OUTCOMES: &[&str] = &[
+    "success",
+    "429",
+    "529",
+    "500",
+    "502",
+    "503",
+    "504",
+    "5xx",
+    "4xx",
+    "timeout",
+    "connection",
+    "local",
+];
+/// `reason` of a retry: the retried status, the upstream's `x-should-retry`, or a failure
+/// before a response head.
+const RETRY_REASONS: &[&str] = &[
+    "429",
+    "529",
+    "500",
+    "502",
+    "503",
+    "504",
+    "should_retry",
+    "timeout",
+    "connection",
+];
+/// `why` corral passed a retryable answer through: one of its limits, or its own refusal of
+/// the next attempt (the [`ProxyError`](crate::error::ProxyError) label).
+const GAVE_UP: &[&str] = &[
+    "max_retries",
+    "max_throttle_retries",
+    "budget",
+    "deadline",
+    "deadline_exceeded",
+    "rate_limited",
+    "circuit_open",
+];
+/// `to`: the breaker's phases.
+const BREAKER_PHASES: &[&str] = &["closed", "half_open", "open"];
+/// `code` of a throttle from the upstream.
+const THROTTLE_CODES: &[&str] = &["429", "529"];
+/// `source` of a 429 sent to a client.
+const THROTTLE_SOURCES: &[&str] = &["upstream", "corral"];
+/// `cause` of an answer corral made: every [`ProxyError::label`](crate::error::ProxyError::label).
+const CAUSES: &[&str] = &[
+    "no_route",
+    "absolute_form",
+    "connect_refused",
+    "body_too_large",
+    "body_read",
+    "upstream_connect",
+    "upstream_reset",
+    "try_timeout",
+    "deadline_exceeded",
+    "queue_full",
+    "queue_timeout",
+    "rate_limited",
+    "circuit_open",
+    "internal",
+];
+
+// ===== corral_log_lines_dropped_total =====
+
+/// The log writer's count of lines it dropped, once [`crate::cli::init_logging`] has set it.
+static LOG_DROPPED: OnceLock<ErrorCounter> = OnceLock::new();
+
+/// Export the log writer's dropped-line count as `corral_log_lines_dropped_total` (the first
+/// call wins: there is one log writer per process).
+pub fn count_dropped_log_lines(counter: ErrorCounter) {
+    let _ = LOG_DROPPED.set(counter);
+}
+
+/// `corral_log_lines_dropped_total`, brought up to the log writer's own count at each scrape.
+struct LogLinesDropped {
+    counter: IntCounter,
+    /// The count already added to `counter` (scrapes may overlap).
+    reported: AtomicU64,
+}
+
+impl LogLinesDropped {
+    fn new() -> Self {
+        let counter = IntCounter::new(
+            "corral_log_lines_dropped_total",
+            "Log lines dropped because the log writer was behind (logging never blocks requests).",
+        )
+        .expect("valid metric");
+        Self {
+            counter,
+            reported: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Collector for LogLinesDropped {
+    fn desc(&self) -> Vec<&Desc> {
+        self.counter.desc()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let dropped = LOG_DROPPED.get().map_or(0, |c| c.dropped_lines() as u64);
+        let before = self.reported.fetch_max(dropped, Ordering::AcqRel);
+        if dropped > before {
+            self.counter.inc_by(dropped - before);
+        }
+        self.counter.collect()
     }
 }
 
@@ -221,6 +372,7 @@ pub struct Handles {
     pub rate_wait: Histogram,
     pub tokens_charged: IntCounter,
     pub concurrency_limit: IntGauge,
+    pub panics: IntCounter,
 }
 
 impl Handles {
@@ -311,5 +463,122 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(r#"corral_in_flight_requests{upstream="openai"} 1"#));
+    }
+
+    #[test]
+    fn a_fresh_registry_has_a_zero_series_for_every_known_label_value() {
+        let m = Metrics::new();
+        m.upstream("openai");
+        let text = m.render();
+        for line in [
+            r#"corral_upstream_attempts_total{outcome="529",upstream="openai"} 0"#,
+            r#"corral_retries_total{reason="should_retry",upstream="openai"} 0"#,
+            r#"corral_retry_gave_up_total{upstream="openai",why="budget"} 0"#,
+            r#"corral_breaker_transitions_total{to="half_open",upstream="openai"} 0"#,
+            r#"corral_upstream_throttled_total{code="429",upstream="openai"} 0"#,
+            r#"corral_client_throttled_total{source="corral",upstream="openai"} 0"#,
+            r#"corral_errors_total{cause="internal",upstream="openai"} 0"#,
+            r#"corral_errors_total{cause="no_route",upstream="(none)"} 0"#,
+            r#"corral_requests_total{code="200",method="POST",upstream="openai"} 0"#,
+            r#"corral_panics_total{upstream="openai"} 0"#,
+            "corral_log_lines_dropped_total 0",
+        ] {
+            assert!(text.contains(line), "no `{line}` in\n{text}");
+        }
+    }
+
+    /// Every outcome and every corral answer has its zero series. The matches are exhaustive:
+    /// a new variant does not compile here until it is given a sample (and its label a place
+    /// in [`OUTCOMES`] or [`CAUSES`]).
+    #[test]
+    fn known_label_values_cover_every_outcome_and_cause() {
+        use crate::classify::Outcome;
+        use crate::error::ProxyError;
+        use std::time::Duration;
+
+        let outcomes = [
+            Outcome::Success,
+            Outcome::Throttled(429),
+            Outcome::Throttled(529),
+            Outcome::ServerError(500),
+            Outcome::ServerError(501),
+            Outcome::ServerError(502),
+            Outcome::ServerError(503),
+            Outcome::ServerError(504),
+            Outcome::ClientError(400),
+            Outcome::Timeout,
+            Outcome::Transport,
+            Outcome::Local,
+        ];
+        for outcome in outcomes {
+            match outcome {
+                Outcome::Success
+                | Outcome::Throttled(_)
+                | Outcome::ServerError(_)
+                | Outcome::ClientError(_)
+                | Outcome::Timeout
+                | Outcome::Transport
+                | Outcome::Local => assert!(OUTCOMES.contains(&outcome.label()), "{outcome:?}"),
+            }
+        }
+        let s = String::new;
+        let d = Duration::ZERO;
+        let causes = [
+            ProxyError::NoRoute(s()),
+            ProxyError::AbsoluteForm,
+            ProxyError::Connect,
+            ProxyError::BodyTooLarge { limit: 0 },
+            ProxyError::BodyRead(s()),
+            ProxyError::UpstreamConnect {
+                upstream: s(),
+                reason: s(),
+            },
+            ProxyError::UpstreamReset {
+                upstream: s(),
+                reason: s(),
+            },
+            ProxyError::TryTimeout {
+                upstream: s(),
+                timeout: d,
+            },
+            ProxyError::DeadlineExceeded,
+            ProxyError::QueueFull {
+                upstream: s(),
+                retry_after: d,
+            },
+            ProxyError::QueueTimeout {
+                upstream: s(),
+                waited: d,
+                retry_after: d,
+            },
+            ProxyError::RateLimited {
+                upstream: s(),
+                retry_after: d,
+            },
+            ProxyError::CircuitOpen {
+                upstream: s(),
+                retry_after: d,
+            },
+            ProxyError::Internal(s()),
+        ];
+        for e in &causes {
+            match e {
+                ProxyError::NoRoute(_)
+                | ProxyError::AbsoluteForm
+                | ProxyError::Connect
+                | ProxyError::BodyTooLarge { .. }
+                | ProxyError::BodyRead(_)
+                | ProxyError::UpstreamConnect { .. }
+                | ProxyError::UpstreamReset { .. }
+                | ProxyError::TryTimeout { .. }
+                | ProxyError::DeadlineExceeded
+                | ProxyError::QueueFull { .. }
+                | ProxyError::QueueTimeout { .. }
+                | ProxyError::RateLimited { .. }
+                | ProxyError::CircuitOpen { .. }
+                | ProxyError::Internal(_) => assert!(CAUSES.contains(&e.label()), "{e:?}"),
+            }
+        }
+        assert_eq!(causes.len(), CAUSES.len(), "one sample per cause");
     }
 }

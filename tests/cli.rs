@@ -4,19 +4,14 @@
 
 mod support;
 
-use std::net::SocketAddr;
-use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
+use support::binary::{corral_command, Running};
 use support::*;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-use tokio::task::JoinHandle;
 
 /// A file in the temp dir, removed on drop.
 struct TempConfig(std::path::PathBuf);
@@ -189,6 +184,93 @@ async fn check_config_rejects_cap_below_base() {
 }
 
 #[tokio::test]
+async fn check_config_rejects_a_duration_beyond_a_year() {
+    let (code, _, stderr, path) =
+        check("long", "cap = \"30s\"", "cap = \"500000000000y\"", true).await;
+    assert_eq!(code, 2);
+    assert_eq!(
+        stderr,
+        format!("{path}:14: upstream.retry.cap: duration `500000000000y` is too long: at most 365 days (\"365d\")")
+    );
+}
+
+// Config errors never quote a value that may be a credential: each rejection below asserts
+// its message and that the secret is not in it.
+
+#[tokio::test]
+async fn check_config_hides_a_literal_key_before_a_stray_variable() {
+    let (code, _, stderr, path) = check(
+        "stray",
+        "\"Bearer ${CORRAL_CLI_TEST_KEY}\"",
+        "\"Bearer sk-literal-secret ${\"",
+        true,
+    )
+    .await;
+    assert_eq!(code, 2);
+    assert_eq!(
+        stderr,
+        format!("{path}:10: upstream.headers.Authorization: unterminated `${{`: a variable is written `${{NAME}}`")
+    );
+    assert!(!stderr.contains("sk-literal"), "{stderr}");
+}
+
+#[tokio::test]
+async fn check_config_hides_a_header_value_of_the_wrong_type() {
+    let (code, _, stderr, path) = check(
+        "header-type",
+        "\"Bearer ${CORRAL_CLI_TEST_KEY}\"",
+        "98765432123456789",
+        true,
+    )
+    .await;
+    assert_eq!(code, 2);
+    assert_eq!(
+        stderr,
+        format!("{path}:10: upstream.headers.Authorization: invalid type: integer `*****`, expected a string")
+    );
+    assert!(!stderr.contains("98765432123456789"), "{stderr}");
+}
+
+#[tokio::test]
+async fn check_config_hides_credentials_in_a_base_url() {
+    for (url, shown, secret) in [
+        (
+            "https://user:sk-url-secret@api.openai.com/v1",
+            "`https://*****@api.openai.com/v1` must name a host, without user info",
+            "sk-url-secret",
+        ),
+        (
+            "https://api.openai.com/v1?key=sk-query-secret",
+            "`https://api.openai.com/v1?*****` must not have a query string",
+            "sk-query-secret",
+        ),
+    ] {
+        let (code, _, stderr, path) =
+            check("url-secret", "https://api.openai.com/v1", url, true).await;
+        assert_eq!(code, 2);
+        assert_eq!(stderr, format!("{path}:7: upstream.base_url: URL {shown}"));
+        assert!(!stderr.contains(secret), "{stderr}");
+    }
+}
+
+#[tokio::test]
+async fn check_config_quotes_a_refused_value_as_written_not_as_expanded() {
+    let (code, _, stderr, path) = check(
+        "expanded",
+        "\"https://api.openai.com/v1\"",
+        "\"${CORRAL_CLI_TEST_KEY}\"",
+        true,
+    )
+    .await;
+    assert_eq!(code, 2);
+    assert_eq!(
+        stderr,
+        format!("{path}:7: upstream.base_url: URL `${{CORRAL_CLI_TEST_KEY}}` needs a scheme, e.g. https://${{CORRAL_CLI_TEST_KEY}}")
+    );
+    assert!(!stderr.contains("sk-cli-sample"), "{stderr}");
+}
+
+#[tokio::test]
 async fn run_rejects_a_bad_upstream_flag_before_binding() {
     let out = corral_command(["--listen", "127.0.0.1:0", "--upstream", "localhost:8000"])
         .output()
@@ -204,97 +286,6 @@ async fn run_rejects_a_bad_upstream_flag_before_binding() {
 
 // ===== a running corral =====
 
-/// The binary, serving; its stderr collected line by line.
-struct Running {
-    child: Child,
-    addr: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
-    reader: JoinHandle<()>,
-}
-
-/// `addr` from a `corral listening` line, text (`addr=127.0.0.1:PORT`) or JSON.
-fn listening_addr(line: &str) -> Option<SocketAddr> {
-    if !line.contains("corral listening") {
-        return None;
-    }
-    if let Ok(json) = serde_json::from_str::<serde_json::Value>(line) {
-        return json["addr"].as_str()?.parse().ok();
-    }
-    let rest = &line[line.find("addr=")? + 5..];
-    rest.split_whitespace().next()?.parse().ok()
-}
-
-impl Running {
-    async fn spawn(mut cmd: Command) -> Self {
-        let mut child = cmd
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn corral");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let log2 = Arc::clone(&log);
-        let reader = tokio::spawn(async move {
-            let mut lines = BufReader::new(stderr).lines();
-            let mut tx = Some(tx);
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(addr) = listening_addr(&line) {
-                    if let Some(tx) = tx.take() {
-                        let _ = tx.send(addr);
-                    }
-                }
-                log2.lock().unwrap().push(line);
-            }
-        });
-        let addr = match tokio::time::timeout(Duration::from_secs(10), rx).await {
-            Ok(Ok(addr)) => addr,
-            _ => panic!(
-                "corral never logged `corral listening`; stderr:\n{}",
-                log.lock().unwrap().join("\n")
-            ),
-        };
-        Self {
-            child,
-            addr,
-            log,
-            reader,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    fn log_has(&self, needle: &str) -> bool {
-        self.log.lock().unwrap().iter().any(|l| l.contains(needle))
-    }
-
-    /// `kill -TERM <pid>`, as an orchestrator would.
-    fn sigterm(&self) {
-        let pid = self.child.id().expect("corral still running");
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -TERM {pid} failed");
-    }
-
-    /// Wait for the process to exit; its status and every stderr line.
-    async fn wait(mut self) -> (ExitStatus, Vec<String>) {
-        let status = tokio::time::timeout(Duration::from_secs(15), self.child.wait())
-            .await
-            .expect("corral exited within 15 s")
-            .expect("wait for corral");
-        tokio::time::timeout(Duration::from_secs(5), &mut self.reader)
-            .await
-            .expect("stderr closed")
-            .unwrap();
-        let log = std::mem::take(&mut *self.log.lock().unwrap());
-        (status, log)
-    }
-}
-
 fn get(url: &str) -> Request<Full<Bytes>> {
     Request::get(url).body(Full::new(Bytes::new())).unwrap()
 }
@@ -305,12 +296,15 @@ async fn quick_start_forwards_to_the_upstream_flag() {
         json(200, serde_json::json!({"path": seen.uri.path()}))
     })
     .await;
-    let corral = Running::spawn(corral_command([
-        "--listen",
-        "127.0.0.1:0",
-        "--upstream",
-        &upstream.url("/v1"),
-    ]))
+    let corral = Running::spawn(
+        corral_command([
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &upstream.url("/v1"),
+        ]),
+        false,
+    )
     .await;
     let c = client();
     let (parts, body) = send(&c, post(&corral.url("/v1/chat/completions"), "{}")).await;
@@ -343,7 +337,7 @@ async fn env_vars_choose_the_config_file_and_override_its_listen() {
     let mut cmd = corral_command::<&str>([]);
     cmd.env("CORRAL_CONFIG", file.path())
         .env("CORRAL_LISTEN", "127.0.0.1:0");
-    let corral = Running::spawn(cmd).await;
+    let corral = Running::spawn(cmd, false).await;
     assert_ne!(corral.addr.port(), 8080);
     let (parts, _) = send(&client(), post(&corral.url("/llm/models"), "{}")).await;
     assert_eq!(parts.status, 200);
@@ -357,12 +351,15 @@ async fn sigterm_drains_in_flight_requests_then_exits_zero() {
         json(200, serde_json::json!({"slow": true}))
     })
     .await;
-    let corral = Running::spawn(corral_command([
-        "--listen",
-        "127.0.0.1:0",
-        "--upstream",
-        &upstream.url("/v1"),
-    ]))
+    let corral = Running::spawn(
+        corral_command([
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &upstream.url("/v1"),
+        ]),
+        false,
+    )
     .await;
     let addr = corral.addr;
     let in_flight = tokio::spawn(send_owned(corral.url("/v1/chat/completions")));
@@ -413,7 +410,7 @@ async fn secrets_never_reach_the_logs() {
     let mut cmd = corral_command(["--log-format", "json", "--config", file.path()]);
     cmd.env("SECRET_VAR", "sk-injected-secret")
         .env("RUST_LOG", "debug");
-    let corral = Running::spawn(cmd).await;
+    let corral = Running::spawn(cmd, false).await;
     let c = client();
     let with_secrets = |path: &str, body: String| {
         Request::post(corral.url(path))

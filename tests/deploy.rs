@@ -16,19 +16,11 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::sync::OnceLock;
 
-use bytes::Bytes;
-use http::Request;
-use http_body_util::Full;
 use serde_json::Value;
-use support::*;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Child;
+use support::binary::{corral_command, corral_std_command, Running};
 
-const BIN: &str = env!("CARGO_BIN_EXE_corral");
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 /// Kubernetes versions the manifests must validate against: the first with native sidecars
 /// on by default, and the newest schema kubernetes-validate ships.
@@ -44,8 +36,7 @@ fn repo(path: &str) -> PathBuf {
 fn help() -> &'static str {
     static HELP: OnceLock<String> = OnceLock::new();
     HELP.get_or_init(|| {
-        let out = std::process::Command::new(BIN)
-            .arg("--help")
+        let out = corral_std_command(["--help"])
             .output()
             .expect("run corral --help");
         assert!(out.status.success(), "corral --help failed");
@@ -70,11 +61,7 @@ fn assert_flags_exist(args: &[String], whose: &str) {
 
 /// `corral check-config PATH` with extra environment; panics with its output unless it passes.
 fn check_config(path: &Path, env: &[(&str, &str)]) -> String {
-    let mut cmd = std::process::Command::new(BIN);
-    cmd.arg("check-config")
-        .arg(path)
-        .env_remove("CORRAL_CONFIG")
-        .env_remove("CORRAL_LISTEN");
+    let mut cmd = corral_std_command([std::ffi::OsStr::new("check-config"), path.as_os_str()]);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -89,78 +76,14 @@ fn check_config(path: &Path, env: &[(&str, &str)]) -> String {
     stdout
 }
 
-/// corral started as a container would start it, logging JSON on stderr.
-struct Running {
-    child: Child,
-    addr: SocketAddr,
-    admin: Option<SocketAddr>,
-    log: Arc<Mutex<Vec<String>>>,
-}
-
-impl Running {
-    /// Runs `corral ARGS` and waits for its `corral listening` (and, with `admin`, its `admin
-    /// endpoints listening`) log line.
-    async fn start(args: &[String], env: &[(&str, &str)], admin: bool) -> Self {
-        let mut cmd = corral_command(args);
-        cmd.stdout(Stdio::null()).stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn corral");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let log2 = Arc::clone(&log);
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            let (mut main, mut admin_addr, mut tx) = (None, None, Some(tx));
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Ok(json) = serde_json::from_str::<Value>(&line) {
-                    let addr = json["addr"].as_str().and_then(|a| a.parse().ok());
-                    match json["message"].as_str() {
-                        Some("corral listening") => main = addr,
-                        Some("admin endpoints listening") => admin_addr = addr,
-                        _ => {}
-                    }
-                }
-                log2.lock().unwrap().push(line);
-                if let Some(main) = main.filter(|_| !admin || admin_addr.is_some()) {
-                    if let Some(tx) = tx.take() {
-                        let _ = tx.send((main, admin_addr));
-                    }
-                }
-            }
-        });
-        let Ok(Ok((addr, admin))) = tokio::time::timeout(Duration::from_secs(10), rx).await else {
-            panic!(
-                "corral {args:?} never logged that it listens (as JSON); stderr:\n{}",
-                log.lock().unwrap().join("\n")
-            )
-        };
-        Self {
-            child,
-            addr,
-            admin,
-            log,
-        }
+/// `corral ARGS` with `env`, started as a container would start it, until it listens (and, with
+/// `admin`, its admin endpoints do).
+async fn start(args: &[String], env: &[(&str, &str)], admin: bool) -> Running {
+    let mut cmd = corral_command(args);
+    for (k, v) in env {
+        cmd.env(k, v);
     }
-
-    async fn get(&self, addr: SocketAddr, path: &str) -> (u16, String) {
-        let req = Request::get(format!("http://{addr}{path}"))
-            .body(Full::new(Bytes::new()))
-            .unwrap();
-        let (parts, body) = send(&client(), req).await;
-        (
-            parts.status.as_u16(),
-            String::from_utf8_lossy(&body).into_owned(),
-        )
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
-    }
+    Running::spawn(cmd, admin).await
 }
 
 // ===== Dockerfile =====
@@ -399,10 +322,10 @@ async fn the_image_command_line_serves() {
             other => other.to_owned(),
         })
         .collect();
-    let corral = Running::start(&args, &[("CORRAL_LISTEN", "127.0.0.1:0")], false).await;
+    let corral = start(&args, &[("CORRAL_LISTEN", "127.0.0.1:0")], false).await;
     assert_eq!(corral.get(corral.addr, "/healthz").await.0, 200);
     assert_eq!(corral.get(corral.addr, "/readyz").await.0, 200);
-    let log = corral.log.lock().unwrap().join("\n");
+    let log = corral.log().join("\n");
     assert!(log.contains("\"level\":\"INFO\""), "JSON logs: {log}");
 }
 
@@ -829,7 +752,7 @@ async fn sidecar_config_is_valid_and_serves_the_probes() {
     .map(String::from)
     .to_vec();
     let env = [("OPENAI_API_KEY", key), ("CORRAL_LISTEN", "127.0.0.1:0")];
-    let corral = Running::start(&args, &env, true).await;
+    let corral = start(&args, &env, true).await;
     let admin = corral.admin.expect("admin listener");
     assert_eq!(corral.get(admin, "/healthz").await, (200, "ok\n".into()));
     assert_eq!(corral.get(admin, "/readyz").await, (200, "ready\n".into()));

@@ -6,6 +6,8 @@
 //! upstreams, and the traffic touches each labelled family (a vector with no child is absent
 //! from the text format): a 429 storm that corral retries, 529s that open a breaker which then
 //! rejects, a queue that overflows, a 429 passed through, an unrouted path, a client retry.
+//! A second scrape, of a corral that has served nothing, shows every family the dashboard
+//! queries already there, its known label values at zero.
 //! promtool is Debian's `prometheus` package (`.ci/run` installs it); without it the promtool
 //! test fails with a message, unless `CORRAL_SKIP_PROMTOOL=1`.
 
@@ -185,6 +187,29 @@ max_throttle_retries = 0
     String::from_utf8(body.to_vec()).expect("metrics are UTF-8")
 }
 
+/// The text of `GET /metrics` from a corral that has served nothing yet.
+fn fresh_scrape() -> &'static str {
+    static SCRAPE: OnceLock<String> = OnceLock::new();
+    SCRAPE.get_or_init(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime")
+            .block_on(async {
+                let corral = Corral::start(
+                    "[[upstream]]\nname = \"openai\"\nroute = \"/v1\"\nbase_url = \"http://127.0.0.1:9/v1\"\n",
+                )
+                .await;
+                let metrics = Request::get(corral.url("/metrics"))
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                let (parts, body) = send(&client(), metrics).await;
+                assert_eq!(parts.status, 200);
+                String::from_utf8(body.to_vec()).expect("metrics are UTF-8")
+            })
+    })
+}
+
 // ===== the text format =====
 
 /// One family: its `# TYPE`, and the label names and sample names seen.
@@ -299,6 +324,48 @@ fn promtool_accepts_a_live_scrape() {
         ok && report.trim().is_empty(),
         "promtool check metrics:\n{report}\n--- scrape ---\n{text}"
     );
+}
+
+/// Dashboard panels show data, zeros, from the first scrape: every labelled family has a
+/// series for each value it can take before any request.
+#[test]
+fn a_fresh_corral_exports_every_dashboard_family_with_zeros() {
+    let text = fresh_scrape();
+    if let Some((ok, report)) = promtool(&["check", "metrics"], text) {
+        assert!(
+            ok && report.trim().is_empty(),
+            "promtool check metrics:\n{report}\n--- scrape ---\n{text}"
+        );
+    }
+    let families = families(text);
+    for (title, expr) in dashboard() {
+        for metric in promql::parse(&expr).metrics {
+            let family = metric.strip_suffix("_bucket").unwrap_or(&metric).to_owned();
+            assert!(
+                families.get(&family).is_some_and(|f| !f.samples.is_empty()),
+                "panel `{title}`: no `{metric}` series before any traffic:\n{text}"
+            );
+        }
+    }
+    for zero in [
+        r#"corral_requests_total{code="200",method="POST",upstream="openai"} 0"#,
+        r#"corral_upstream_attempts_total{outcome="429",upstream="openai"} 0"#,
+        r#"corral_upstream_throttled_total{code="529",upstream="openai"} 0"#,
+        r#"corral_client_throttled_total{source="corral",upstream="openai"} 0"#,
+        r#"corral_retries_total{reason="503",upstream="openai"} 0"#,
+        r#"corral_retry_gave_up_total{upstream="openai",why="deadline"} 0"#,
+        r#"corral_breaker_transitions_total{to="open",upstream="openai"} 0"#,
+        r#"corral_errors_total{cause="queue_full",upstream="openai"} 0"#,
+        r#"corral_errors_total{cause="no_route",upstream="(none)"} 0"#,
+        r#"corral_limit_source{kind="tokens",source="none",upstream="openai"} 0"#,
+        r#"corral_panics_total{upstream="openai"} 0"#,
+        "corral_log_lines_dropped_total 0",
+    ] {
+        assert!(
+            text.lines().any(|l| l == zero),
+            "no `{zero}` before any traffic:\n{text}"
+        );
+    }
 }
 
 #[test]

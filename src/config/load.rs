@@ -49,11 +49,12 @@ pub fn load_str(file: &str, text: &str) -> Result<Config, ConfigError> {
             Some(span) => (Some(line_of(text, span.start)), key_at(text, span.clone())),
             None => (None, "(document)".into()),
         };
+        let reason = redact_header_values(text, &key, e.message().trim());
         ConfigError {
             file: file.into(),
             line,
             key,
-            reason: e.message().trim().to_owned(),
+            reason,
         }
     })?;
     super::validate::validate(&config).map_err(|v| ConfigError {
@@ -63,6 +64,38 @@ pub fn load_str(file: &str, text: &str) -> Result<Config, ConfigError> {
         reason: v.reason,
     })?;
     Ok(config)
+}
+
+/// `reason`, for an error at `key`, with every header value in `text` replaced by `*****` when
+/// `key` is a header (or the `headers` table): toml quotes the value it refuses (`invalid type:
+/// integer `123`, expected a string`), and a header value is likely a credential.
+fn redact_header_values(text: &str, key: &str, reason: &str) -> String {
+    let mut reason = reason.to_owned();
+    if !key.split('.').any(|part| part.starts_with("headers")) {
+        return reason;
+    }
+    let Ok(doc) = text.parse::<toml::Table>() else {
+        return reason; // Not even TOML: toml's syntax errors quote no values.
+    };
+    let upstreams = doc.get("upstream").and_then(toml::Value::as_array);
+    let headers = upstreams
+        .into_iter()
+        .flatten()
+        .filter_map(|up| up.get("headers"))
+        .flat_map(|h| match h.as_table() {
+            Some(table) => table.values().collect(),
+            None => vec![h],
+        });
+    for value in headers {
+        let shown = match value {
+            toml::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        if !shown.is_empty() {
+            reason = reason.replace(&shown, "*****");
+        }
+    }
+    reason
 }
 
 /// 1-based line number of byte `offset`.

@@ -5,7 +5,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use http::uri::{Scheme, Uri};
+use http::uri::Uri;
 use serde::de::{self, Deserializer};
 use serde::{Deserialize, Serialize, Serializer};
 
@@ -16,12 +16,13 @@ pub fn expand_env(raw: &str) -> Result<String, String> {
     while let Some(start) = rest.find("${") {
         out.push_str(&rest[..start]);
         let after = &rest[start + 2..];
+        // Never quote `raw`: what surrounds a stray `${` may be a literal credential.
         let end = after
             .find('}')
-            .ok_or_else(|| format!("unterminated `${{` in `{raw}`"))?;
+            .ok_or("unterminated `${`: a variable is written `${NAME}`")?;
         let name = &after[..end];
         if name.is_empty() {
-            return Err(format!("empty variable name `${{}}` in `{raw}`"));
+            return Err("empty variable name `${}`: write `${NAME}`".into());
         }
         let value =
             std::env::var(name).map_err(|_| format!("environment variable `{name}` is not set"))?;
@@ -39,7 +40,16 @@ where
 {
     let raw = String::deserialize(d)?;
     let expanded = expand_env(&raw).map_err(de::Error::custom)?;
-    parse(&expanded).map_err(de::Error::custom)
+    parse(&expanded).map_err(|reason| {
+        // A refused value is quoted as written, never as expanded: a variable may hold a
+        // credential (`base_url = "${OPENAI_API_KEY}"`).
+        let reason = if expanded != raw && !expanded.is_empty() {
+            reason.replace(&expanded, &raw)
+        } else {
+            reason
+        };
+        de::Error::custom(reason)
+    })
 }
 
 macro_rules! string_value {
@@ -82,14 +92,25 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// A duration written as a human string: "500ms", "30s", "1m 30s".
+/// A duration written as a human string: "500ms", "30s", "1m 30s"; at most [`MAX_DURATION`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct HumanDuration(pub Duration);
-string_value!(HumanDuration, |s: &str| humantime::parse_duration(s)
-    .map(HumanDuration)
-    .map_err(|e| format!(
-        "invalid duration `{s}` ({e}); write e.g. \"500ms\" or \"30s\""
-    )));
+string_value!(HumanDuration, parse_duration);
+
+/// The longest duration any key takes: far beyond any sane timeout, and short enough that no
+/// instant plus a few of them can overflow (`500000000000y` parses, then panics when added).
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+pub fn parse_duration(s: &str) -> Result<HumanDuration, String> {
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("invalid duration `{s}` ({e}); write e.g. \"500ms\" or \"30s\""))?;
+    if d > MAX_DURATION {
+        return Err(format!(
+            "duration `{s}` is too long: at most 365 days (\"365d\")"
+        ));
+    }
+    Ok(HumanDuration(d))
+}
 impl fmt::Display for HumanDuration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", humantime::format_duration(self.0))
@@ -130,13 +151,15 @@ impl BaseUrl {
     pub fn path(&self) -> &str {
         self.0.path().trim_end_matches('/')
     }
-    pub fn is_https(&self) -> bool {
-        self.0.scheme() == Some(&Scheme::HTTPS)
-    }
 }
 
-pub fn parse_base_url(s: &str) -> Result<BaseUrl, String> {
-    let uri: Uri = s.parse().map_err(|e| format!("invalid URL `{s}`: {e}"))?;
+pub fn parse_base_url(raw_url: &str) -> Result<BaseUrl, String> {
+    // User info and a query string may hold credentials: errors quote the URL without them.
+    let shown = redact_url(raw_url);
+    let s = shown.as_str();
+    let uri: Uri = raw_url
+        .parse()
+        .map_err(|e| format!("invalid URL `{s}`: {e}"))?;
     match uri.scheme_str() {
         Some("http" | "https") => {}
         Some(other) => return Err(format!("URL `{s}` has scheme `{other}`; use http or https")),
@@ -152,6 +175,26 @@ pub fn parse_base_url(s: &str) -> Result<BaseUrl, String> {
         return Err(format!("URL `{s}` must not have a query string"));
     }
     Ok(BaseUrl(uri))
+}
+
+/// `url` with its user info and query string, if any, replaced by `*****`.
+fn redact_url(url: &str) -> String {
+    let (url, query) = match url.split_once('?') {
+        Some((before, _)) => (before, "?*****"),
+        None => (url, ""),
+    };
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    let authority_end = url[after_scheme..]
+        .find('/')
+        .map_or(url.len(), |i| after_scheme + i);
+    match url[after_scheme..authority_end].rfind('@') {
+        Some(at) => format!(
+            "{}*****{}{query}",
+            &url[..after_scheme],
+            &url[after_scheme + at..]
+        ),
+        None => format!("{url}{query}"),
+    }
 }
 
 /// A route: a path prefix beginning with `/`, without a trailing slash (except `/` itself).
@@ -258,6 +301,43 @@ mod tests {
         ] {
             assert!(parse_base_url(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn durations_are_bounded() {
+        assert_eq!(parse_duration("365d").unwrap().0, MAX_DURATION);
+        assert_eq!(parse_duration("1m 30s").unwrap().0, Duration::from_secs(90));
+        let err = parse_duration("500000000000y").unwrap_err();
+        assert_eq!(
+            err,
+            "duration `500000000000y` is too long: at most 365 days (\"365d\")"
+        );
+        assert!(parse_duration("366d").is_err());
+    }
+
+    #[test]
+    fn url_errors_hide_user_info_and_query() {
+        let err = parse_base_url("https://user:sk-secret@api.openai.com/v1").unwrap_err();
+        assert_eq!(
+            err,
+            "URL `https://*****@api.openai.com/v1` must name a host, without user info"
+        );
+        let err = parse_base_url("https://generativelanguage.googleapis.com/v1?key=AIza-secret")
+            .unwrap_err();
+        assert_eq!(
+            err,
+            "URL `https://generativelanguage.googleapis.com/v1?*****` must not have a query string"
+        );
+        assert_eq!(redact_url("sk-no-scheme@x"), "*****@x");
+        assert_eq!(redact_url("http://h/p@q"), "http://h/p@q");
+    }
+
+    #[test]
+    fn expansion_errors_never_quote_the_value() {
+        let err = expand_env("Bearer sk-literal-secret ${").unwrap_err();
+        assert!(!err.contains("sk-literal"), "{err}");
+        let err = expand_env("sk-literal-secret ${}").unwrap_err();
+        assert!(!err.contains("sk-literal"), "{err}");
     }
 
     #[test]

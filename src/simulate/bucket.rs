@@ -137,5 +137,4 @@ fn secs(s: f64) -> Duration {
 }
 
 #[cfg(test)]
-#[path = "bucket_tests.rs"]
 mod tests;

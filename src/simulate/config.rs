@@ -331,5 +331,4 @@ pub fn parse_fail_window(s: &str) -> Result<FailWindow, String> {
 }
 
 #[cfg(test)]
-#[path = "config_tests.rs"]
 mod tests;

@@ -157,5 +157,4 @@ fn text(s: String) -> HeaderValue {
 }
 
 #[cfg(test)]
-#[path = "headers_tests.rs"]
 mod tests;

@@ -197,5 +197,4 @@ pub fn token_cost(prompt_chars: usize, max_tokens: Option<u64>) -> u64 {
 }
 
 #[cfg(test)]
-#[path = "limits_tests.rs"]
 mod tests;

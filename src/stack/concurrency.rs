@@ -23,7 +23,7 @@ use crate::body::{Guard, Guarded};
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{BoxFuture, Middleware, Next, Shared};
+use crate::stack::layer::{lock, BoxFuture, Middleware, Next, Shared};
 
 pub mod gradient;
 
@@ -102,7 +102,7 @@ impl Window {
     /// Feed one answer into the adaptive limit, if there is one.
     fn sample(&self, sample: gradient::Sample) {
         if let Some(g) = &self.gradient {
-            let new = g.lock().expect("gradient lock").sample(sample);
+            let new = lock(g).sample(sample);
             if new != self.limit() {
                 self.set_limit(new);
             }
@@ -179,7 +179,9 @@ impl Window {
         }
         self.metrics.queue_depth.set(waiting as i64 + 1);
         let start = Instant::now();
-        let until = (start + self.queue_timeout).min(deadline);
+        let until = start
+            .checked_add(self.queue_timeout)
+            .map_or(deadline, |t| t.min(deadline));
         match tokio::time::timeout_at(until, Arc::clone(&self.semaphore).acquire_owned()).await {
             Ok(Ok(permit)) => {
                 self.metrics
@@ -286,6 +288,16 @@ impl Middleware for Window {
             slot.learn_from(response.status(), ctx.attempts());
             Ok(response.map(|body| Guarded::wrap(body, slot)))
         })
+    }
+}
+
+#[cfg(test)]
+impl Window {
+    /// Poison every std mutex this holds (tests of [`crate::stack::layer::lock`]).
+    pub(crate) fn poison_locks(&self) {
+        if let Some(g) = &self.gradient {
+            crate::stack::layer::poison(g);
+        }
     }
 }
 

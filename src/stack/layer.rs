@@ -2,17 +2,24 @@
 //! timeout): state in an `Arc` built once per upstream ([`Shared`]), a tower `Layer` that hands
 //! clones of it to each service, and a call that may wait before and after the rest of the
 //! stack. Written once here; each layer implements [`Middleware::call`] only.
+//!
+//! Also here: [`CatchPanicLayer`], tower-http's catch-panic in corral's shape (outermost in
+//! every stack), and [`lock`], the one way the stack takes a std mutex.
 
+use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 
-use http::Response;
+use http::{Request, Response};
+use tower::util::MapRequest;
+use tower_http::catch_panic::ResponseForPanic;
 
-use crate::body::Body;
+use crate::body::{self, Body};
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
+use crate::metrics::UpstreamMetrics;
 
 /// The future every layer returns.
 pub type BoxFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, ProxyError>> + Send>>;
@@ -96,5 +103,104 @@ impl<M: Middleware, S: Next> tower::Service<ProxyRequest> for Wrapped<M, S> {
 
     fn call(&mut self, req: ProxyRequest) -> BoxFuture {
         Arc::clone(&self.shared).call(self.inner.clone(), req)
+    }
+}
+
+/// Lock `mutex`, even if a thread panicked while holding it.
+///
+/// The stack's mutexes guard small state machines (a breaker window, pacers, a partition map,
+/// an RNG) that every later request needs; a poisoned one must not turn one panic into a
+/// panic for every request after it. The state a panic leaves behind is at worst one update
+/// half made, which the next answers correct; that beats refusing all traffic for good.
+pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Poison `mutex`: a thread panics while holding it (tests of [`lock`]).
+#[cfg(test)]
+pub fn poison<T: Send>(mutex: &Mutex<T>) {
+    std::thread::scope(|s| {
+        let _ = s
+            .spawn(|| {
+                let _held = mutex.lock();
+                panic!("a panic while holding a lock (poisoning it for a test)");
+            })
+            .join();
+    });
+    assert!(mutex.is_poisoned());
+}
+
+// ===== catch panic =====
+
+/// What a panic below a [`CatchPanicLayer`] becomes: a 500 `internal` in corral's error shape,
+/// counted (`corral_panics_total`, `corral_errors_total{cause="internal"}`) and logged.
+#[derive(Clone)]
+pub struct PanicAnswer(UpstreamMetrics);
+
+impl ResponseForPanic for PanicAnswer {
+    type ResponseBody = Body;
+
+    fn response_for_panic(&mut self, panic: Box<dyn Any + Send + 'static>) -> Response<Body> {
+        let message = panic
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("(no message)");
+        self.0.panics.inc();
+        self.0.corral_error("internal");
+        tracing::error!(
+            upstream = self.0.name(),
+            panic = message,
+            "panic while serving a request; answered 500"
+        );
+        ProxyError::Internal("corral failed while serving this request".into()).into_response()
+    }
+}
+
+/// tower-http's catch-panic for a stack of corral layers: a panic in any layer's `call` or
+/// future below it (not in a response body already streaming: the client has its head, and
+/// the connection is cut) is answered by [`PanicAnswer`] instead of closing the connection
+/// with no reply. tower-http's service takes an `http::Request`, so a [`ProxyRequest`] rides in
+/// one as its body, and its answer's body is boxed back into [`Body`].
+#[derive(Clone)]
+pub struct CatchPanicLayer(PanicAnswer);
+
+impl CatchPanicLayer {
+    pub fn new(metrics: UpstreamMetrics) -> Self {
+        Self(PanicAnswer(metrics))
+    }
+}
+
+impl<S> tower::Layer<S> for CatchPanicLayer {
+    type Service = CatchPanic<S>;
+
+    fn layer(&self, inner: S) -> CatchPanic<S> {
+        let unwrap: fn(Request<ProxyRequest>) -> ProxyRequest = Request::into_body;
+        CatchPanic(tower_http::catch_panic::CatchPanic::custom(
+            MapRequest::new(inner, unwrap),
+            self.0.clone(),
+        ))
+    }
+}
+
+/// `inner` taking its [`ProxyRequest`] out of the `http::Request` tower-http hands it.
+type Unwrapped<S> = MapRequest<S, fn(Request<ProxyRequest>) -> ProxyRequest>;
+
+/// The service of a [`CatchPanicLayer`].
+#[derive(Clone)]
+pub struct CatchPanic<S>(tower_http::catch_panic::CatchPanic<Unwrapped<S>, PanicAnswer>);
+
+impl<S: Next> tower::Service<ProxyRequest> for CatchPanic<S> {
+    type Response = Response<Body>;
+    type Error = ProxyError;
+    type Future = BoxFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: ProxyRequest) -> BoxFuture {
+        let answer = self.0.call(Request::new(req));
+        Box::pin(async move { answer.await.map(|response| response.map(body::boxed)) })
     }
 }

@@ -2,23 +2,29 @@
 //!
 //! Order, outermost first (a request passes down, its response back up):
 //!
-//! 0. [`metrics`]: one call per client request: counts, duration, in-flight until the body ends.
-//! 1. [`concurrency`]: the window and its bounded FIFO queue. Outside Retry, so a request keeps
+//! 0. [`CatchPanicLayer`]: outside everything, so a panic in any layer below, or in the client,
+//!    is answered with a 500 `internal` (and counted) instead of a closed connection with no
+//!    reply. A panic in a response body already streaming is not caught: its head has gone.
+//! 1. [`metrics`]: one call per client request: counts, duration, in-flight until the body ends.
+//! 2. [`concurrency`]: the window and its bounded FIFO queue. Outside Retry, so a request keeps
 //!    its slot across its retries (a retry never queues behind newer requests), and the slot
 //!    moves into the response body: a stream is in flight until its last byte.
-//! 2. [`retry`]: re-calls everything below it, so each of the following sees every attempt.
+//! 3. [`retry`]: re-calls everything below it, so each of the following sees every attempt.
 //!    Throttles (429, 529) are retried for as long as the deadline allows, failures within
-//!    `max_retries` and the budget: a retried 429 goes straight back to (4), which the 429 has
+//!    `max_retries` and the budget: a retried 429 goes straight back to (5), which the 429 has
 //!    paused, and takes a token there like a first attempt, so it adds no load.
-//! 3. [`breaker`]: every attempt passes the gate (a retry that bypassed it would recreate the
+//! 4. [`breaker`]: every attempt passes the gate (a retry that bypassed it would recreate the
 //!    herd) and reports its outcome. Before the rate limiter, so requests held by an open
-//!    breaker take no tokens, and when it closes they are paced out by (4), never all at once.
-//! 4. [`rate_limit`]: configured ceilings and learned pacing, taken by every attempt, first and
+//!    breaker take no tokens, and when it closes they are paced out by (5), never all at once.
+//! 5. [`rate_limit`]: configured ceilings and learned pacing, taken by every attempt, first and
 //!    retries alike; it learns from every attempt's answer, and a 429 pauses its partition
 //!    until the hint passes. It owns throttles; the retry budget and the breaker own failures.
-//! 5. [`timeout`]: per-try time to response head (bounded by the deadline), attempt metrics.
+//! 6. [`timeout`]: per-try time to response head (bounded by the deadline), attempt metrics.
 //!
 //! The innermost service is the pooled [`UpstreamClient`](crate::client::UpstreamClient).
+//!
+//! A panic while a std mutex of the stack is held poisons it; every layer takes its mutexes
+//! through [`layer::lock`], which ignores the poison, so one panic costs one request.
 
 pub mod breaker;
 pub mod concurrency;
@@ -40,6 +46,7 @@ use crate::config::{ConcurrencyMode, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
+use crate::stack::layer::CatchPanicLayer;
 
 /// A built stack: clone it per request (clones share all state).
 pub type Stack = BoxCloneSyncService<ProxyRequest, Response<Body>, ProxyError>;
@@ -66,6 +73,14 @@ impl StackState {
 /// Build the stack for one upstream.
 pub fn build(config: &UpstreamConfig, metrics: &UpstreamMetrics) -> (Stack, StackState) {
     let client = UpstreamClient::new(config.name(), config.connect_timeout.0);
+    build_on(client, config, metrics)
+}
+
+/// The stack for one upstream in front of `client` (tests put a fake upstream there).
+fn build_on<C>(client: C, config: &UpstreamConfig, metrics: &UpstreamMetrics) -> (Stack, StackState)
+where
+    C: layer::Next + Sync,
+{
     let limits = &config.limits;
     let a = &config.adaptive;
     let window = match config.concurrency {
@@ -93,17 +108,19 @@ pub fn build(config: &UpstreamConfig, metrics: &UpstreamMetrics) -> (Stack, Stac
     let rate_limit = rate_limit::RateLimitShared::new(config, metrics.clone());
     let retry = retry::RetryShared::new(&config.retry, metrics.clone());
     let service = ServiceBuilder::new()
-        // 0. Outside everything: one observation per client request, streams counted to the end.
+        // 0. Outside everything: a panic anywhere below is a 500 `internal`, never no reply.
+        .layer(CatchPanicLayer::new(metrics.clone()))
+        // 1. One observation per client request, streams counted to the end.
         .layer(metrics::layer(metrics.clone()))
-        // 1. One slot per client request, held across retries and until the body ends.
+        // 2. One slot per client request, held across retries and until the body ends.
         .layer(concurrency::ConcurrencyLayer::new(Arc::clone(&window)))
-        // 2. Re-runs 3-5 for each attempt.
+        // 3. Re-runs 4-6 for each attempt.
         .layer(retry::RetryLayer::new(retry))
-        // 3. Every attempt passes the breaker (optional: `breaker.enabled = false`).
+        // 4. Every attempt passes the breaker (optional: `breaker.enabled = false`).
         .option_layer(breaker.clone().map(breaker::BreakerLayer::new))
-        // 4. Every attempt takes its tokens; every answer teaches the pacers.
+        // 5. Every attempt takes its tokens; every answer teaches the pacers.
         .layer(rate_limit::RateLimitLayer::new(Arc::clone(&rate_limit)))
-        // 5. Per-try timeout and per-attempt metrics, right before the wire.
+        // 6. Per-try timeout and per-attempt metrics, right before the wire.
         .layer(timeout::layer(
             config.retry.per_try_timeout.0,
             metrics.clone(),
@@ -115,4 +132,105 @@ pub fn build(config: &UpstreamConfig, metrics: &UpstreamMetrics) -> (Stack, Stac
         rate_limit,
     };
     (BoxCloneSyncService::new(service), state)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use http::{HeaderValue, StatusCode};
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::config::types::parse_base_url;
+    use crate::config::Partition;
+    use crate::metrics::Metrics;
+
+    fn config() -> UpstreamConfig {
+        UpstreamConfig::new("t", "/v1", parse_base_url("http://127.0.0.1:1").unwrap())
+    }
+
+    fn request(key: &str) -> ProxyRequest {
+        let mut req = ProxyRequest::for_test("http://127.0.0.1:1/v1/x", Duration::from_secs(60));
+        let value = HeaderValue::from_str(&format!("Bearer {key}")).unwrap();
+        req.headers.insert("authorization", value);
+        req
+    }
+
+    fn ok() -> Response<Body> {
+        Response::new(crate::body::full("ok"))
+    }
+
+    /// Answers 200, except that call number `panic_on` (0-based) panics: in `call` itself when
+    /// `in_call`, else inside its future.
+    fn upstream(panic_on: usize, in_call: bool) -> impl layer::Next + Sync {
+        let calls = Arc::new(AtomicUsize::new(0));
+        tower::service_fn(move |_req: ProxyRequest| {
+            let n = calls.fetch_add(1, Ordering::SeqCst);
+            assert!(!(in_call && n == panic_on), "a bug in call");
+            async move {
+                tokio::task::yield_now().await;
+                assert!(n != panic_on, "a bug in the future");
+                Ok::<_, ProxyError>(ok())
+            }
+        })
+    }
+
+    async fn send(stack: &Stack, key: &str) -> (StatusCode, http::HeaderMap, String) {
+        let response = stack.clone().oneshot(request(key)).await.unwrap();
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        (
+            parts.status,
+            parts.headers,
+            String::from_utf8(body.to_vec()).unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_panic_below_is_a_500_internal_counted_and_the_next_request_is_served() {
+        for in_call in [true, false] {
+            let metrics = Metrics::new().upstream("t");
+            let (stack, state) = build_on(upstream(0, in_call), &config(), &metrics);
+            let (status, headers, body) = send(&stack, "sk-a").await;
+            assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+            assert_eq!(headers[crate::error::CORRAL_ERROR_HEADER], "internal");
+            assert_eq!(headers[http::header::CONTENT_TYPE], "application/json");
+            let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(json["error"]["code"], "internal", "{body}");
+            assert_eq!(json["error"]["type"], "corral_error", "{body}");
+            assert!(
+                !body.contains("a bug in"),
+                "the panic stays in the log: {body}"
+            );
+            assert_eq!(metrics.panics.get(), 1);
+            // What the panic unwound through was released: slot, gauge.
+            assert_eq!(state.window.in_use(), 0);
+            assert_eq!(metrics.in_flight.get(), 0);
+            let (status, _, body) = send(&stack, "sk-a").await;
+            assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_poisoned_lock_costs_no_later_request() {
+        let mut config = config();
+        config.limits.partition = Partition::ApiKey;
+        config.concurrency = ConcurrencyMode::Auto;
+        let metrics = Metrics::new().upstream("t");
+        let (stack, state) = build_on(upstream(usize::MAX, false), &config, &metrics);
+        assert_eq!(send(&stack, "sk-a").await.0, StatusCode::OK);
+        state.window.poison_locks();
+        state.breaker.as_ref().unwrap().poison_locks();
+        state.rate_limit.poison_locks();
+        for key in ["sk-a", "sk-b", "sk-a"] {
+            let (status, _, body) = send(&stack, key).await;
+            assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"), "{key}");
+        }
+        assert_eq!(metrics.panics.get(), 0);
+        let status = state.status();
+        assert_eq!(status["rate_limit"]["partitions"], 2, "{status}");
+    }
 }

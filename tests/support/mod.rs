@@ -1,6 +1,8 @@
-//! Test helpers: an in-process mock upstream (hyper) and corral itself on 127.0.0.1:0.
+//! Test helpers: an in-process mock upstream (hyper) and corral itself on 127.0.0.1:0; the
+//! real binary in [`binary`].
 #![allow(dead_code)]
 
+pub mod binary;
 pub mod python;
 
 use std::convert::Infallible;
@@ -260,19 +262,4 @@ pub async fn eventually(limit: std::time::Duration, mut cond: impl FnMut() -> bo
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     cond()
-}
-
-/// `corral ARGS` (the real binary) with its own environment variables cleared, `info` logs, no
-/// stdin, killed on drop.
-pub fn corral_command<S: AsRef<std::ffi::OsStr>>(
-    args: impl IntoIterator<Item = S>,
-) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_corral"));
-    cmd.args(args)
-        .env_remove("CORRAL_CONFIG")
-        .env_remove("CORRAL_LISTEN")
-        .env("RUST_LOG", "info")
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true);
-    cmd
 }

@@ -51,7 +51,7 @@ use crate::config::{BreakerConfig, OnOpen};
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{BoxFuture, Middleware, Next, Shared};
+use crate::stack::layer::{lock, BoxFuture, Middleware, Next, Shared};
 
 /// What one outcome says about the upstream's health: `Some(true)` a failure, `Some(false)` a
 /// success, `None` nothing (not recorded).
@@ -94,11 +94,11 @@ impl BreakerShared {
     }
 
     pub fn phase(&self) -> Phase {
-        self.state.lock().expect("breaker lock").phase()
+        lock(&self.state).phase()
     }
 
     fn jitter(&self) -> f64 {
-        self.rng.lock().expect("rng lock").random::<f64>()
+        lock(&self.rng).random::<f64>()
     }
 
     fn transitioned(&self, phase: Phase) {
@@ -118,7 +118,7 @@ impl BreakerShared {
         loop {
             let notified = self.changed.notified();
             let (verdict, changed, phase) = {
-                let mut state = self.state.lock().expect("breaker lock");
+                let mut state = lock(&self.state);
                 let (verdict, changed) = state.admit(Instant::now(), &mut ticket);
                 (verdict, changed, state.phase())
             };
@@ -154,7 +154,7 @@ impl BreakerShared {
             return;
         };
         let jitter = self.jitter();
-        let mut state = self.state.lock().expect("breaker lock");
+        let mut state = lock(&self.state);
         let changed = state.record(failed, probe, Instant::now(), jitter);
         let phase = state.phase();
         drop(state);
@@ -165,10 +165,7 @@ impl BreakerShared {
 
     /// A probe slot is free again: wake the waiters so one of them takes it.
     fn release_probe(&self, probe: Probe) {
-        self.state
-            .lock()
-            .expect("breaker lock")
-            .release_probe(probe);
+        lock(&self.state).release_probe(probe);
         self.changed.notify_waiters();
     }
 }
@@ -204,6 +201,15 @@ impl Middleware for BreakerShared {
             shared.record(Outcome::of(&result), probe);
             result
         })
+    }
+}
+
+#[cfg(test)]
+impl BreakerShared {
+    /// Poison every std mutex this holds (tests of [`crate::stack::layer::lock`]).
+    pub(crate) fn poison_locks(&self) {
+        crate::stack::layer::poison(&self.state);
+        crate::stack::layer::poison(&self.rng);
     }
 }
 

@@ -506,7 +506,7 @@ impl Pacer {
     fn throttled(&mut self, ticket: Ticket, now: Instant) {
         self.level = self.level.min(0.0);
         let log = &mut self.throttle_log;
-        if log.last.map_or(true, |l| ticket.seq > l.seq) {
+        if log.last.is_none_or(|l| ticket.seq > l.seq) {
             log.refused += ticket.cost;
         }
         if ticket.seq <= log.cut_seq {

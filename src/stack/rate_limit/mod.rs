@@ -2,7 +2,8 @@
 //! and tokens per minute), the learned pacers, and the pause a 429 puts on its partition; taken
 //! by every attempt in FIFO order while its deadline allows; beyond it, a 429 with a Retry-After
 //! computed from the bucket. Optionally one partition per API key, keyed by a hash of the
-//! credential (never the credential).
+//! credential (never the credential); at most [`MAX_PARTITIONS`] of them, idle ones evicted to
+//! make room for new keys.
 //!
 //! It sits inside Retry, so retries pay for their tokens like first attempts (which is why a
 //! throttled request may be retried for as long as its deadline allows without amplifying load:
@@ -23,6 +24,7 @@ pub mod partition;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use http::{HeaderMap, Response};
 use tokio::time::Instant;
@@ -33,13 +35,58 @@ use crate::classify::Outcome;
 use crate::config::{self, LearnMode, UpstreamConfig};
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{BoxFuture, Middleware, Next, Shared};
+use crate::stack::layer::{lock, BoxFuture, Middleware, Next, Shared};
 
-/// Most partitions kept; requests with further keys share the upstream's default partition.
-const MAX_PARTITIONS: usize = 10_000;
+/// Most partitions kept. When full, a new key evicts the partitions idle for
+/// [`PARTITION_IDLE`]; only if none is idle does it share the upstream's default partition
+/// (until a later sweep finds room).
+pub const MAX_PARTITIONS: usize = 10_000;
+
+/// A partition no request has taken for this long, none holds, and no 429 pauses, may be
+/// evicted. What it loses is its learned pace: by then the provider's per-minute buckets have
+/// long refilled, and slow start relearns it.
+pub const PARTITION_IDLE: Duration = Duration::from_secs(10 * 60);
+
+/// A full map is swept for idle partitions at most this often, so a flood of new keys against
+/// a map of busy ones costs one scan a second, not one per request.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// One credential's partition and when a request last took it.
+struct Keyed {
+    partition: Arc<Partition>,
+    last_used: Instant,
+}
 
 /// Partitions per credential hash.
-type PartitionMap = HashMap<u64, Arc<Partition>>;
+#[derive(Default)]
+struct PartitionMap {
+    by_hash: HashMap<u64, Keyed>,
+    last_sweep: Option<Instant>,
+}
+
+impl PartitionMap {
+    /// Evict what may be evicted at `now` (rate-limited by [`SWEEP_EVERY`]); whether there is
+    /// room for a new partition.
+    fn make_room(&mut self, now: Instant) -> bool {
+        if self.by_hash.len() < MAX_PARTITIONS {
+            return true;
+        }
+        if self
+            .last_sweep
+            .is_some_and(|at| now.saturating_duration_since(at) < SWEEP_EVERY)
+        {
+            return false;
+        }
+        self.last_sweep = Some(now);
+        // Under the map's lock no one else can take a clone, so a count of 1 stays 1.
+        self.by_hash.retain(|_, k| {
+            now.saturating_duration_since(k.last_used) < PARTITION_IDLE
+                || Arc::strong_count(&k.partition) > 1
+                || k.partition.is_paused(now)
+        });
+        self.by_hash.len() < MAX_PARTITIONS
+    }
+}
 
 /// All partitions of one upstream.
 pub struct RateLimitShared {
@@ -54,7 +101,7 @@ pub struct RateLimitShared {
 impl RateLimitShared {
     pub fn new(config: &UpstreamConfig, metrics: UpstreamMetrics) -> Arc<Self> {
         let by_key = (config.limits.partition == config::Partition::ApiKey)
-            .then(|| (Mutex::new(HashMap::new()), RandomState::new()));
+            .then(|| (Mutex::default(), RandomState::new()));
         if config.rate_limit == LearnMode::Off {
             let source = |configured: bool| if configured { "config" } else { "none" };
             metrics.limit_source("requests", source(config.limits.rpm.is_some()));
@@ -79,25 +126,44 @@ impl RateLimitShared {
             return Arc::clone(&self.default);
         };
         let key = hasher.hash_one(credential.as_bytes());
-        let mut map = map.lock().expect("partition lock");
-        if let Some(b) = map.get(&key) {
-            return Arc::clone(b);
+        let now = Instant::now();
+        let mut map = lock(map);
+        if let Some(keyed) = map.by_hash.get_mut(&key) {
+            keyed.last_used = now;
+            return Arc::clone(&keyed.partition);
         }
-        if map.len() >= MAX_PARTITIONS {
+        if !map.make_room(now) {
             return Arc::clone(&self.default);
         }
-        Arc::clone(
-            map.entry(key)
-                .or_insert_with(|| Arc::new(Partition::new(&self.config))),
-        )
+        let partition = Arc::new(Partition::new(&self.config));
+        let keyed = Keyed {
+            partition: Arc::clone(&partition),
+            last_used: now,
+        };
+        map.by_hash.insert(key, keyed);
+        partition
     }
 
     pub fn status(&self) -> serde_json::Value {
         let mut v = self.default.status();
         if let Some((map, _)) = &self.by_key {
-            v["partitions"] = serde_json::json!(map.lock().expect("partition lock").len());
+            v["partitions"] = serde_json::json!(lock(map).by_hash.len());
         }
         v
+    }
+}
+
+#[cfg(test)]
+impl RateLimitShared {
+    /// Poison every std mutex this holds (tests of [`crate::stack::layer::lock`]).
+    pub(crate) fn poison_locks(&self) {
+        self.default.poison_locks();
+        if let Some((map, _)) = &self.by_key {
+            for keyed in lock(map).by_hash.values() {
+                keyed.partition.poison_locks();
+            }
+            crate::stack::layer::poison(map);
+        }
     }
 }
 
@@ -130,5 +196,104 @@ impl Middleware for RateLimitShared {
             }
             result
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Weak;
+
+    use http::HeaderValue;
+
+    use super::*;
+    use crate::config::types::parse_base_url;
+    use crate::metrics::Metrics;
+
+    fn per_key() -> Arc<RateLimitShared> {
+        let mut config =
+            UpstreamConfig::new("t", "/v1", parse_base_url("http://127.0.0.1:1").unwrap());
+        config.limits.partition = config::Partition::ApiKey;
+        RateLimitShared::new(&config, Metrics::new().upstream("t"))
+    }
+
+    fn key(n: usize) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        let value = HeaderValue::from_str(&format!("Bearer sk-{n}")).unwrap();
+        h.insert("authorization", value);
+        h
+    }
+
+    fn partitions(shared: &RateLimitShared) -> usize {
+        lock(&shared.by_key.as_ref().unwrap().0).by_hash.len()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_map_evicts_idle_partitions_for_new_keys() {
+        let shared = per_key();
+        let first = Arc::downgrade(&shared.partition(&key(0)));
+        for n in 1..MAX_PARTITIONS {
+            shared.partition(&key(n));
+        }
+        assert_eq!(partitions(&shared), MAX_PARTITIONS);
+        // Nothing idle yet: a new key shares the default partition.
+        let newcomer = shared.partition(&key(MAX_PARTITIONS));
+        assert!(Arc::ptr_eq(&newcomer, &shared.default));
+
+        // Key 1 is held by a request, key 2 is paused by a 429, key 3 was used recently.
+        let held = shared.partition(&key(1));
+        let paused = shared.partition(&key(2));
+        let mut hint = HeaderMap::new();
+        hint.insert("retry-after", HeaderValue::from_static("3600"));
+        let m = Metrics::new().upstream("t");
+        paused.observe(None, Outcome::Throttled(429), Some(&hint), &m);
+        let paused = Arc::downgrade(&paused);
+        tokio::time::advance(PARTITION_IDLE - Duration::from_secs(1)).await;
+        let recent = Arc::downgrade(&shared.partition(&key(3)));
+        tokio::time::advance(Duration::from_secs(1)).await;
+
+        let newcomer = shared.partition(&key(MAX_PARTITIONS));
+        assert!(
+            !Arc::ptr_eq(&newcomer, &shared.default),
+            "a new key got its own partition"
+        );
+        assert_eq!(
+            partitions(&shared),
+            4,
+            "the idle ones were evicted, the rest kept"
+        );
+        assert!(first.upgrade().is_none(), "an idle partition was freed");
+        let same = |key_n: usize, before: &Weak<Partition>| {
+            Arc::ptr_eq(&shared.partition(&key(key_n)), &before.upgrade().unwrap())
+        };
+        assert!(Arc::ptr_eq(&shared.partition(&key(1)), &held));
+        assert!(same(2, &paused), "a paused partition keeps its pause");
+        assert!(same(3, &recent));
+        // An evicted key comes back as a new partition of its own.
+        assert!(!Arc::ptr_eq(&shared.partition(&key(0)), &shared.default));
+        assert_eq!(partitions(&shared), 5);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_map_of_busy_partitions_is_swept_at_most_once_a_second() {
+        let shared = per_key();
+        let held: Vec<_> = (0..MAX_PARTITIONS)
+            .map(|n| shared.partition(&key(n)))
+            .collect();
+        tokio::time::advance(PARTITION_IDLE).await;
+        let newcomer = shared.partition(&key(MAX_PARTITIONS));
+        assert!(
+            Arc::ptr_eq(&newcomer, &shared.default),
+            "every partition is held"
+        );
+        drop(held);
+        let again = shared.partition(&key(MAX_PARTITIONS));
+        assert!(
+            Arc::ptr_eq(&again, &shared.default),
+            "no second sweep within a second"
+        );
+        tokio::time::advance(SWEEP_EVERY).await;
+        let later = shared.partition(&key(MAX_PARTITIONS));
+        assert!(!Arc::ptr_eq(&later, &shared.default));
+        assert_eq!(partitions(&shared), 1);
     }
 }

@@ -28,6 +28,7 @@ use crate::config::{LearnMode, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::metrics::UpstreamMetrics;
 use crate::provider::{self, Kind, Report};
+use crate::stack::layer::lock;
 
 /// The learned pacers of one partition, one per kind of limit.
 #[derive(Debug)]
@@ -157,6 +158,11 @@ impl Partition {
         }
     }
 
+    /// Whether a 429's pause is in force at `now`.
+    pub fn is_paused(&self, now: Instant) -> bool {
+        self.pause.until(now).is_some()
+    }
+
     /// Whether requests must be charged a token estimate.
     pub fn charges_tokens(&self) -> bool {
         self.tokens.is_some() || self.tokens_learned.load(Ordering::Relaxed)
@@ -200,7 +206,7 @@ impl Partition {
         let Some(pacers) = &self.pacers else {
             return Some(None);
         };
-        let mut p = pacers.lock().expect("pacer lock");
+        let mut p = lock(pacers);
         let units = f64::from(cost);
         if !(p.requests.can_acquire(1.0, now) && p.tokens.can_acquire(units, now)) {
             return None;
@@ -215,7 +221,7 @@ impl Partition {
     async fn wait_pause(&self, deadline: Instant, jitter: bool) -> Result<(), Duration> {
         while let Some(until) = self.pause.until(Instant::now()) {
             let extra = if jitter && !self.release_jitter.is_zero() {
-                let spread = self.rng.lock().expect("rng lock").random_range(0.0..1.0);
+                let spread = lock(&self.rng).random_range(0.0..1.0);
                 self.release_jitter.mul_f64(spread)
             } else {
                 Duration::ZERO
@@ -272,11 +278,7 @@ impl Partition {
             self.wait_pause(deadline, false).await?;
             let answered = self.answered.notified();
             let now = Instant::now();
-            let verdict = pacers
-                .lock()
-                .expect("pacer lock")
-                .get_mut(kind)
-                .try_acquire(units, now);
+            let verdict = lock(pacers).get_mut(kind).try_acquire(units, now);
             match verdict {
                 Ok(ticket) => return Ok(ticket),
                 Err(Some(wait)) if now + wait > deadline => return Err(wait),
@@ -319,7 +321,7 @@ impl Partition {
         };
         let mut learned_pause: Option<Duration> = None;
         if let (Some(pacers), Some(tickets)) = (&self.pacers, tickets) {
-            let mut p = pacers.lock().expect("pacer lock");
+            let mut p = lock(pacers);
             let reports = headers.map(|h| {
                 (
                     provider::report(h, Kind::Requests, wall),
@@ -378,7 +380,7 @@ impl Partition {
             )
         };
         let learned = self.pacers.as_ref().map(|p| {
-            let p = p.lock().expect("pacer lock");
+            let p = lock(p);
             [&p.requests, &p.tokens]
                 .iter()
                 .map(|pacer| {
@@ -427,6 +429,17 @@ fn attribute(
         }
         Outcome::Throttled(_) => (Answer::Overloaded, Answer::Overloaded),
         _ => (Answer::Ok, Answer::Ok),
+    }
+}
+
+#[cfg(test)]
+impl Partition {
+    /// Poison every std mutex this holds (tests of [`crate::stack::layer::lock`]).
+    pub(crate) fn poison_locks(&self) {
+        if let Some(p) = &self.pacers {
+            crate::stack::layer::poison(p);
+        }
+        crate::stack::layer::poison(&self.rng);
     }
 }
 

@@ -45,7 +45,7 @@ use crate::config::RetryConfig;
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{BoxFuture, Middleware, Next, Shared};
+use crate::stack::layer::{lock, BoxFuture, Middleware, Next, Shared};
 
 /// Retryable answers' bodies are buffered (to read their error code and to replay them on
 /// giving up) up to this size; larger ones pass through unretried.
@@ -86,7 +86,7 @@ impl RetryShared {
     }
 
     fn sleep_for(&self, retry: u32, previous: Duration, hint: Option<Duration>) -> Duration {
-        let mut rng = self.rng.lock().expect("rng lock");
+        let mut rng = lock(&self.rng);
         let backoff = self.backoff.sleep(retry, previous, &mut *rng);
         match hint {
             Some(hint) if hint >= backoff => {

@@ -360,3 +360,18 @@ async fn connection_errors_are_retried() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_poisoned_rng_lock_still_retries() {
+    let script = Script::new(vec![answer(503, &[], "{}")]);
+    let shared = RetryShared::with_rng(
+        &config(Jitter::Full),
+        crate::metrics::Metrics::new().upstream("t"),
+        SmallRng::seed_from_u64(3),
+    );
+    crate::stack::layer::poison(&shared.rng);
+    let svc = RetryLayer::new(shared).layer(script.service());
+    let response = svc.oneshot(request(Duration::from_secs(60))).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(script.calls.load(Ordering::SeqCst), 2);
+}

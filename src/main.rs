@@ -25,7 +25,9 @@ fn main() -> ExitCode {
         Some(Command::Simulate(args)) => run(
             cli.log_format,
             "corral simulate",
-            corral::simulate::run(args),
+            corral::simulate::run(args, async {
+                shutdown::signal().await;
+            }),
         ),
         Some(Command::Bench(BenchCommand::Herd(args))) => {
             // corral's own per-request log lines would drown the figures.

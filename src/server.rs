@@ -23,6 +23,7 @@ use crate::error::ProxyError;
 use crate::forward::{self, ProxyRequest, RequestCtx};
 use crate::metrics::Metrics;
 use crate::router::{Router, Upstream};
+use crate::shutdown::Signal;
 
 /// Everything a connection needs to serve requests.
 pub struct App {
@@ -202,14 +203,14 @@ impl App {
     }
 }
 
-/// Serve `listener` (and `admin`, if given) until `shutdown` resolves, then drain: readiness
-/// flips to false, the listeners close, and in-flight requests (streams included) get up to the
-/// configured drain timeout to finish.
-pub async fn run(
+/// Serve `listener` (and `admin`, if given) until `shutdown` resolves (to a [`Signal`], or to
+/// `()`), then drain: readiness flips to false, the listeners close, and in-flight requests
+/// (streams included) get up to the configured drain timeout to finish.
+pub async fn run<S: Into<Signal>>(
     app: Arc<App>,
     listener: TcpListener,
     admin: Option<TcpListener>,
-    shutdown: impl Future<Output = ()>,
+    shutdown: impl Future<Output = S>,
 ) -> std::io::Result<()> {
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -226,7 +227,7 @@ pub async fn run(
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
-            () = &mut shutdown => break,
+            _ = &mut shutdown => break,
             conn = listener.accept() => conn.map(|c| (c, false)),
             conn = accept_opt(admin.as_ref()) => conn.map(|c| (c, true)),
         };

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::time::Duration;
 
 use super::Config;
 
@@ -12,7 +13,11 @@ pub(super) struct Invalid {
     pub reason: String,
 }
 
+/// Longest value of a connection timeout or drain setting: beyond it a typo, not a choice.
+const MAX_SERVER_DURATION: Duration = Duration::from_secs(3600);
+
 pub(super) fn validate(config: &Config) -> Result<(), Invalid> {
+    validate_server(config)?;
     let mut routes: HashMap<&str, &str> = HashMap::new();
     let mut names: HashMap<&str, ()> = HashMap::new();
     let reserved = ["/healthz", "/readyz", "/metrics", "/status"];
@@ -187,6 +192,36 @@ pub(super) fn validate(config: &Config) -> Result<(), Invalid> {
         if up.limits.token_burst.is_some() && up.limits.tpm.is_none() {
             return Err(at("limits.token_burst", "`token_burst` needs `tpm`".into()));
         }
+    }
+    Ok(())
+}
+
+/// The top-level connection and drain settings: timeouts above zero, every one at most an hour.
+fn validate_server(config: &Config) -> Result<(), Invalid> {
+    let durations = [
+        ("first_byte_timeout", config.first_byte_timeout, false),
+        ("idle_timeout", config.idle_timeout, false),
+        (
+            "http2_keep_alive_interval",
+            config.http2_keep_alive_interval,
+            false,
+        ),
+        ("drain_delay", config.drain_delay, true),
+        ("drain_timeout", config.drain_timeout, true),
+    ];
+    for (key, value, zero_ok) in durations {
+        let reason = if value.0.is_zero() && !zero_ok {
+            format!("`{key}` must be above zero")
+        } else if value.0 > MAX_SERVER_DURATION {
+            format!("`{key}` must be at most 1h, got {value}")
+        } else {
+            continue;
+        };
+        return Err(Invalid {
+            span: None,
+            key: key.into(),
+            reason,
+        });
     }
     Ok(())
 }

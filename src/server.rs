@@ -163,11 +163,15 @@ impl App {
         }
     }
 
-    /// `/healthz`, `/readyz`, `/metrics`, `/status`; `None` for any other path.
+    /// `/healthz`, `/readyz`, `/metrics`, `/status` for GET and HEAD (405 for other methods);
+    /// `None` for any other path.
     fn admin<B>(&self, req: &Request<B>) -> Option<Response<Body>> {
         let path = req.uri().path();
         if !ADMIN_PATHS.contains(&path) {
             return None;
+        }
+        if !matches!(*req.method(), Method::GET | Method::HEAD) {
+            return Some(ProxyError::MethodNotAllowed { allow: "GET, HEAD" }.into_response());
         }
         let (status, content_type, text) = match path {
             "/readyz" if self.is_ready() => (StatusCode::OK, "text/plain", "ready\n".to_owned()),

@@ -1,7 +1,7 @@
 //! Connections and the drain, against raw sockets on 127.0.0.1: every wait of a connection has
 //! an end (first byte, idle HTTP/1 and HTTP/2, unanswered HTTP/2 PINGs), header blocks over
-//! 64 KiB get 431, the connection cap holds new connections in the backlog, and SIGTERM drains
-//! with `/readyz` at 503 while still serving.
+//! 64 KiB get 431, the connection cap holds new connections in the backlog, SIGTERM drains with
+//! `/readyz` at 503 while still serving, and admin endpoints answer GET and HEAD only.
 //!
 //! Real sockets need real time (paused time would auto-advance past them), so every test sets
 //! timeouts of a few hundred milliseconds in its config, and every wait is bounded.
@@ -579,4 +579,36 @@ fn connection_settings_are_checked() {
     assert!(err("max_connections = 0").starts_with("t.toml:2: max_connections: "));
     let ok = config::load_str("t.toml", "drain_delay = \"0s\"\ndrain_timeout = \"0s\"\n");
     assert!(ok.is_ok(), "no delay and no drain are allowed: {ok:?}");
+}
+
+// ===== admin endpoints =====
+
+#[tokio::test]
+async fn admin_endpoints_answer_get_and_head_only() {
+    let corral = Served::start(&toml("", None), true).await;
+    for addr in [corral.addr, corral.admin.unwrap()] {
+        for (method, path) in [
+            ("POST", "/readyz"),
+            ("DELETE", "/metrics"),
+            ("PUT", "/status"),
+        ] {
+            let req = Request::builder()
+                .method(method)
+                .uri(format!("http://{addr}{path}"))
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            let (parts, body) = send(&client(), req).await;
+            assert_eq!(parts.status, 405, "{method} {path}");
+            assert_eq!(parts.headers["x-corral-error"], "method_not_allowed");
+            assert_eq!(parts.headers["allow"], "GET, HEAD");
+            let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(json["error"]["code"], "method_not_allowed");
+        }
+        let head = Request::head(format!("http://{addr}/healthz"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let (parts, body) = send(&client(), head).await;
+        assert_eq!(parts.status, 200);
+        assert!(body.is_empty());
+    }
 }

@@ -36,6 +36,8 @@ pub struct App {
     limits: ConnLimits,
     drain_delay: Duration,
     drain_timeout: Duration,
+    /// [`Config::warnings`], logged at start and listed by `/status`.
+    warnings: Vec<String>,
     /// Connections open on the main listener.
     open_connections: Arc<AtomicUsize>,
 }
@@ -51,6 +53,7 @@ impl App {
             limits: ConnLimits::new(config),
             drain_delay: config.drain_delay.0,
             drain_timeout: config.drain_timeout.0,
+            warnings: config.warnings(),
             open_connections: Arc::default(),
         })
     }
@@ -215,6 +218,7 @@ impl App {
                 "open": self.open_connections.load(Ordering::Relaxed),
                 "max": self.limits.max_connections,
             },
+            "warnings": self.warnings,
             "upstreams": upstreams,
         });
         serde_json::to_string_pretty(&json).expect("JSON values serialize")
@@ -280,6 +284,9 @@ pub async fn run<S: Into<Signal>>(
         }
         None => None,
     };
+    for warning in &app.warnings {
+        tracing::warn!("{warning}");
+    }
     app.ready.store(true, Ordering::SeqCst);
     tracing::info!(%addr, max_connections = app.limits.max_connections, "corral listening");
 

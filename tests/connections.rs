@@ -1,7 +1,8 @@
-//! Connections and the drain, against raw sockets on 127.0.0.1: every wait of a connection has
-//! an end (first byte, idle HTTP/1 and HTTP/2, unanswered HTTP/2 PINGs), header blocks over
-//! 64 KiB get 431, the connection cap holds new connections in the backlog, SIGTERM drains with
-//! `/readyz` at 503 while still serving, and admin endpoints answer GET and HEAD only.
+//! Connections, listening and the drain, against raw sockets on 127.0.0.1: every wait of a
+//! connection has an end (first byte, idle HTTP/1 and HTTP/2, unanswered HTTP/2 PINGs), header
+//! blocks over 64 KiB get 431, the connection cap holds new connections in the backlog, SIGTERM
+//! drains with `/readyz` at 503 while still serving, admin endpoints answer GET and HEAD only,
+//! and a non-loopback listener that injects credentials is warned about.
 //!
 //! Real sockets need real time (paused time would auto-advance past them), so every test sets
 //! timeouts of a few hundred milliseconds in its config, and every wait is bounded.
@@ -9,7 +10,7 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -611,4 +612,152 @@ async fn admin_endpoints_answer_get_and_head_only() {
         assert_eq!(parts.status, 200);
         assert!(body.is_empty());
     }
+}
+
+// ===== safe listening =====
+
+/// A config injecting a credential for upstream `openai`, listening on `listen`.
+fn injecting(listen: &str) -> config::Config {
+    config::load_str(
+        "test.toml",
+        &format!(
+            "listen = \"{listen}\"\n[[upstream]]\nname = \"openai\"\nroute = \"/v1\"\n\
+             base_url = \"https://api.openai.com/v1\"\n[upstream.headers]\n\
+             Authorization = \"Bearer sk-never-shown\"\n"
+        ),
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_non_loopback_listener_that_injects_credentials_is_warned_about() {
+    for listen in ["127.0.0.1:8080", "[::1]:8080", "[::ffff:127.0.0.1]:8080"] {
+        assert!(injecting(listen).warnings().is_empty(), "{listen}");
+    }
+    for listen in ["0.0.0.0:8080", "[::]:8080", "10.1.2.3:8080"] {
+        let warnings = injecting(listen).warnings();
+        assert_eq!(warnings.len(), 1, "{listen}: {warnings:?}");
+        assert!(
+            warnings[0].contains("not a loopback address"),
+            "{warnings:?}"
+        );
+        assert!(warnings[0].contains("`openai`"), "{warnings:?}");
+        assert!(!warnings[0].contains("sk-never-shown"));
+    }
+    // Clients bringing their own keys: nothing to spend.
+    let open = config::load_str("t.toml", &toml("listen = \"0.0.0.0:8080\"", None)).unwrap();
+    assert!(open.warnings().is_empty());
+}
+
+#[test]
+fn a_drain_longer_than_the_default_grace_period_is_warned_about() {
+    let at = |top: &str| {
+        config::load_str("t.toml", &toml(top, None))
+            .unwrap()
+            .warnings()
+    };
+    assert!(at("").is_empty(), "the defaults fit: {:?}", at(""));
+    assert!(at("drain_delay = \"10s\"\ndrain_timeout = \"20s\"").is_empty());
+    let warnings = at("drain_delay = \"10s\"\ndrain_timeout = \"25s\"");
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("terminationGracePeriodSeconds"),
+        "{warnings:?}"
+    );
+}
+
+/// A `tracing` writer into a shared buffer.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn the_warning_is_logged_at_start_and_listed_by_status() {
+    use tracing::instrument::WithSubscriber;
+    let app = App::new(&injecting("0.0.0.0:8080"));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let log = Captured::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let task = tokio::spawn(
+        server::run(
+            Arc::clone(&app),
+            listener,
+            None,
+            std::future::pending::<()>(),
+        )
+        .with_subscriber(subscriber),
+    );
+    let (status, body) = get_status(addr, "/status").await;
+    assert_eq!(status, 200);
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let listed = json["warnings"][0].as_str().unwrap_or_default();
+    assert!(listed.contains("not a loopback address"), "{json}");
+    let log = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains("not a loopback address"))
+        .unwrap_or_else(|| panic!("no warning logged:\n{log}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(log.find("not a loopback").unwrap() < log.find("corral listening").unwrap());
+    task.abort();
+}
+
+#[tokio::test]
+async fn check_config_prints_the_effective_listen_and_the_warning() {
+    let path = std::env::temp_dir().join(format!("corral-connections-{}.toml", std::process::id()));
+    std::fs::write(
+        &path,
+        "listen = \"127.0.0.1:8080\"\n[[upstream]]\nname = \"openai\"\nroute = \"/v1\"\n\
+         base_url = \"https://api.openai.com/v1\"\n[upstream.headers]\n\
+         Authorization = \"Bearer ${CORRAL_CONN_TEST_KEY}\"\n",
+    )
+    .unwrap();
+    let path_arg = path.to_str().unwrap();
+    let run = |flag: Option<&str>, env: Option<&str>| {
+        let mut cmd = corral_command(["check-config", path_arg]);
+        if let Some(listen) = flag {
+            cmd.args(["--listen", listen]);
+        }
+        if let Some(listen) = env {
+            cmd.env("CORRAL_LISTEN", listen);
+        }
+        cmd.env("CORRAL_CONN_TEST_KEY", "sk-conn-test");
+        async move {
+            let out = cmd.output().await.expect("run corral check-config");
+            assert_eq!(out.status.code(), Some(0), "{out:?}");
+            let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
+            (text(out.stdout), text(out.stderr))
+        }
+    };
+    let (stdout, stderr) = run(None, None).await;
+    assert!(stdout.contains("listen = \"127.0.0.1:8080\""), "{stdout}");
+    assert!(stderr.is_empty(), "{stderr}");
+    let (stdout, stderr) = run(None, Some("0.0.0.0:9999")).await;
+    assert!(stdout.contains("listen = \"0.0.0.0:9999\""), "{stdout}");
+    assert!(!stdout.contains("127.0.0.1:8080"), "{stdout}");
+    assert!(
+        stderr.starts_with("warning: `listen` (0.0.0.0:9999"),
+        "{stderr}"
+    );
+    let (stdout, _) = run(Some("0.0.0.0:7777"), Some("0.0.0.0:9999")).await;
+    assert!(
+        stdout.contains("listen = \"0.0.0.0:7777\""),
+        "the flag wins: {stdout}"
+    );
+    assert!(!stdout.contains("sk-conn-test") && !stderr.contains("sk-conn-test"));
+    let _ = std::fs::remove_file(&path);
 }

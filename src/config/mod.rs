@@ -11,6 +11,7 @@ mod validate;
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
@@ -61,6 +62,18 @@ impl Default for Config {
             drain_timeout: HumanDuration::from_secs(20),
             upstreams: Vec::new(),
         }
+    }
+}
+
+/// Kubernetes' default `terminationGracePeriodSeconds`: SIGTERM to SIGKILL. The drain should
+/// fit in it.
+pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
+
+impl Config {
+    /// What the configuration allows but is likely a mistake, one sentence each: `check-config`
+    /// prints them, corral logs them at startup and `/status` lists them.
+    pub fn warnings(&self) -> Vec<String> {
+        validate::warnings(self)
     }
 }
 

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::time::Duration;
 
-use super::Config;
+use super::{Config, DEFAULT_GRACE_PERIOD};
 
 /// A rejected configuration, before the file name and line are attached.
 pub(super) struct Invalid {
@@ -224,4 +224,35 @@ fn validate_server(config: &Config) -> Result<(), Invalid> {
         });
     }
     Ok(())
+}
+
+/// See [`Config::warnings`].
+pub(super) fn warnings(config: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    let listen = config.listen.0;
+    let injecting: Vec<String> = config
+        .upstreams
+        .iter()
+        .filter(|u| !u.headers.is_empty())
+        .map(|u| format!("`{}`", u.name()))
+        .collect();
+    if !listen.ip().to_canonical().is_loopback() && !injecting.is_empty() {
+        out.push(format!(
+            "`listen` ({listen}, after --listen and CORRAL_LISTEN) is not a loopback address, and \
+             corral adds configured headers (credentials) to requests for upstream {}: anyone \
+             who can reach {listen} can spend them; listen on 127.0.0.1, or let the clients \
+             send their own keys",
+            injecting.join(", ")
+        ));
+    }
+    let drain = config.drain_delay.0 + config.drain_timeout.0;
+    if drain > DEFAULT_GRACE_PERIOD {
+        out.push(format!(
+            "`drain_delay` ({}) + `drain_timeout` ({}) exceed 30s, Kubernetes' default \
+             grace period: a pod is killed before its drain ends unless its \
+             terminationGracePeriodSeconds is longer",
+            config.drain_delay, config.drain_timeout
+        ));
+    }
+    out
 }

@@ -301,7 +301,7 @@ pub async fn run<S: Into<Signal>>(
     tracing::info!(
         signal = signal.name(),
         drain_delay = ?delay,
-        "draining: /readyz answers 503; still serving for the drain delay"
+        "draining: /readyz answers 503; serving on for the drain delay, then closing the listener"
     );
     serve_until(&mut proxy, admin.as_mut(), tokio::time::sleep(delay)).await;
 

@@ -34,11 +34,9 @@ pub enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Validate a config file and print the effective configuration (exit 2 on any error).
-    CheckConfig {
-        /// The file to check.
-        path: PathBuf,
-    },
+    /// Validate a config file and print the effective configuration, `--listen` and
+    /// `CORRAL_LISTEN` applied (exit 2 on any error; warnings on stderr).
+    CheckConfig(CheckArgs),
     /// Run a rate-limited fake OpenAI/Anthropic upstream, for offline tests.
     Simulate(crate::simulate::SimulateArgs),
     /// Benchmarks that print figures.
@@ -52,18 +50,70 @@ pub enum BenchCommand {
     Herd(crate::herd::HerdArgs),
 }
 
-/// Running the proxy.
+/// `corral check-config PATH`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The file to check.
+    pub path: PathBuf,
+    #[command(flatten)]
+    pub listen: ListenArgs,
+}
+
+impl CheckArgs {
+    /// The configuration corral would run on: the file, validated, with the listen overrides.
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        let mut config = config::load_file(&self.path)?;
+        self.listen.apply(&mut config)?;
+        Ok(config)
+    }
+}
+
+/// Where corral listens, over the config file's `listen` and `admin_listen`.
 #[derive(Debug, Args, Default)]
-pub struct RunArgs {
-    /// Config file (default: the embedded config, `/v1` to OpenAI on 127.0.0.1:8080).
-    #[arg(long, env = "CORRAL_CONFIG")]
-    pub config: Option<PathBuf>,
+pub struct ListenArgs {
     /// Listen address, overriding the config's `listen`.
     #[arg(long, env = "CORRAL_LISTEN")]
     pub listen: Option<String>,
     /// Serve /healthz, /readyz, /metrics, /status on this address instead.
     #[arg(long)]
     pub admin_listen: Option<String>,
+}
+
+impl ListenArgs {
+    /// Put the given addresses into `config`.
+    pub fn apply(&self, config: &mut Config) -> Result<(), ConfigError> {
+        let addr = |key: &str, s: &str| {
+            s.parse()
+                .map(ListenAddr)
+                .map_err(|_| flag_err(key, format!("invalid address `{s}`; write host:port")))
+        };
+        if let Some(listen) = &self.listen {
+            config.listen = addr("--listen / CORRAL_LISTEN", listen)?;
+        }
+        if let Some(admin) = &self.admin_listen {
+            config.admin_listen = Some(addr("--admin-listen", admin)?);
+        }
+        Ok(())
+    }
+}
+
+fn flag_err(key: &str, reason: String) -> ConfigError {
+    ConfigError {
+        file: "(command line)".into(),
+        line: None,
+        key: key.into(),
+        reason,
+    }
+}
+
+/// Running the proxy.
+#[derive(Debug, Args, Default)]
+pub struct RunArgs {
+    /// Config file (default: the embedded config, `/v1` to OpenAI on 127.0.0.1:8080).
+    #[arg(long, env = "CORRAL_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub listen: ListenArgs,
     /// Quick start without a file: front this one upstream base URL at `/v1`.
     #[arg(long, conflicts_with = "config")]
     pub upstream: Option<String>,
@@ -91,12 +141,6 @@ impl RunArgs {
             Some(path) => config::load_file(path)?,
             None => config::load_str("(embedded default config)", config::DEFAULT_CONFIG)?,
         };
-        let flag_err = |key: &str, reason: String| ConfigError {
-            file: "(command line)".into(),
-            line: None,
-            key: key.into(),
-            reason,
-        };
         if let Some(url) = &self.upstream {
             let base_url = parse_base_url(url).map_err(|r| flag_err("--upstream", r))?;
             let mut up = UpstreamConfig::new("upstream", "/v1", base_url);
@@ -111,17 +155,7 @@ impl RunArgs {
             }
             config.upstreams = vec![up];
         }
-        let addr = |key: &str, s: &str| {
-            s.parse()
-                .map(ListenAddr)
-                .map_err(|_| flag_err(key, format!("invalid address `{s}`; write host:port")))
-        };
-        if let Some(listen) = &self.listen {
-            config.listen = addr("--listen / CORRAL_LISTEN", listen)?;
-        }
-        if let Some(admin) = &self.admin_listen {
-            config.admin_listen = Some(addr("--admin-listen", admin)?);
-        }
+        self.listen.apply(&mut config)?;
         Ok(config)
     }
 }

@@ -23,6 +23,8 @@ pub enum ProxyError {
     AbsoluteForm,
     #[error("CONNECT is refused: corral is not an open proxy")]
     Connect,
+    #[error("method not allowed here; allowed: {allow}")]
+    MethodNotAllowed { allow: &'static str },
     #[error("request body exceeds the limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
     #[error("reading the request body failed: {0}")]
@@ -68,7 +70,7 @@ impl ProxyError {
         match self {
             Self::NoRoute(_) => StatusCode::NOT_FOUND,
             Self::AbsoluteForm | Self::BodyRead(_) => StatusCode::BAD_REQUEST,
-            Self::Connect => StatusCode::METHOD_NOT_ALLOWED,
+            Self::Connect | Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UpstreamConnect { .. } | Self::UpstreamReset { .. } => StatusCode::BAD_GATEWAY,
             Self::TryTimeout { .. } | Self::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
@@ -89,6 +91,7 @@ impl ProxyError {
             Self::NoRoute(_)
             | Self::AbsoluteForm
             | Self::Connect
+            | Self::MethodNotAllowed { .. }
             | Self::BodyTooLarge { .. }
             | Self::BodyRead(_)
             | Self::DeadlineExceeded
@@ -106,6 +109,7 @@ impl ProxyError {
             Self::NoRoute(_) => "no_route",
             Self::AbsoluteForm => "absolute_form",
             Self::Connect => "connect_refused",
+            Self::MethodNotAllowed { .. } => "method_not_allowed",
             Self::BodyTooLarge { .. } => "body_too_large",
             Self::BodyRead(_) => "body_read",
             Self::UpstreamConnect { .. } => "upstream_connect",
@@ -159,6 +163,9 @@ impl ProxyError {
             HeaderValue::from_static("application/json"),
         );
         headers.insert(CORRAL_ERROR_HEADER, HeaderValue::from_static(self.label()));
+        if let Self::MethodNotAllowed { allow } = self {
+            headers.insert(header::ALLOW, HeaderValue::from_static(allow));
+        }
         if let Some(after) = self.retry_after() {
             let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));

@@ -3,7 +3,9 @@
 //! # Layout
 //! - [`cli`]: the command line (clap) and logging; `main.rs` only runs it.
 //! - [`config`]: the TOML config, checked in one pass into validated types.
-//! - [`server`]: the accept loop, admin endpoints, graceful shutdown ([`shutdown`]).
+//! - [`server`]: serving and draining, admin endpoints; [`shutdown`]: the signal future.
+//! - [`accept`]: the accept loop of one listener: its connection cap, each connection's
+//!   first-byte, idle and HTTP/2 keep-alive limits, its part of the drain.
 //! - [`router`]: path prefix to upstream, each upstream owning one built stack.
 //! - [`forward`]: what a request becomes before the stack (hop-by-hop headers, body buffered).
 //! - [`stack`]: the per-upstream tower stack: metrics, concurrency, retry, breaker, rate limit,
@@ -16,6 +18,7 @@
 //! - [`simulate`]: `corral simulate`, a rate-limited fake OpenAI/Anthropic upstream for offline tests.
 //! - [`herd`]: `corral bench herd`, the thundering-herd benchmark in several worlds.
 
+pub mod accept;
 pub mod body;
 pub mod classify;
 pub mod cli;

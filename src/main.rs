@@ -9,8 +9,14 @@ use corral::{config, server, shutdown};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Some(Command::CheckConfig { path }) => match config::load_file(&path) {
+        Some(Command::CheckConfig(args)) => match args.load() {
             Ok(config) => {
+                for warning in config.warnings() {
+                    eprintln!("warning: {warning}");
+                }
+                if args.listen.listen.is_some() {
+                    println!("# `listen` is the effective address: --listen / CORRAL_LISTEN override the file's");
+                }
                 print!(
                     "{}",
                     toml::to_string_pretty(&config).expect("config serializes")
@@ -25,7 +31,9 @@ fn main() -> ExitCode {
         Some(Command::Simulate(args)) => run(
             cli.log_format,
             "corral simulate",
-            corral::simulate::run(args),
+            corral::simulate::run(args, async {
+                shutdown::signal().await;
+            }),
         ),
         Some(Command::Bench(BenchCommand::Herd(args))) => {
             // corral's own per-request log lines would drown the figures.

@@ -262,6 +262,7 @@ const CAUSES: &[&str] = &[
     "no_route",
     "absolute_form",
     "connect_refused",
+    "method_not_allowed",
     "body_too_large",
     "body_read",
     "upstream_connect",
@@ -527,6 +528,7 @@ mod tests {
             ProxyError::NoRoute(s()),
             ProxyError::AbsoluteForm,
             ProxyError::Connect,
+            ProxyError::MethodNotAllowed { allow: "GET, HEAD" },
             ProxyError::BodyTooLarge { limit: 0 },
             ProxyError::BodyRead(s()),
             ProxyError::UpstreamConnect {
@@ -566,6 +568,7 @@ mod tests {
                 ProxyError::NoRoute(_)
                 | ProxyError::AbsoluteForm
                 | ProxyError::Connect
+                | ProxyError::MethodNotAllowed { .. }
                 | ProxyError::BodyTooLarge { .. }
                 | ProxyError::BodyRead(_)
                 | ProxyError::UpstreamConnect { .. }

@@ -1,28 +1,31 @@
 //! The accept loop, the admin endpoints and the per-request path from a client's request to an
 //! upstream's stack.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{header, HeaderValue, Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tower::ServiceExt;
 
+use crate::accept::{self, Acceptor, ConnLimits, Handler};
 use crate::body::{self, Body};
 use crate::config::Config;
 use crate::error::ProxyError;
 use crate::forward::{self, ProxyRequest, RequestCtx};
 use crate::metrics::Metrics;
 use crate::router::{Router, Upstream};
+use crate::shutdown::Signal;
+
+/// Connections the admin listener serves at once (probes and scrapes need few).
+const ADMIN_MAX_CONNECTIONS: usize = 64;
+/// The paths [`App::admin`] answers.
+const ADMIN_PATHS: [&str; 4] = ["/healthz", "/readyz", "/metrics", "/status"];
 
 /// Everything a connection needs to serve requests.
 pub struct App {
@@ -30,7 +33,13 @@ pub struct App {
     metrics: Metrics,
     ready: AtomicBool,
     admin_on_main: bool,
+    limits: ConnLimits,
+    drain_delay: Duration,
     drain_timeout: Duration,
+    /// [`Config::warnings`], logged at start and listed by `/status`.
+    warnings: Vec<String>,
+    /// Connections open on the main listener.
+    open_connections: Arc<AtomicUsize>,
 }
 
 impl App {
@@ -41,7 +50,11 @@ impl App {
             metrics,
             ready: AtomicBool::new(false),
             admin_on_main: config.admin_listen.is_none(),
+            limits: ConnLimits::new(config),
+            drain_delay: config.drain_delay.0,
             drain_timeout: config.drain_timeout.0,
+            warnings: config.warnings(),
+            open_connections: Arc::default(),
         })
     }
 
@@ -153,13 +166,18 @@ impl App {
         }
     }
 
-    /// `/healthz`, `/readyz`, `/metrics`, `/status`; `None` for any other path.
+    /// `/healthz`, `/readyz`, `/metrics`, `/status` for GET and HEAD (405 for other methods);
+    /// `None` for any other path.
     fn admin<B>(&self, req: &Request<B>) -> Option<Response<Body>> {
-        let (status, content_type, text) = match req.uri().path() {
-            "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
-            "/readyz" if self.ready.load(Ordering::SeqCst) => {
-                (StatusCode::OK, "text/plain", "ready\n".to_owned())
-            }
+        let path = req.uri().path();
+        if !ADMIN_PATHS.contains(&path) {
+            return None;
+        }
+        if !matches!(*req.method(), Method::GET | Method::HEAD) {
+            return Some(ProxyError::MethodNotAllowed { allow: "GET, HEAD" }.into_response());
+        }
+        let (status, content_type, text) = match path {
+            "/readyz" if self.is_ready() => (StatusCode::OK, "text/plain", "ready\n".to_owned()),
             "/readyz" => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "text/plain",
@@ -171,7 +189,7 @@ impl App {
                 self.metrics.render(),
             ),
             "/status" => (StatusCode::OK, "application/json", self.status_json()),
-            _ => return None,
+            _ => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
         };
         let mut response = Response::new(body::full(text));
         *response.status_mut() = status;
@@ -195,101 +213,147 @@ impl App {
             })
             .collect();
         let json = serde_json::json!({
-            "ready": self.ready.load(Ordering::SeqCst),
+            "ready": self.is_ready(),
+            "connections": {
+                "open": self.open_connections.load(Ordering::Relaxed),
+                "max": self.limits.max_connections,
+            },
+            "warnings": self.warnings,
             "upstreams": upstreams,
         });
         serde_json::to_string_pretty(&json).expect("JSON values serialize")
     }
+
+    /// Requests in flight to every upstream.
+    fn in_flight(&self) -> i64 {
+        let upstreams = self.router.upstreams().iter();
+        upstreams.map(|u| u.metrics.in_flight.get()).sum()
+    }
 }
 
-/// Serve `listener` (and `admin`, if given) until `shutdown` resolves, then drain: readiness
-/// flips to false, the listeners close, and in-flight requests (streams included) get up to the
-/// configured drain timeout to finish.
-pub async fn run(
+/// Serve `listener` (and `admin`, if given) until `shutdown` resolves, then drain:
+///
+/// 1. Readiness flips: `/readyz` answers 503.
+/// 2. On [`Signal::Terminate`] (SIGTERM), corral keeps accepting and serving for `drain_delay`,
+///    so a load balancer sees the 503 and stops sending before the port closes. On
+///    [`Signal::Interrupt`], or a shutdown future that resolves to `()`, there is no delay.
+/// 3. The listener closes; every connection is asked to finish (HTTP/1 after its response in
+///    progress, HTTP/2 with a GOAWAY) and in-flight requests, streams included, get up to
+///    `drain_timeout`; what is left is cut.
+///
+/// The admin listener serves throughout (its `/readyz` answers 503 until the end) and closes
+/// last.
+pub async fn run<S: Into<Signal>>(
     app: Arc<App>,
     listener: TcpListener,
     admin: Option<TcpListener>,
-    shutdown: impl Future<Output = ()>,
+    shutdown: impl Future<Output = S>,
 ) -> std::io::Result<()> {
-    let graceful = GracefulShutdown::new();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30));
-    builder.http2().timer(TokioTimer::new());
-    app.ready.store(true, Ordering::SeqCst);
-    tracing::info!(addr = %listener.local_addr()?, "corral listening");
-    if let Some(admin) = &admin {
-        tracing::info!(addr = %admin.local_addr()?, "admin endpoints listening");
-    }
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let accepted = tokio::select! {
-            () = &mut shutdown => break,
-            conn = listener.accept() => conn.map(|c| (c, false)),
-            conn = accept_opt(admin.as_ref()) => conn.map(|c| (c, true)),
-        };
-        let ((stream, peer), is_admin) = match accepted {
-            Ok(conn) => conn,
-            Err(e) => {
-                // Out of file descriptors and the like: back off rather than spin.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
+    let builder = Arc::new(accept::http_builder(&app.limits));
+    let addr = listener.local_addr()?;
+    let proxy_handler: Handler = {
         let app = Arc::clone(&app);
-        let service = hyper::service::service_fn(move |req| {
+        Arc::new(move |req, peer| Box::pin(Arc::clone(&app).handle(req, peer)))
+    };
+    let mut proxy = Acceptor::new(
+        "proxy",
+        listener,
+        app.limits,
+        Arc::clone(&builder),
+        proxy_handler,
+        Arc::clone(&app.open_connections),
+    );
+    let mut admin = match admin {
+        Some(listener) => {
+            tracing::info!(addr = %listener.local_addr()?, "admin endpoints listening");
+            let limits = ConnLimits {
+                max_connections: ADMIN_MAX_CONNECTIONS,
+                ..app.limits
+            };
             let app = Arc::clone(&app);
-            async move {
-                let response = if is_admin {
-                    app.admin(&req).unwrap_or_else(|| {
-                        ProxyError::NoRoute(req.uri().path().to_owned()).into_response()
-                    })
-                } else {
-                    app.handle(req, peer).await
-                };
-                Ok::<_, Infallible>(response)
-            }
-        });
-        let conn = graceful.watch(
-            builder
-                .serve_connection(TokioIo::new(stream), service)
-                .into_owned(),
-        );
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
-    }
-    app.ready.store(false, Ordering::SeqCst);
-    drop(listener);
-    drop(admin);
-    let in_flight: i64 = app
-        .router
-        .upstreams()
-        .iter()
-        .map(|u| u.metrics.in_flight.get())
-        .sum();
-    tracing::info!(in_flight, drain_timeout = ?app.drain_timeout, "draining");
-    tokio::select! {
-        () = graceful.shutdown() => tracing::info!("drained; all connections closed"),
-        () = tokio::time::sleep(app.drain_timeout) => {
-            let cut: i64 = app.router.upstreams().iter().map(|u| u.metrics.in_flight.get()).sum();
-            tracing::warn!(cut, "drain timeout passed; cutting remaining requests");
+            let handler: Handler = Arc::new(move |req: Request<Incoming>, _| {
+                let response = app.admin(&req).unwrap_or_else(|| {
+                    ProxyError::NoRoute(req.uri().path().to_owned()).into_response()
+                });
+                Box::pin(std::future::ready(response))
+            });
+            let open = Arc::default();
+            Some(Acceptor::new(
+                "admin", listener, limits, builder, handler, open,
+            ))
         }
+        None => None,
+    };
+    for warning in &app.warnings {
+        tracing::warn!("{warning}");
+    }
+    app.ready.store(true, Ordering::SeqCst);
+    tracing::info!(%addr, max_connections = app.limits.max_connections, "corral listening");
+
+    let signal: Signal = serve_until(&mut proxy, admin.as_mut(), shutdown)
+        .await
+        .into();
+    app.ready.store(false, Ordering::SeqCst);
+    let delay = match signal {
+        Signal::Terminate => app.drain_delay,
+        Signal::Interrupt => Duration::ZERO,
+    };
+    tracing::info!(
+        signal = signal.name(),
+        drain_delay = ?delay,
+        "draining: /readyz answers 503; serving on for the drain delay, then closing the listener"
+    );
+    serve_until(&mut proxy, admin.as_mut(), tokio::time::sleep(delay)).await;
+
+    proxy.close();
+    tracing::info!(
+        open = proxy.open(),
+        in_flight = app.in_flight(),
+        drain_timeout = ?app.drain_timeout,
+        "listener closed; draining connections"
+    );
+    let cut = tokio::select! {
+        cut = proxy.drain(app.drain_timeout) => cut,
+        () = serve_admin_forever(admin.as_mut()) => unreachable!("the admin loop never ends"),
+    };
+    if cut == 0 {
+        tracing::info!("drained; all connections closed");
+    } else {
+        tracing::warn!(cut, "drain timeout passed; cut the connections still open");
+    }
+    if let Some(admin) = &mut admin {
+        admin.drain(Duration::ZERO).await;
     }
     Ok(())
 }
 
-async fn accept_opt(
-    listener: Option<&TcpListener>,
-) -> std::io::Result<(tokio::net::TcpStream, SocketAddr)> {
-    match listener {
-        Some(l) => l.accept().await,
+/// Serve both listeners until `until` resolves.
+async fn serve_until<T>(
+    proxy: &mut Acceptor,
+    mut admin: Option<&mut Acceptor>,
+    until: impl Future<Output = T>,
+) -> T {
+    let mut until = std::pin::pin!(until);
+    loop {
+        tokio::select! {
+            out = &mut until => return out,
+            () = proxy.step() => {}
+            () = serve_admin(admin.as_deref_mut()) => {}
+        }
+    }
+}
+
+/// One step of the admin listener; never resolves when there is none.
+async fn serve_admin(admin: Option<&mut Acceptor>) {
+    match admin {
+        Some(admin) => admin.step().await,
         None => std::future::pending().await,
+    }
+}
+
+/// The admin listener, if any, until the caller stops polling.
+async fn serve_admin_forever(mut admin: Option<&mut Acceptor>) {
+    loop {
+        serve_admin(admin.as_deref_mut()).await;
     }
 }

@@ -347,7 +347,8 @@ async fn env_vars_choose_the_config_file_and_override_its_listen() {
 #[tokio::test]
 async fn sigterm_drains_in_flight_requests_then_exits_zero() {
     let upstream = MockUpstream::start(|_| async {
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Longer than the default 5 s drain_delay, during which the listener stays open.
+        tokio::time::sleep(Duration::from_secs(7)).await;
         json(200, serde_json::json!({"slow": true}))
     })
     .await;
@@ -365,13 +366,18 @@ async fn sigterm_drains_in_flight_requests_then_exits_zero() {
     let in_flight = tokio::spawn(send_owned(corral.url("/v1/chat/completions")));
     assert!(eventually(Duration::from_secs(5), || upstream.calls() == 1).await);
     corral.sigterm();
+    tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
-        eventually(Duration::from_secs(5), || std::net::TcpStream::connect(
+        std::net::TcpStream::connect(addr).is_ok(),
+        "SIGTERM keeps the listener open for the drain delay"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || std::net::TcpStream::connect(
             addr
         )
         .is_err())
         .await,
-        "corral still accepts connections after SIGTERM"
+        "corral still accepts connections after the drain delay"
     );
     assert!(
         !in_flight.is_finished(),

@@ -8,6 +8,8 @@
 //!   also turns the YAML into JSON for the assertions here); the Job's sidecar, probes,
 //!   resources, securityContext, secret handling and scrape annotations; the PodMonitor's
 //!   fields; the ConfigMap's `corral.toml` through `check-config` and a real run.
+//! - The drain (`drain_delay` + `drain_timeout`) of the baked config fits `docker stop`'s 10 s,
+//!   the sidecar's fits the pod's `terminationGracePeriodSeconds`.
 //!
 //! Without `CORRAL_PYTHON` the Kubernetes tests fail, unless `CORRAL_SKIP_PYTHON=1`.
 
@@ -17,6 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use serde_json::Value;
 use support::binary::{corral_command, corral_std_command, Running};
@@ -327,6 +330,60 @@ async fn the_image_command_line_serves() {
     assert_eq!(corral.get(corral.addr, "/readyz").await.0, 200);
     let log = corral.log().join("\n");
     assert!(log.contains("\"level\":\"INFO\""), "JSON logs: {log}");
+}
+
+// ===== the drain fits the grace periods =====
+
+/// Time between SIGTERM and exit that the drain may take up front, for the process to exit.
+const EXIT_MARGIN: Duration = Duration::from_secs(1);
+/// How long `docker stop` waits after SIGTERM before SIGKILL, by default.
+const DOCKER_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What corral takes from SIGTERM to exit at most: the effective `drain_delay` (still serving,
+/// `/readyz` 503) plus `drain_timeout`, as `check-config` prints them (defaults filled in), plus
+/// [`EXIT_MARGIN`].
+fn drain_of(printed: &str) -> Duration {
+    let config: toml::Value = toml::from_str(printed).expect("check-config prints TOML");
+    let duration = |key: &str| {
+        let text = config[key]
+            .as_str()
+            .unwrap_or_else(|| panic!("check-config prints `{key}`:\n{printed}"));
+        humantime::parse_duration(text).unwrap_or_else(|e| panic!("`{key}` = {text}: {e}"))
+    };
+    duration("drain_delay") + duration("drain_timeout") + EXIT_MARGIN
+}
+
+#[test]
+fn the_baked_config_drains_within_docker_stops_wait() {
+    let stages = dockerfile_stages();
+    let runtime = stages.last().unwrap();
+    for stop in find(runtime, "STOPSIGNAL") {
+        assert_eq!(stop.args, "SIGTERM", "the drain delay follows SIGTERM");
+    }
+    let drain = drain_of(&check_config(&repo("deploy/corral.toml"), &[]));
+    assert!(
+        drain <= DOCKER_STOP_TIMEOUT,
+        "deploy/corral.toml drains for up to {drain:?}; `docker stop` kills after {DOCKER_STOP_TIMEOUT:?}"
+    );
+}
+
+#[test]
+fn the_sidecar_drains_within_the_pods_grace_period() {
+    let Some(m) = manifests() else { return };
+    let pod = &doc(m, "Job")["spec"]["template"]["spec"];
+    // Kubernetes' default when the field is absent.
+    let grace = Duration::from_secs(pod["terminationGracePeriodSeconds"].as_u64().unwrap_or(30));
+    let (text, _) = sidecar_config(m);
+    let path =
+        std::env::temp_dir().join(format!("corral-deploy-drain-{}.toml", std::process::id()));
+    std::fs::write(&path, &text).expect("write the sidecar config");
+    let printed = check_config(&path, &[("OPENAI_API_KEY", "sk-deploy-drain")]);
+    let _ = std::fs::remove_file(&path);
+    let drain = drain_of(&printed);
+    assert!(
+        drain <= grace,
+        "the sidecar drains for up to {drain:?}; the pod's grace period is {grace:?}"
+    );
 }
 
 // ===== Kubernetes =====

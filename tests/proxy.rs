@@ -219,7 +219,7 @@ async fn admin_listen_moves_admin_endpoints_off_the_main_port() {
         app,
         listener,
         Some(admin),
-        std::future::pending(),
+        std::future::pending::<()>(),
     ));
     let c = client();
     let get = |a: std::net::SocketAddr, p: &str| {

@@ -32,7 +32,7 @@ release_ramp = "365d"
 async fn durations_at_their_bound_and_the_largest_client_deadline_serve() {
     let upstream = MockUpstream::start(|_| async { json(200, serde_json::json!({})) }).await;
     let config = one_upstream(&upstream, AT_THE_BOUND)
-        .replace("drain_timeout = \"5s\"", "drain_timeout = \"365d\"");
+        .replace("drain_timeout = \"5s\"", "drain_timeout = \"1h\""); // its own bound
     let corral = Corral::start(&config).await;
     let c = client();
     for deadline in [None, Some(u64::MAX.to_string()), Some("0".into())] {

@@ -59,7 +59,10 @@ pub fn load_str(file: &str, text: &str) -> Result<Config, ConfigError> {
     })?;
     super::validate::validate(&config).map_err(|v| ConfigError {
         file: file.into(),
-        line: v.span.map(|s| refine_line(text, s.start, &v.key)),
+        line: match v.span {
+            Some(s) => Some(refine_line(text, s.start, &v.key)),
+            None => top_level_line(text, &v.key),
+        },
         key: v.key,
         reason: v.reason,
     })?;
@@ -101,6 +104,18 @@ fn redact_header_values(text: &str, key: &str, reason: &str) -> String {
 /// 1-based line number of byte `offset`.
 pub(super) fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// The line where top-level `key` is written (before the first table), if it is.
+fn top_level_line(text: &str, key: &str) -> Option<usize> {
+    text.lines()
+        .take_while(|l| !l.trim_start().starts_with('['))
+        .position(|l| {
+            l.trim_start()
+                .strip_prefix(key)
+                .is_some_and(|r| r.trim_start().starts_with('='))
+        })
+        .map(|i| i + 1)
 }
 
 /// The line of `key`'s last segment within the upstream table that starts near `offset`, or the

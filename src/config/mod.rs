@@ -11,6 +11,7 @@ mod validate;
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
@@ -26,7 +27,22 @@ pub struct Config {
     pub listen: ListenAddr,
     /// Serve `/healthz`, `/readyz`, `/metrics` and `/status` here instead of on `listen`.
     pub admin_listen: Option<ListenAddr>,
-    /// How long in-flight requests may take to finish after SIGTERM.
+    /// Connections open at once on `listen`; at the cap corral stops accepting until one
+    /// closes, so new ones wait in the kernel's backlog.
+    pub max_connections: NonZeroU32,
+    /// Time a new connection has to send its first byte.
+    pub first_byte_timeout: HumanDuration,
+    /// Time a connection may spend without a request in progress: before its first request
+    /// (a slow head, a partial HTTP/2 preface), between HTTP/1 requests, and on HTTP/2 with no
+    /// open stream. Then it is closed (HTTP/2 with a GOAWAY).
+    pub idle_timeout: HumanDuration,
+    /// HTTP/2: a PING after this long without a frame from the client; no answer within as long
+    /// closes the connection (a peer gone without a word, even mid-stream).
+    pub http2_keep_alive_interval: HumanDuration,
+    /// After SIGTERM: `/readyz` answers 503 while corral keeps accepting and serving for this
+    /// long, so a load balancer stops sending first. None after SIGINT.
+    pub drain_delay: HumanDuration,
+    /// Then the listener closes and in-flight requests get this long to finish.
     pub drain_timeout: HumanDuration,
     /// The upstreams, each behind a route.
     #[serde(rename = "upstream")]
@@ -38,9 +54,26 @@ impl Default for Config {
         Self {
             listen: ListenAddr(([127, 0, 0, 1], 8080).into()),
             admin_listen: None,
-            drain_timeout: HumanDuration::from_secs(30),
+            max_connections: NonZeroU32::new(10_000).expect("non-zero"),
+            first_byte_timeout: HumanDuration::from_secs(10),
+            idle_timeout: HumanDuration::from_secs(60),
+            http2_keep_alive_interval: HumanDuration::from_secs(20),
+            drain_delay: HumanDuration::from_secs(5),
+            drain_timeout: HumanDuration::from_secs(20),
             upstreams: Vec::new(),
         }
+    }
+}
+
+/// Kubernetes' default `terminationGracePeriodSeconds`: SIGTERM to SIGKILL. The drain should
+/// fit in it.
+pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
+
+impl Config {
+    /// What the configuration allows but is likely a mistake, one sentence each: `check-config`
+    /// prints them, corral logs them at startup and `/status` lists them.
+    pub fn warnings(&self) -> Vec<String> {
+        validate::warnings(self)
     }
 }
 

@@ -2,8 +2,9 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::time::Duration;
 
-use super::Config;
+use super::{Config, DEFAULT_GRACE_PERIOD};
 
 /// A rejected configuration, before the file name and line are attached.
 pub(super) struct Invalid {
@@ -12,7 +13,11 @@ pub(super) struct Invalid {
     pub reason: String,
 }
 
+/// Longest value of a connection timeout or drain setting: beyond it a typo, not a choice.
+const MAX_SERVER_DURATION: Duration = Duration::from_secs(3600);
+
 pub(super) fn validate(config: &Config) -> Result<(), Invalid> {
+    validate_server(config)?;
     let mut routes: HashMap<&str, &str> = HashMap::new();
     let mut names: HashMap<&str, ()> = HashMap::new();
     let reserved = ["/healthz", "/readyz", "/metrics", "/status"];
@@ -189,4 +194,65 @@ pub(super) fn validate(config: &Config) -> Result<(), Invalid> {
         }
     }
     Ok(())
+}
+
+/// The top-level connection and drain settings: timeouts above zero, every one at most an hour.
+fn validate_server(config: &Config) -> Result<(), Invalid> {
+    let durations = [
+        ("first_byte_timeout", config.first_byte_timeout, false),
+        ("idle_timeout", config.idle_timeout, false),
+        (
+            "http2_keep_alive_interval",
+            config.http2_keep_alive_interval,
+            false,
+        ),
+        ("drain_delay", config.drain_delay, true),
+        ("drain_timeout", config.drain_timeout, true),
+    ];
+    for (key, value, zero_ok) in durations {
+        let reason = if value.0.is_zero() && !zero_ok {
+            format!("`{key}` must be above zero")
+        } else if value.0 > MAX_SERVER_DURATION {
+            format!("`{key}` must be at most 1h, got {value}")
+        } else {
+            continue;
+        };
+        return Err(Invalid {
+            span: None,
+            key: key.into(),
+            reason,
+        });
+    }
+    Ok(())
+}
+
+/// See [`Config::warnings`].
+pub(super) fn warnings(config: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    let listen = config.listen.0;
+    let injecting: Vec<String> = config
+        .upstreams
+        .iter()
+        .filter(|u| !u.headers.is_empty())
+        .map(|u| format!("`{}`", u.name()))
+        .collect();
+    if !listen.ip().to_canonical().is_loopback() && !injecting.is_empty() {
+        out.push(format!(
+            "`listen` ({listen}, after --listen and CORRAL_LISTEN) is not a loopback address, and \
+             corral adds configured headers (credentials) to requests for upstream {}: anyone \
+             who can reach {listen} can spend them; listen on 127.0.0.1, or let the clients \
+             send their own keys",
+            injecting.join(", ")
+        ));
+    }
+    let drain = config.drain_delay.0 + config.drain_timeout.0;
+    if drain > DEFAULT_GRACE_PERIOD {
+        out.push(format!(
+            "`drain_delay` ({}) + `drain_timeout` ({}) exceed 30s, Kubernetes' default \
+             grace period: a pod is killed before its drain ends unless its \
+             terminationGracePeriodSeconds is longer",
+            config.drain_delay, config.drain_timeout
+        ));
+    }
+    out
 }

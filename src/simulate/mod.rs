@@ -100,8 +100,12 @@ impl Simulator {
     }
 }
 
-/// `corral simulate`: validates the flags, binds `--listen`, serves until SIGINT/SIGTERM.
-pub async fn run(args: SimulateArgs) -> Result<(), SimulateError> {
+/// `corral simulate`: validates the flags, binds `--listen`, serves until `shutdown` resolves
+/// (the binary passes its SIGINT/SIGTERM future).
+pub async fn run(
+    args: SimulateArgs,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), SimulateError> {
     let config = args.into_config()?;
     let addr = config.listen;
     let listener = TcpListener::bind(addr)
@@ -113,7 +117,7 @@ pub async fn run(args: SimulateArgs) -> Result<(), SimulateError> {
     tracing::info!(addr = %local, "simulate listening");
     println!("simulate listening on {local}");
     Simulator::new(config)
-        .serve(listener, server::shutdown_signal())
+        .serve(listener, shutdown)
         .await
         .map_err(SimulateError::Serve)
 }
@@ -136,9 +140,12 @@ mod tests {
 
     #[tokio::test]
     async fn run_rejects_bad_flags_before_binding() {
-        let err = run(args(&["--capacity=0", "--listen=127.0.0.1:0"]))
-            .await
-            .unwrap_err();
+        let err = run(
+            args(&["--capacity=0", "--listen=127.0.0.1:0"]),
+            std::future::pending(),
+        )
+        .await
+        .unwrap_err();
         assert!(
             matches!(err, SimulateError::Config(ConfigError::ZeroCapacity)),
             "{err}"
@@ -149,7 +156,9 @@ mod tests {
     async fn run_reports_a_busy_address() {
         let taken = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = taken.local_addr().unwrap().to_string();
-        let err = run(args(&["--listen", &addr])).await.unwrap_err();
+        let err = run(args(&["--listen", &addr]), std::future::pending())
+            .await
+            .unwrap_err();
         assert!(matches!(err, SimulateError::Bind { .. }), "{err}");
         assert!(
             err.to_string().starts_with(&format!("bind {addr}: ")),

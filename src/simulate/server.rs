@@ -1,4 +1,5 @@
-//! Accept loop (HTTP/1 and h2c via hyper-util's auto builder), graceful stop, signals.
+//! Accept loop (HTTP/1 and h2c via hyper-util's auto builder) and graceful stop; the caller
+//! brings the shutdown future.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -76,33 +77,4 @@ pub async fn serve(
         }
     }
     Ok(())
-}
-
-/// Resolves on SIGINT (ctrl-c) or, on Unix, SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::error!(error = %e, "cannot listen for ctrl-c");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let term = async {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => tracing::info!("simulate: SIGINT received"),
-        () = term => tracing::info!("simulate: SIGTERM received"),
-    }
 }

@@ -169,7 +169,8 @@ impl Corral {
         format!("http://{}{}", self.addr, path)
     }
 
-    /// Begin the graceful shutdown (as SIGTERM would).
+    /// Begin the graceful shutdown, as SIGINT would: no drain delay (`server::run` given
+    /// `Signal::Terminate` applies it, as SIGTERM does).
     pub fn shutdown(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());

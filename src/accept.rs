@@ -1,0 +1,361 @@
+//! The accept loop of one listener, and the life of each connection it accepts.
+//!
+//! An [`Acceptor`] accepts until it is closed, keeps every connection's task in a `JoinSet` (the
+//! drain waits for them and cuts what is left) and stops accepting at its cap. Every wait of a
+//! connection has an end:
+//!
+//! 1. Accepted, it has `first_byte_timeout` to send a byte, or it is closed.
+//! 2. Without a request in progress it is closed after `idle_timeout`: before its first request
+//!    (a partial HTTP/2 preface, a head sent slowly), between HTTP/1 requests, and on HTTP/2
+//!    with no open stream (with a GOAWAY). A request is in progress from its head until its
+//!    response body is sent or dropped; the request path bounds that part.
+//! 3. HTTP/2: a PING after `http2_keep_alive_interval` without a frame from the client; no answer
+//!    within as long closes the connection, mid-stream too (a peer gone without a FIN).
+//! 4. Header blocks of [`MAX_HEADER_BYTES`] or more get 431, on HTTP/1 and HTTP/2.
+//!
+//! **At the cap** (`max_connections`) the loop stops calling `accept` until a connection ends.
+//! New connections then wait in the kernel's listen backlog and are served in turn as slots
+//! free, instead of being accepted and closed at once: a close is an error every client retries
+//! at once, the very herd corral exists to prevent, while a wait in the backlog is only latency,
+//! bounded by the client's own connect timeout. Once the backlog is full the kernel drops new
+//! SYNs and clients retransmit them, which paces them further.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::body::{Body, Guard, Guarded};
+use crate::config::Config;
+
+/// Request heads (HTTP/1: request line and headers; HTTP/2: the decoded header list) of this
+/// size or more get 431 Request Header Fields Too Large.
+pub const MAX_HEADER_BYTES: usize = 64 << 10;
+/// Pause after a failed `accept` (out of file descriptors, say) before trying again.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// After an idle connection is told to close, how long it may take before its socket is
+/// dropped: HTTP/2's GOAWAY takes a PING round trip; an HTTP/1 connection still in its first
+/// head counts as busy for hyper and would otherwise wait for a request that never completes.
+const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// At most one "connection cap reached" warning per this long.
+const CAP_WARN_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The connection settings of a [`Config`].
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    pub max_connections: usize,
+    pub first_byte_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub http2_keep_alive_interval: Duration,
+}
+
+impl ConnLimits {
+    pub fn new(config: &Config) -> Self {
+        Self {
+            max_connections: config.max_connections.get() as usize,
+            first_byte_timeout: config.first_byte_timeout.0,
+            idle_timeout: config.idle_timeout.0,
+            http2_keep_alive_interval: config.http2_keep_alive_interval.0,
+        }
+    }
+}
+
+/// HTTP/1 and h2c on one port, with rules 3 and 4 of the module doc.
+pub fn http_builder(limits: &ConnLimits) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        // Rule 2 bounds a head sent slowly, on both protocols: one clock, not two.
+        .header_read_timeout(None)
+        // hyper answers 431 when a head does not fit its read buffer (hyper-util's builder has
+        // no `max_header_size`); bodies are then read in chunks of at most this.
+        .max_buf_size(MAX_HEADER_BYTES);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(limits.http2_keep_alive_interval)
+        .keep_alive_timeout(limits.http2_keep_alive_interval)
+        // h2 answers 431 on the stream when a decoded header list is larger.
+        .max_header_list_size(MAX_HEADER_BYTES as u32);
+    builder
+}
+
+/// Serves one request from a client at the given address.
+pub type Handler = Arc<
+    dyn Fn(Request<Incoming>, SocketAddr) -> Pin<Box<dyn Future<Output = Response<Body>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// One listener and the connections it accepted.
+pub struct Acceptor {
+    /// `proxy` or `admin`, for logs.
+    name: &'static str,
+    /// `None` once closed.
+    listener: Option<TcpListener>,
+    conns: JoinSet<()>,
+    limits: ConnLimits,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    handler: Handler,
+    /// `true` asks every connection to finish.
+    drain: watch::Sender<bool>,
+    /// Open connections, for `/status`.
+    open: Arc<AtomicUsize>,
+    last_cap_warning: Option<Instant>,
+}
+
+impl Acceptor {
+    pub fn new(
+        name: &'static str,
+        listener: TcpListener,
+        limits: ConnLimits,
+        builder: Arc<auto::Builder<TokioExecutor>>,
+        handler: Handler,
+        open: Arc<AtomicUsize>,
+    ) -> Self {
+        Self {
+            name,
+            listener: Some(listener),
+            conns: JoinSet::new(),
+            limits,
+            builder,
+            handler,
+            drain: watch::Sender::new(false),
+            open,
+            last_cap_warning: None,
+        }
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Accepts one connection (below the cap) or reaps one that ended. Cancel-safe: made to be
+    /// called in a loop under `select!`.
+    pub async fn step(&mut self) {
+        let full = self.conns.len() >= self.limits.max_connections;
+        if full && self.listener.is_some() {
+            self.warn_at_cap();
+        }
+        let listener = self.listener.as_ref().filter(|_| !full);
+        tokio::select! {
+            Some(joined) = self.conns.join_next(), if !self.conns.is_empty() => {
+                if let Err(e) = joined {
+                    if e.is_panic() {
+                        tracing::error!(listener = self.name, error = %e, "connection task panicked");
+                    }
+                }
+            }
+            accepted = accept(listener) => match accepted {
+                Ok((stream, peer)) => self.spawn(stream, peer),
+                Err(e) => {
+                    tracing::warn!(listener = self.name, error = %e, "accept failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+            },
+        }
+        self.open.store(self.conns.len(), Ordering::Relaxed);
+    }
+
+    /// Stops accepting: the listening socket closes, so new connections are refused.
+    pub fn close(&mut self) {
+        self.listener = None;
+    }
+
+    /// Closes the listener and asks every connection to finish (HTTP/1 after the response in
+    /// progress, HTTP/2 with a GOAWAY); waits up to `timeout`, then aborts the rest. Returns
+    /// how many connections were cut.
+    pub async fn drain(&mut self, timeout: Duration) -> usize {
+        self.close();
+        self.drain.send_replace(true);
+        let (conns, open) = (&mut self.conns, &self.open);
+        let all_ended = async {
+            while conns.join_next().await.is_some() {
+                open.store(conns.len(), Ordering::Relaxed);
+            }
+        };
+        let cut = match tokio::time::timeout(timeout, all_ended).await {
+            Ok(()) => 0,
+            Err(_) => self.conns.len(),
+        };
+        self.conns.shutdown().await;
+        self.open.store(0, Ordering::Relaxed);
+        cut
+    }
+
+    fn warn_at_cap(&mut self) {
+        let now = Instant::now();
+        if self
+            .last_cap_warning
+            .is_some_and(|at| now < at + CAP_WARN_INTERVAL)
+        {
+            return;
+        }
+        self.last_cap_warning = Some(now);
+        tracing::warn!(
+            listener = self.name,
+            max_connections = self.limits.max_connections,
+            "connection cap reached: not accepting until a connection closes; new connections \
+             wait in the kernel's backlog"
+        );
+    }
+
+    fn spawn(&mut self, stream: TcpStream, peer: SocketAddr) {
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(%peer, error = %e, "set_nodelay failed");
+        }
+        let conn = Connection {
+            peer,
+            limits: self.limits,
+            builder: Arc::clone(&self.builder),
+            handler: Arc::clone(&self.handler),
+            drain: self.drain.subscribe(),
+        };
+        self.conns.spawn(conn.serve(stream));
+    }
+}
+
+async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {
+    match listener {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One accepted connection and what it needs.
+struct Connection {
+    peer: SocketAddr,
+    limits: ConnLimits,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    handler: Handler,
+    drain: watch::Receiver<bool>,
+}
+
+impl Connection {
+    async fn serve(mut self, stream: TcpStream) {
+        let peer = self.peer;
+        // 1. The first byte (peeked: hyper reads it again).
+        let mut byte = [0u8; 1];
+        let first = tokio::select! {
+            peeked = tokio::time::timeout(self.limits.first_byte_timeout, stream.peek(&mut byte)) => peeked,
+            () = drained(&mut self.drain) => return,
+        };
+        match first {
+            Ok(Ok(n)) if n > 0 => {}
+            Ok(Ok(_)) => return,
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, error = %e, "connection failed before its first byte");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, timeout = ?self.limits.first_byte_timeout, "closed: no first byte in time");
+                return;
+            }
+        }
+
+        // 2. Serve; close when idle or draining.
+        let activity = Arc::new(Activity::new());
+        let service = {
+            let (activity, handler) = (Arc::clone(&activity), Arc::clone(&self.handler));
+            service_fn(move |req| {
+                let in_flight = activity.begin();
+                let response = handler(req, peer);
+                async move {
+                    let response = response.await;
+                    Ok::<_, Infallible>(response.map(|body| Guarded::wrap(body, in_flight)))
+                }
+            })
+        };
+        let conn = self.builder.serve_connection(TokioIo::new(stream), service);
+        let mut conn = std::pin::pin!(conn);
+        let idle = tokio::select! {
+            result = conn.as_mut() => return log_end(peer, result),
+            () = activity.idle_for(self.limits.idle_timeout) => true,
+            () = drained(&mut self.drain) => false,
+        };
+        conn.as_mut().graceful_shutdown();
+        if !idle {
+            // The drain's deadline bounds this wait.
+            return log_end(peer, conn.await);
+        }
+        tracing::debug!(%peer, timeout = ?self.limits.idle_timeout, "closing an idle connection");
+        match tokio::time::timeout(IDLE_CLOSE_GRACE, conn).await {
+            Ok(result) => log_end(peer, result),
+            Err(_) => tracing::debug!(%peer, "idle connection did not close in time; dropped"),
+        }
+    }
+}
+
+/// Resolves once the drain has begun (or the acceptor is gone).
+async fn drained(drain: &mut watch::Receiver<bool>) {
+    let _ = drain.wait_for(|draining| *draining).await;
+}
+
+fn log_end(peer: SocketAddr, result: Result<(), Box<dyn std::error::Error + Send + Sync>>) {
+    if let Err(e) = result {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+}
+
+/// Requests in progress on one connection, and since when none has been.
+struct Activity(watch::Sender<(usize, Instant)>);
+
+impl Activity {
+    fn new() -> Self {
+        Self(watch::Sender::new((0, Instant::now())))
+    }
+
+    /// A request has begun; it ends when the returned guard drops.
+    fn begin(self: &Arc<Self>) -> InFlight {
+        self.0.send_modify(|(n, _)| *n += 1);
+        InFlight(Arc::clone(self))
+    }
+
+    /// Resolves once no request has been in progress for `limit`.
+    async fn idle_for(&self, limit: Duration) {
+        let mut rx = self.0.subscribe();
+        loop {
+            let (in_progress, since) = *rx.borrow_and_update();
+            if in_progress > 0 {
+                // The sender lives in `self`: `changed` cannot fail here.
+                let _ = rx.changed().await;
+                continue;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(since + limit) => return,
+                _ = rx.changed() => {}
+            }
+        }
+    }
+}
+
+/// Keeps its request counted as in progress until dropped with the response body.
+struct InFlight(Arc<Activity>);
+
+impl Guard for InFlight {}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0 .0.send_modify(|(n, since)| {
+            *n -= 1;
+            if *n == 0 {
+                *since = Instant::now();
+            }
+        });
+    }
+}

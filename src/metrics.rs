@@ -6,10 +6,13 @@
 
 use std::sync::Arc;
 
+use http::Method;
 use prometheus::{
     CounterVec, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
     IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
+
+use crate::body::TimeoutKind;
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -51,6 +54,9 @@ pub struct Metrics {
     concurrency_limit: IntGaugeVec,
     corral_errors: IntCounterVec,
     hint_seconds: CounterVec,
+    stream_timeouts: IntCounterVec,
+    buffered_bytes: IntGauge,
+    buffer_limit: IntGauge,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -113,6 +119,17 @@ impl Metrics {
             limit_source: fgauge(&r, "corral_limit_source", "1 for the source of the current pacing limit (config, headers, aimd, slow_start, none).", &["upstream", "kind", "source"]),
             concurrency_limit: gauge(&r, "corral_concurrency_limit", "Current concurrency window (fixed or adaptive).", up),
             corral_errors: counter(&r, "corral_errors_total", "Answers corral produced itself, by cause.", &["upstream", "cause"]),
+            stream_timeouts: counter(&r, "corral_stream_timeouts_total", "Response bodies corral cut because the upstream paused longer than stream_idle_timeout (kind=idle) or the client's x-corral-deadline-ms passed (kind=deadline).", &["upstream", "kind"]),
+            buffered_bytes: {
+                let g = IntGauge::new("corral_buffered_request_bytes", "Request body bytes held in memory now, across all upstreams (at most max_buffered_bytes).").expect("valid metric");
+                r.register(Box::new(g.clone())).expect("unique metric");
+                g
+            },
+            buffer_limit: {
+                let g = IntGauge::new("corral_buffered_request_limit_bytes", "max_buffered_bytes: the cap on request body bytes held in memory at once.").expect("valid metric");
+                r.register(Box::new(g.clone())).expect("unique metric");
+                g
+            },
             hint_seconds: {
                 let c = CounterVec::new(Opts::new("corral_retry_hint_seconds_total", "Seconds of server-hinted waits honoured before retries."), up).expect("valid metric");
                 r.register(Box::new(c.clone())).expect("unique metric");
@@ -160,7 +177,19 @@ impl Metrics {
             rate_wait: self.rate_wait.with_label_values(v),
             tokens_charged: self.tokens_charged.with_label_values(v),
             concurrency_limit: self.concurrency_limit.with_label_values(v),
+            stream_idle_cuts: self
+                .stream_timeouts
+                .with_label_values(&[name, TimeoutKind::Idle.label()]),
+            stream_deadline_cuts: self
+                .stream_timeouts
+                .with_label_values(&[name, TimeoutKind::Deadline.label()]),
         }))
+    }
+
+    /// The gauge of request body bytes held, its cap set to `cap`.
+    pub fn request_buffer(&self, cap: usize) -> IntGauge {
+        self.buffer_limit.set(cap as i64);
+        self.buffered_bytes.clone()
     }
 
     /// A corral-made answer for a request that matched no upstream.
@@ -169,6 +198,12 @@ impl Metrics {
             .with_label_values(&["(none)", cause])
             .inc();
     }
+}
+
+/// The `method` label: one of the methods corral proxies, or `other` (a method corral refuses
+/// never reaches a labelled family, but no client-chosen string ever becomes a label).
+pub fn method_label(method: &Method) -> &'static str {
+    crate::forward::proxied_method(method).unwrap_or("other")
 }
 
 /// Sources of a pacing limit, in the order of [`KindGauges::sources`].
@@ -221,6 +256,10 @@ pub struct Handles {
     pub rate_wait: Histogram,
     pub tokens_charged: IntCounter,
     pub concurrency_limit: IntGauge,
+    /// `corral_stream_timeouts_total{kind="idle"}`.
+    stream_idle_cuts: IntCounter,
+    /// `corral_stream_timeouts_total{kind="deadline"}`.
+    stream_deadline_cuts: IntCounter,
 }
 
 impl Handles {
@@ -230,12 +269,19 @@ impl Handles {
     pub fn name(&self) -> &str {
         &self.name
     }
-    pub fn request(&self, method: &str, code: u16) {
+    pub fn request(&self, method: &Method, code: u16) {
         let code = code.to_string();
         self.family
             .requests
-            .with_label_values(&[&self.name, method, code.as_str()])
+            .with_label_values(&[&self.name, method_label(method), code.as_str()])
             .inc();
+    }
+    /// A response body cut by one of corral's clocks.
+    pub fn stream_timeout(&self, kind: TimeoutKind) {
+        match kind {
+            TimeoutKind::Idle => self.stream_idle_cuts.inc(),
+            TimeoutKind::Deadline => self.stream_deadline_cuts.inc(),
+        }
     }
     pub fn attempt(&self, outcome: &str) {
         self.family
@@ -303,7 +349,8 @@ mod tests {
     fn renders_registered_families_with_bound_labels() {
         let m = Metrics::new();
         let up = m.upstream("openai");
-        up.request("POST", 200);
+        up.request(&Method::POST, 200);
+        up.request(&Method::from_bytes(b"BREW").unwrap(), 405);
         up.in_flight.inc();
         let text = m.render();
         assert!(
@@ -311,5 +358,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(r#"corral_in_flight_requests{upstream="openai"} 1"#));
+        assert!(
+            text.contains(r#"method="other""#) && !text.contains("BREW"),
+            "{text}"
+        );
+        assert!(text.contains(r#"corral_stream_timeouts_total{kind="idle",upstream="openai"} 0"#));
     }
 }

@@ -271,4 +271,34 @@ mod tests {
         assert!(!ProxyError::BodyTooLarge { limit: 1 }.is_retryable());
         assert!(!ProxyError::DeadlineExceeded.is_retryable());
     }
+
+    #[tokio::test]
+    async fn clients_read_fixed_messages_and_the_log_gets_the_detail() {
+        let err = ProxyError::UpstreamConnect {
+            upstream: "openai".into(),
+            reason: "tcp connect error: Connection refused (os error 111)".into(),
+        };
+        assert!(err.to_string().contains("os error 111"), "the log keeps it");
+        let body = err.into_response().into_body().collect().await.unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&body.to_bytes()).unwrap();
+        assert_eq!(
+            json["error"]["message"],
+            "connecting to upstream `openai` failed"
+        );
+        for err in [
+            ProxyError::NoRoute("/secret-path".into()),
+            ProxyError::BadPath("/v1/../secret-path".into()),
+            ProxyError::MethodNotAllowed("SECRET-METHOD".into()),
+            ProxyError::BodyRead("connection reset by peer".into()),
+            ProxyError::Internal("lock poisoned".into()),
+        ] {
+            let message = err.message().to_lowercase();
+            for leak in ["secret", "reset", "poisoned"] {
+                assert!(!message.contains(leak), "{message}");
+            }
+        }
+        let allow = ProxyError::MethodNotAllowed("TRACE".into()).into_response();
+        assert_eq!(allow.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(allow.headers()[header::ALLOW], ALLOWED_METHODS);
+    }
 }

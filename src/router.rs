@@ -102,6 +102,11 @@ impl Router {
         let cap = max_buffered.map_or_else(buffer::default_cap, |b| b.0);
         let buffer = BufferBudget::new(cap, metrics.request_buffer(cap.max(buffer::MIN_CAP)));
         let cap = buffer.cap();
+        tracing::info!(
+            max_buffered_bytes = cap,
+            configured = max_buffered.is_some(),
+            "request body buffer"
+        );
         let mut upstreams: Vec<_> = configs
             .iter()
             .map(|c| Arc::new(Upstream::new(c, metrics, cap)))

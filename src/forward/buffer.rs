@@ -9,6 +9,10 @@
 //! either has all its room or waits holding nothing); a chunked one takes room as it grows. The
 //! room is held by the [`Held`] that comes back with the bytes, which the caller keeps until the
 //! stack is done with the request (every retry replays the same bytes).
+//!
+//! tower-http's `RequestBodyLimitLayer` refuses an oversized `Content-Length` the same way, but
+//! answers a plain-text 413 outside corral's error shape and knows no shared budget, so the
+//! check lives here, next to the budget it comes before.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -19,14 +19,15 @@ use support::*;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-/// The mock's requests so far, as `/metrics` would not show them: its call count.
+/// Whether corral's `/metrics` text has `needle` (a whole sample line, usually).
 fn metric_line(corral: &Corral, needle: &str) -> bool {
     corral.app.metrics().render().contains(needle)
 }
 
+/// The JSON error body of a raw HTTP/1 answer.
 fn json_body(text: &str) -> serde_json::Value {
     let body = &text[text.find("\r\n\r\n").expect("a response head") + 4..];
-    // A chunked body: the JSON is on its own line between the chunk sizes.
+    // The JSON is on a line of its own (after a chunk size, if chunked).
     let json = body
         .lines()
         .find(|l| l.starts_with('{'))

@@ -1,14 +1,19 @@
-//! The response body type every layer passes along, and a wrapper that keeps a guard (a
-//! concurrency permit, an in-flight gauge) alive until the body has been fully sent.
+//! The response body type every layer passes along, a wrapper that keeps a guard (a
+//! concurrency permit, an in-flight gauge) alive until the body has been fully sent, and one that
+//! puts an end to every wait on a body ([`Timed`]).
 
+use std::fmt;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
 
 /// Boxed error carried by response bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -84,6 +89,138 @@ impl<G: Guard> HttpBody for Guarded<G> {
     }
 }
 
+/// Which of a [`Timed`] body's clocks ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeoutKind {
+    /// No frame within the idle timeout of being asked for one.
+    Idle,
+    /// The deadline passed.
+    Deadline,
+}
+
+impl TimeoutKind {
+    /// The metric label.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Self::Idle => "idle",
+            Self::Deadline => "deadline",
+        }
+    }
+}
+
+impl fmt::Display for TimeoutKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Idle => "no data within the idle timeout",
+            Self::Deadline => "the deadline passed",
+        })
+    }
+}
+
+/// The error a [`Timed`] body ends with: never a clean end, so hyper aborts the message
+/// (HTTP/1: the connection closes before the last chunk; HTTP/2: `RST_STREAM`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("body timed out: {0}")]
+pub struct BodyTimeout(pub TimeoutKind);
+
+pin_project! {
+    /// A body with two clocks: at most `idle` from being asked for a frame to getting one (like
+    /// tower-http's `TimeoutBody`, whose clock also starts only when polled, so a slow reader
+    /// on the other side is never blamed), and nothing after `deadline`, however busy the body.
+    /// Written here because `TimeoutBody` has no absolute deadline, no hook to count what it
+    /// cut, and hides the inner body's size hint and end (a known length would turn chunked).
+    /// When a clock runs out `on_timeout` is called once and the body yields [`BodyTimeout`]
+    /// from then on.
+    pub struct Timed<B, F> {
+        #[pin]
+        inner: B,
+        idle: Duration,
+        #[pin]
+        idle_sleep: Option<Sleep>,
+        #[pin]
+        deadline: Option<Sleep>,
+        on_timeout: Option<F>,
+        timed_out: Option<TimeoutKind>,
+    }
+}
+
+impl<B, F> Timed<B, F>
+where
+    F: FnOnce(TimeoutKind),
+{
+    /// Wrap `inner`; `deadline: None` leaves only the idle clock.
+    pub fn new(inner: B, idle: Duration, deadline: Option<Instant>, on_timeout: F) -> Self {
+        Self {
+            inner,
+            idle,
+            idle_sleep: None,
+            deadline: deadline.map(tokio::time::sleep_until),
+            on_timeout: Some(on_timeout),
+            timed_out: None,
+        }
+    }
+}
+
+impl<B, F> HttpBody for Timed<B, F>
+where
+    B: HttpBody<Data = Bytes>,
+    B::Error: Into<BoxError>,
+    F: FnOnce(TimeoutKind),
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        if let Some(kind) = *this.timed_out {
+            return Poll::Ready(Some(Err(BodyTimeout(kind).into())));
+        }
+        // The deadline first: a body that always has data ready must still end at it.
+        let fired = if this
+            .deadline
+            .as_mut()
+            .as_pin_mut()
+            .is_some_and(|d| d.poll(cx).is_ready())
+        {
+            Some(TimeoutKind::Deadline)
+        } else {
+            match this.inner.poll_frame(cx) {
+                Poll::Ready(frame) => {
+                    this.idle_sleep.set(None);
+                    return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+                }
+                Poll::Pending => {
+                    if this.idle_sleep.is_none() {
+                        this.idle_sleep.set(Some(tokio::time::sleep(*this.idle)));
+                    }
+                    let idle = this.idle_sleep.as_mut().as_pin_mut().expect("just set");
+                    if idle.poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    Some(TimeoutKind::Idle)
+                }
+            }
+        };
+        let kind = fired.expect("a clock fired");
+        *this.timed_out = Some(kind);
+        if let Some(on_timeout) = this.on_timeout.take() {
+            on_timeout(kind);
+        }
+        Poll::Ready(Some(Err(BodyTimeout(kind).into())))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.timed_out.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,5 +247,106 @@ mod tests {
         assert_eq!(&collected[..], b"hello");
         assert_eq!(bytes.load(Ordering::SeqCst), 5);
         assert_eq!(drops.load(Ordering::SeqCst), 1);
+    }
+
+    /// `frames` data frames ready at once, then (`then_stall`) nothing ever, or the end.
+    struct Script {
+        frames: usize,
+        then_stall: bool,
+    }
+    impl HttpBody for Script {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            if self.frames > 0 {
+                self.frames -= 1;
+                return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"a")))));
+            }
+            if self.then_stall {
+                Poll::Pending
+            } else {
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn kind_of(err: &BoxError) -> TimeoutKind {
+        err.downcast_ref::<BodyTimeout>().expect("a BodyTimeout").0
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timed_cuts_an_idle_body_once_and_never_ends_cleanly() {
+        let fired = Arc::new(AtomicUsize::new(0));
+        let f = Arc::clone(&fired);
+        let stalled = Script {
+            frames: 1,
+            then_stall: true,
+        };
+        let mut body = std::pin::pin!(Timed::new(
+            stalled,
+            Duration::from_secs(5),
+            None,
+            move |k| {
+                assert_eq!(k, TimeoutKind::Idle);
+                f.fetch_add(1, Ordering::SeqCst);
+            }
+        ));
+        assert_eq!(
+            &body.frame().await.unwrap().unwrap().into_data().unwrap()[..],
+            b"a"
+        );
+        let start = Instant::now();
+        let err = body.frame().await.unwrap().unwrap_err();
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+        assert_eq!(kind_of(&err), TimeoutKind::Idle);
+        assert!(body.frame().await.unwrap().is_err(), "never a clean end");
+        assert!(!body.is_end_stream());
+        assert_eq!(fired.load(Ordering::SeqCst), 1, "counted once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timed_ends_a_busy_body_at_its_deadline() {
+        let endless = Script {
+            frames: usize::MAX,
+            then_stall: false,
+        };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut body = std::pin::pin!(Timed::new(
+            endless,
+            Duration::from_secs(60),
+            Some(deadline),
+            |k| assert_eq!(k, TimeoutKind::Deadline)
+        ));
+        let mut frames = 0;
+        let err = loop {
+            match body.frame().await.unwrap() {
+                Ok(_) => {
+                    frames += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(frames, 20);
+        assert_eq!(kind_of(&err), TimeoutKind::Deadline);
+    }
+
+    #[tokio::test]
+    async fn timed_keeps_the_size_hint_and_the_end() {
+        let body = Timed::new(full("hello"), Duration::from_secs(1), None, |_| {});
+        assert_eq!(body.size_hint().exact(), Some(5));
+        let empty = Timed::new(full(""), Duration::from_secs(1), None, |_| {});
+        assert!(empty.is_end_stream());
+        let done = Script {
+            frames: 2,
+            then_stall: false,
+        };
+        let all = Timed::new(done, Duration::from_secs(1), None, |_| {})
+            .collect()
+            .await;
+        assert_eq!(&all.unwrap().to_bytes()[..], b"aa");
     }
 }

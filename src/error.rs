@@ -4,6 +4,10 @@
 //! metrics and in the `x-corral-error` header, in exhaustive `match`es, so a new variant forces all
 //! three decisions. Responses corral makes use OpenAI's error shape; upstream answers never pass
 //! through here.
+//!
+//! The client reads [`ProxyError::message`]: fixed text, naming at most what the config names
+//! (an upstream, a limit). `Display` adds what only the operator should see (the error chain of
+//! a failed connection, the path a client sent) and goes to the log.
 
 use std::time::Duration;
 
@@ -14,21 +18,30 @@ use crate::body::{self, Body};
 /// The header that marks a response as made by corral rather than the upstream.
 pub const CORRAL_ERROR_HEADER: &str = "x-corral-error";
 
+/// The methods corral proxies (any other gets a 405), as an `Allow` header lists them.
+pub const ALLOWED_METHODS: &str = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS";
+
 /// An answer corral gives in place of the upstream's.
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
     #[error("no route matches path `{0}`")]
     NoRoute(String),
+    #[error("the path has a dot-segment or an encoded slash or backslash: `{0}`")]
+    BadPath(String),
+    #[error("method `{method}` is not allowed here; allowed: {allow}")]
+    MethodNotAllowed { method: String, allow: &'static str },
     #[error("absolute-form request targets are refused: corral is not an open proxy; send origin-form paths such as /v1/chat/completions")]
     AbsoluteForm,
     #[error("CONNECT is refused: corral is not an open proxy")]
     Connect,
-    #[error("method not allowed here; allowed: {allow}")]
-    MethodNotAllowed { allow: &'static str },
     #[error("request body exceeds the limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
     #[error("reading the request body failed: {0}")]
     BodyRead(String),
+    #[error("the request body did not arrive in time ({0})")]
+    BodyTimeout(crate::body::TimeoutKind),
+    #[error("corral's buffer for request bodies is full ({cap} bytes); retry later")]
+    BufferFull { cap: usize, retry_after: Duration },
     #[error("connecting to upstream `{upstream}` failed: {reason}")]
     UpstreamConnect { upstream: String, reason: String },
     #[error("upstream `{upstream}` failed before sending a response: {reason}")]
@@ -69,15 +82,16 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::NoRoute(_) => StatusCode::NOT_FOUND,
-            Self::AbsoluteForm | Self::BodyRead(_) => StatusCode::BAD_REQUEST,
+            Self::AbsoluteForm | Self::BadPath(_) | Self::BodyRead(_) => StatusCode::BAD_REQUEST,
             Self::Connect | Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UpstreamConnect { .. } | Self::UpstreamReset { .. } => StatusCode::BAD_GATEWAY,
             Self::TryTimeout { .. } | Self::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
             Self::QueueFull { .. } | Self::QueueTimeout { .. } | Self::RateLimited { .. } => {
                 StatusCode::TOO_MANY_REQUESTS
             }
-            Self::CircuitOpen { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::CircuitOpen { .. } | Self::BufferFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -89,11 +103,14 @@ impl ProxyError {
                 true
             }
             Self::NoRoute(_)
+            | Self::BadPath(_)
+            | Self::MethodNotAllowed { .. }
             | Self::AbsoluteForm
             | Self::Connect
-            | Self::MethodNotAllowed { .. }
             | Self::BodyTooLarge { .. }
             | Self::BodyRead(_)
+            | Self::BodyTimeout(_)
+            | Self::BufferFull { .. }
             | Self::DeadlineExceeded
             | Self::QueueFull { .. }
             | Self::QueueTimeout { .. }
@@ -107,11 +124,14 @@ impl ProxyError {
     pub fn label(&self) -> &'static str {
         match self {
             Self::NoRoute(_) => "no_route",
+            Self::BadPath(_) => "bad_path",
+            Self::MethodNotAllowed { .. } => "method_not_allowed",
             Self::AbsoluteForm => "absolute_form",
             Self::Connect => "connect_refused",
-            Self::MethodNotAllowed { .. } => "method_not_allowed",
             Self::BodyTooLarge { .. } => "body_too_large",
             Self::BodyRead(_) => "body_read",
+            Self::BodyTimeout(_) => "body_timeout",
+            Self::BufferFull { .. } => "buffer_full",
             Self::UpstreamConnect { .. } => "upstream_connect",
             Self::UpstreamReset { .. } => "upstream_reset",
             Self::TryTimeout { .. } => "try_timeout",
@@ -139,8 +159,38 @@ impl ProxyError {
             Self::QueueFull { retry_after, .. }
             | Self::QueueTimeout { retry_after, .. }
             | Self::RateLimited { retry_after, .. }
-            | Self::CircuitOpen { retry_after, .. } => Some(*retry_after),
+            | Self::CircuitOpen { retry_after, .. }
+            | Self::BufferFull { retry_after, .. } => Some(*retry_after),
             _ => None,
+        }
+    }
+
+    /// What the client reads: fixed text per variant, naming only what the config names (an
+    /// upstream, a limit, a timeout), never an error chain or a value the client sent.
+    pub fn message(&self) -> String {
+        match self {
+            Self::NoRoute(_) => "no route matches the request path".into(),
+            Self::BadPath(_) => "the request path has a dot-segment (`.`, `..`, raw or percent-encoded) or an encoded slash or backslash; corral forwards only plain paths".into(),
+            Self::MethodNotAllowed { allow, .. } => format!("only these methods are allowed here: {allow}"),
+            Self::BodyRead(_) => "reading the request body failed".into(),
+            Self::UpstreamConnect { upstream, .. } => {
+                format!("connecting to upstream `{upstream}` failed")
+            }
+            Self::UpstreamReset { upstream, .. } => {
+                format!("upstream `{upstream}` failed before sending a response")
+            }
+            Self::Internal(_) => "internal error in corral".into(),
+            Self::AbsoluteForm
+            | Self::Connect
+            | Self::BodyTooLarge { .. }
+            | Self::BodyTimeout(_)
+            | Self::BufferFull { .. }
+            | Self::TryTimeout { .. }
+            | Self::DeadlineExceeded
+            | Self::QueueFull { .. }
+            | Self::QueueTimeout { .. }
+            | Self::RateLimited { .. }
+            | Self::CircuitOpen { .. } => self.to_string(),
         }
     }
 
@@ -149,7 +199,7 @@ impl ProxyError {
     pub fn into_response(&self) -> Response<Body> {
         let json = serde_json::json!({
             "error": {
-                "message": self.to_string(),
+                "message": self.message(),
                 "type": self.error_type(),
                 "param": null,
                 "code": self.label(),
@@ -163,7 +213,7 @@ impl ProxyError {
             HeaderValue::from_static("application/json"),
         );
         headers.insert(CORRAL_ERROR_HEADER, HeaderValue::from_static(self.label()));
-        if let Self::MethodNotAllowed { allow } = self {
+        if let Self::MethodNotAllowed { allow, .. } = self {
             headers.insert(header::ALLOW, HeaderValue::from_static(allow));
         }
         if let Some(after) = self.retry_after() {
@@ -213,5 +263,42 @@ mod tests {
         .is_retryable());
         assert!(!ProxyError::BodyTooLarge { limit: 1 }.is_retryable());
         assert!(!ProxyError::DeadlineExceeded.is_retryable());
+    }
+
+    #[tokio::test]
+    async fn clients_read_fixed_messages_and_the_log_gets_the_detail() {
+        let err = ProxyError::UpstreamConnect {
+            upstream: "openai".into(),
+            reason: "tcp connect error: Connection refused (os error 111)".into(),
+        };
+        assert!(err.to_string().contains("os error 111"), "the log keeps it");
+        let body = err.into_response().into_body().collect().await.unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&body.to_bytes()).unwrap();
+        assert_eq!(
+            json["error"]["message"],
+            "connecting to upstream `openai` failed"
+        );
+        for err in [
+            ProxyError::NoRoute("/secret-path".into()),
+            ProxyError::BadPath("/v1/../secret-path".into()),
+            ProxyError::MethodNotAllowed {
+                method: "SECRET-METHOD".into(),
+                allow: crate::error::ALLOWED_METHODS,
+            },
+            ProxyError::BodyRead("connection reset by peer".into()),
+            ProxyError::Internal("lock poisoned".into()),
+        ] {
+            let message = err.message().to_lowercase();
+            for leak in ["secret", "reset", "poisoned"] {
+                assert!(!message.contains(leak), "{message}");
+            }
+        }
+        let allow = ProxyError::MethodNotAllowed {
+            method: "TRACE".into(),
+            allow: ALLOWED_METHODS,
+        }
+        .into_response();
+        assert_eq!(allow.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(allow.headers()[header::ALLOW], ALLOWED_METHODS);
     }
 }

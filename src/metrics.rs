@@ -7,6 +7,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use http::Method;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{
@@ -14,6 +15,8 @@ use prometheus::{
     IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use tracing_appender::non_blocking::ErrorCounter;
+
+use crate::body::TimeoutKind;
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -56,6 +59,9 @@ pub struct Metrics {
     corral_errors: IntCounterVec,
     hint_seconds: CounterVec,
     panics: IntCounterVec,
+    stream_timeouts: IntCounterVec,
+    buffered_bytes: IntGauge,
+    buffer_limit: IntGauge,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -118,6 +124,17 @@ impl Metrics {
             limit_source: fgauge(&r, "corral_limit_source", "1 for the source of the current pacing limit (config, headers, aimd, slow_start, none).", &["upstream", "kind", "source"]),
             concurrency_limit: gauge(&r, "corral_concurrency_limit", "Current concurrency window (fixed or adaptive).", up),
             corral_errors: counter(&r, "corral_errors_total", "Answers corral produced itself, by cause.", &["upstream", "cause"]),
+            stream_timeouts: counter(&r, "corral_stream_timeouts_total", "Response bodies corral cut because the upstream paused longer than stream_idle_timeout (kind=idle) or the client's x-corral-deadline-ms passed (kind=deadline).", &["upstream", "kind"]),
+            buffered_bytes: {
+                let g = IntGauge::new("corral_buffered_request_bytes", "Request body bytes held in memory now, across all upstreams (at most max_buffered_bytes).").expect("valid metric");
+                r.register(Box::new(g.clone())).expect("unique metric");
+                g
+            },
+            buffer_limit: {
+                let g = IntGauge::new("corral_buffered_request_limit_bytes", "max_buffered_bytes: the cap on request body bytes held in memory at once.").expect("valid metric");
+                r.register(Box::new(g.clone())).expect("unique metric");
+                g
+            },
             hint_seconds: {
                 let c = CounterVec::new(Opts::new("corral_retry_hint_seconds_total", "Seconds of server-hinted waits honoured before retries."), up).expect("valid metric");
                 r.register(Box::new(c.clone())).expect("unique metric");
@@ -176,6 +193,12 @@ impl Metrics {
             tokens_charged: self.tokens_charged.with_label_values(v),
             concurrency_limit: self.concurrency_limit.with_label_values(v),
             panics: self.panics.with_label_values(v),
+            stream_idle_cuts: self
+                .stream_timeouts
+                .with_label_values(&[name, TimeoutKind::Idle.label()]),
+            stream_deadline_cuts: self
+                .stream_timeouts
+                .with_label_values(&[name, TimeoutKind::Deadline.label()]),
         }))
     }
 
@@ -197,6 +220,12 @@ impl Metrics {
         init(&self.client_throttles, THROTTLE_SOURCES);
         init(&self.corral_errors, CAUSES);
         self.requests.with_label_values(&[upstream, "POST", "200"]);
+    }
+
+    /// The gauge of request body bytes held, its cap set to `cap`.
+    pub fn request_buffer(&self, cap: usize) -> IntGauge {
+        self.buffer_limit.set(cap as i64);
+        self.buffered_bytes.clone()
     }
 
     /// A corral-made answer for a request that matched no upstream.
@@ -262,9 +291,12 @@ const CAUSES: &[&str] = &[
     "no_route",
     "absolute_form",
     "connect_refused",
+    "bad_path",
     "method_not_allowed",
     "body_too_large",
     "body_read",
+    "body_timeout",
+    "buffer_full",
     "upstream_connect",
     "upstream_reset",
     "try_timeout",
@@ -323,6 +355,12 @@ impl Collector for LogLinesDropped {
     }
 }
 
+/// The `method` label: one of the methods corral proxies, or `other` (a method corral refuses
+/// never reaches a labelled family, but no client-chosen string ever becomes a label).
+pub fn method_label(method: &Method) -> &'static str {
+    crate::forward::proxied_method(method).unwrap_or("other")
+}
+
 /// Sources of a pacing limit, in the order of [`KindGauges::sources`].
 const SOURCES: [&str; 6] = [
     "config",
@@ -374,6 +412,10 @@ pub struct Handles {
     pub tokens_charged: IntCounter,
     pub concurrency_limit: IntGauge,
     pub panics: IntCounter,
+    /// `corral_stream_timeouts_total{kind="idle"}`.
+    stream_idle_cuts: IntCounter,
+    /// `corral_stream_timeouts_total{kind="deadline"}`.
+    stream_deadline_cuts: IntCounter,
 }
 
 impl Handles {
@@ -383,12 +425,19 @@ impl Handles {
     pub fn name(&self) -> &str {
         &self.name
     }
-    pub fn request(&self, method: &str, code: u16) {
+    pub fn request(&self, method: &Method, code: u16) {
         let code = code.to_string();
         self.family
             .requests
-            .with_label_values(&[&self.name, method, code.as_str()])
+            .with_label_values(&[&self.name, method_label(method), code.as_str()])
             .inc();
+    }
+    /// A response body cut by one of corral's clocks.
+    pub fn stream_timeout(&self, kind: TimeoutKind) {
+        match kind {
+            TimeoutKind::Idle => self.stream_idle_cuts.inc(),
+            TimeoutKind::Deadline => self.stream_deadline_cuts.inc(),
+        }
     }
     pub fn attempt(&self, outcome: &str) {
         self.family
@@ -456,7 +505,8 @@ mod tests {
     fn renders_registered_families_with_bound_labels() {
         let m = Metrics::new();
         let up = m.upstream("openai");
-        up.request("POST", 200);
+        up.request(&Method::POST, 200);
+        up.request(&Method::from_bytes(b"BREW").unwrap(), 405);
         up.in_flight.inc();
         let text = m.render();
         assert!(
@@ -464,6 +514,11 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(r#"corral_in_flight_requests{upstream="openai"} 1"#));
+        assert!(
+            text.contains(r#"method="other""#) && !text.contains("BREW"),
+            "{text}"
+        );
+        assert!(text.contains(r#"corral_stream_timeouts_total{kind="idle",upstream="openai"} 0"#));
     }
 
     #[test]
@@ -526,9 +581,18 @@ mod tests {
         let d = Duration::ZERO;
         let causes = [
             ProxyError::NoRoute(s()),
+            ProxyError::BadPath(s()),
+            ProxyError::BodyTimeout(TimeoutKind::Idle),
+            ProxyError::BufferFull {
+                cap: 1,
+                retry_after: d,
+            },
             ProxyError::AbsoluteForm,
             ProxyError::Connect,
-            ProxyError::MethodNotAllowed { allow: "GET, HEAD" },
+            ProxyError::MethodNotAllowed {
+                method: "TRACE".into(),
+                allow: "GET, HEAD",
+            },
             ProxyError::BodyTooLarge { limit: 0 },
             ProxyError::BodyRead(s()),
             ProxyError::UpstreamConnect {
@@ -566,6 +630,9 @@ mod tests {
         for e in &causes {
             match e {
                 ProxyError::NoRoute(_)
+                | ProxyError::BadPath(_)
+                | ProxyError::BodyTimeout(_)
+                | ProxyError::BufferFull { .. }
                 | ProxyError::AbsoluteForm
                 | ProxyError::Connect
                 | ProxyError::MethodNotAllowed { .. }

@@ -1,5 +1,7 @@
 //! Path prefix -> [`Upstream`]. Each upstream owns one built stack; the longest matching route
-//! wins; nothing else is ever reachable (corral connects only to hosts its config names).
+//! wins; nothing else is ever reachable (corral connects only to hosts its config names), and no
+//! path leaves its route: [`check_path`] refuses dot-segments and encoded separators, which an
+//! upstream that normalises paths would resolve outside the configured base path.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,7 +9,9 @@ use std::time::Duration;
 use http::header::HeaderName;
 use http::Uri;
 
-use crate::config::{HeaderMode, Secret, UpstreamConfig};
+use crate::config::{ByteSize, HeaderMode, Secret, UpstreamConfig};
+use crate::error::ProxyError;
+use crate::forward::buffer::{self, BufferBudget};
 use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::stack::{self, Stack, StackState};
 
@@ -19,7 +23,10 @@ pub struct Upstream {
     target_prefix: String,
     pub inject: Vec<(HeaderName, Secret)>,
     pub header_mode: HeaderMode,
+    /// `body_limit`, at most the buffer budget's cap.
     pub body_limit: usize,
+    pub body_idle_timeout: Duration,
+    pub stream_idle_timeout: Duration,
     pub deadline: Duration,
     pub metrics: UpstreamMetrics,
     pub stack: Stack,
@@ -28,7 +35,7 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    pub fn new(config: &UpstreamConfig, metrics: &Metrics) -> Self {
+    pub fn new(config: &UpstreamConfig, metrics: &Metrics, buffer_cap: usize) -> Self {
         let base = &config.base_url.0;
         let target_prefix = format!(
             "{}://{}{}",
@@ -48,7 +55,9 @@ impl Upstream {
                 .filter_map(|(k, v)| Some((HeaderName::from_bytes(k.as_bytes()).ok()?, v.clone())))
                 .collect(),
             header_mode: config.header_mode,
-            body_limit: config.body_limit.0,
+            body_limit: config.body_limit.0.min(buffer_cap),
+            body_idle_timeout: config.body_idle_timeout.0,
+            stream_idle_timeout: config.stream_idle_timeout.0,
             deadline: config.retry.deadline.0,
             metrics,
             stack,
@@ -77,19 +86,48 @@ impl Upstream {
     }
 }
 
-/// All upstreams, longest route first.
+/// All upstreams, longest route first, and the request-body budget they share.
 pub struct Router {
     upstreams: Vec<Arc<Upstream>>,
+    buffer: Arc<BufferBudget>,
 }
 
 impl Router {
-    pub fn new(configs: &[UpstreamConfig], metrics: &Metrics) -> Self {
+    /// `max_buffered` unset: sized from the container's memory ([`buffer::default_cap`]).
+    pub fn new(
+        configs: &[UpstreamConfig],
+        max_buffered: Option<ByteSize>,
+        metrics: &Metrics,
+    ) -> Self {
+        let cap = max_buffered.map_or_else(buffer::default_cap, |b| b.0);
+        let buffer = BufferBudget::new(cap, metrics.request_buffer(cap.max(buffer::MIN_CAP)));
+        let cap = buffer.cap();
+        tracing::info!(
+            max_buffered_bytes = cap,
+            configured = max_buffered.is_some(),
+            "request body buffer"
+        );
         let mut upstreams: Vec<_> = configs
             .iter()
-            .map(|c| Arc::new(Upstream::new(c, metrics)))
+            .map(|c| Arc::new(Upstream::new(c, metrics, cap)))
             .collect();
+        for (up, config) in upstreams.iter().zip(configs) {
+            if config.body_limit.0 > cap {
+                tracing::warn!(
+                    upstream = %up.name,
+                    body_limit = config.body_limit.0,
+                    max_buffered_bytes = cap,
+                    "body_limit exceeds the request buffer; larger bodies get a 413"
+                );
+            }
+        }
         upstreams.sort_by_key(|u| std::cmp::Reverse(u.route.len()));
-        Self { upstreams }
+        Self { upstreams, buffer }
+    }
+
+    /// The budget every request body is read under.
+    pub fn buffer(&self) -> &BufferBudget {
+        &self.buffer
     }
 
     /// The upstream whose route is the longest prefix of `path` on a segment boundary.
@@ -102,6 +140,30 @@ impl Router {
     pub fn upstreams(&self) -> &[Arc<Upstream>] {
         &self.upstreams
     }
+}
+
+/// Refuse a path an upstream could resolve outside its route: a `.` or `..` segment, written
+/// raw or percent-encoded (`%2e`, any case, mixed like `.%2e`, or before a `;` parameter), or an
+/// encoded separator (`%2f`, `%5c`, a raw `\`, or any of them encoded twice as `%25..`).
+pub fn check_path(path: &str) -> Result<(), ProxyError> {
+    let bad = || Err(ProxyError::BadPath(path.chars().take(256).collect()));
+    if path.contains('\\') {
+        return bad();
+    }
+    let lower = path.to_ascii_lowercase();
+    for encoded in ["%2f", "%5c", "%252e", "%252f", "%255c"] {
+        if lower.contains(encoded) {
+            return bad();
+        }
+    }
+    for segment in lower.split('/') {
+        let segment = segment.split(';').next().unwrap_or_default();
+        let decoded = segment.replace("%2e", ".");
+        if decoded == "." || decoded == ".." {
+            return bad();
+        }
+    }
+    Ok(())
 }
 
 fn matches_route(route: &str, path: &str) -> bool {
@@ -121,7 +183,7 @@ mod tests {
             .iter()
             .map(|(n, r, u)| UpstreamConfig::new(n, r, parse_base_url(u).unwrap()))
             .collect();
-        Router::new(&configs, &Metrics::new())
+        Router::new(&configs, None, &Metrics::new())
     }
 
     #[tokio::test]
@@ -159,5 +221,43 @@ mod tests {
             anthropic.target("/anthropic", None).unwrap(),
             "https://api.anthropic.com/"
         );
+    }
+
+    #[test]
+    fn dot_segments_and_encoded_separators_are_refused() {
+        for bad in [
+            "/v1/../x",
+            "/v1/..",
+            "/v1/./x",
+            "/v1/.",
+            "/v1/%2e%2e/x",
+            "/v1/%2E%2E/x",
+            "/v1/.%2e/x",
+            "/v1/%2e./x",
+            "/v1/%2e/x",
+            "/v1/..;x=1/y",
+            "/v1/a%2fb",
+            "/v1/a%2Fb",
+            "/v1/a%5cb",
+            "/v1/a%5Cb",
+            "/v1/a\\b",
+            "/v1/%252e%252e/x",
+            "/v1/a%252fb",
+        ] {
+            let err = check_path(bad).expect_err(bad);
+            assert_eq!(err.label(), "bad_path", "{bad}");
+        }
+        for good in [
+            "/v1/chat/completions",
+            "/v1/models/ft:gpt-4o:org::id",
+            "/v1/files/file-abc.jsonl",
+            "/v1/...",
+            "/v1/.well-known/x",
+            "/v1/a..b",
+            "/v1/a%20b",
+            "/",
+        ] {
+            assert!(check_path(good).is_ok(), "{good}");
+        }
     }
 }

@@ -14,12 +14,13 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use crate::accept::{self, Acceptor, ConnLimits, Handler};
-use crate::body::{self, Body};
+use crate::body::{self, Body, TimeoutKind};
 use crate::config::Config;
 use crate::error::ProxyError;
+use crate::forward::buffer::{self, BodyBounds};
 use crate::forward::{self, ProxyRequest, RequestCtx};
-use crate::metrics::Metrics;
-use crate::router::{Router, Upstream};
+use crate::metrics::{self, Metrics};
+use crate::router::{self, Router, Upstream};
 use crate::shutdown::Signal;
 
 /// Connections the admin listener serves at once (probes and scrapes need few).
@@ -46,7 +47,7 @@ impl App {
     pub fn new(config: &Config) -> Arc<Self> {
         let metrics = Metrics::new();
         Arc::new(Self {
-            router: Router::new(&config.upstreams, &metrics),
+            router: Router::new(&config.upstreams, config.max_buffered_bytes, &metrics),
             metrics,
             ready: AtomicBool::new(false),
             admin_on_main: config.admin_listen.is_none(),
@@ -78,37 +79,47 @@ impl App {
                 return response;
             }
         }
+        // Every clock of the exchange (body read, deadline) starts here.
         let start = Instant::now();
-        let method = req.method().clone();
+        let method = metrics::method_label(req.method());
         let upstream = match self.route(&req) {
             Ok(upstream) => Arc::clone(upstream),
             Err(e) => {
                 self.metrics.unrouted_error(e.label());
-                let path = req.uri().path();
-                tracing::info!(%method, path, status = e.status().as_u16(), error = e.label(), "refused");
+                tracing::info!(method, status = e.status().as_u16(), error = e.label(), detail = %e, "refused");
                 return e.into_response();
             }
         };
         let result = self.forward(&upstream, req, peer, start).await;
-        let (response, attempts) = match result {
-            Ok(pair) => pair,
-            Err((e, attempts)) => (e.into_response(), attempts),
+        let (response, attempts, detail) = match result {
+            Ok((response, attempts)) => (response, attempts, None),
+            Err((e, attempts)) => (e.into_response(), attempts, Some(e.to_string())),
         };
         tracing::info!(
             upstream = %upstream.name,
-            %method,
+            method,
             status = response.status().as_u16(),
             attempts,
             duration_ms = start.elapsed().as_millis() as u64,
             corral_error = response.headers().get(crate::error::CORRAL_ERROR_HEADER).and_then(|v| v.to_str().ok()),
+            detail,
             "request"
         );
         response
     }
 
+    /// The upstream for a request, or why corral refuses it: a method it does not proxy, an
+    /// absolute-form target, a path that could leave its route, or no route at all.
     fn route(&self, req: &Request<Incoming>) -> Result<&Arc<Upstream>, ProxyError> {
         if req.method() == Method::CONNECT {
             return Err(ProxyError::Connect);
+        }
+        if forward::proxied_method(req.method()).is_none() {
+            let shown: String = req.method().as_str().chars().take(32).collect();
+            return Err(ProxyError::MethodNotAllowed {
+                method: shown,
+                allow: crate::error::ALLOWED_METHODS,
+            });
         }
         // HTTP/2 always carries scheme and authority; in HTTP/1 they mean absolute-form.
         let is_h1 = matches!(
@@ -119,11 +130,14 @@ impl App {
             return Err(ProxyError::AbsoluteForm);
         }
         let path = req.uri().path();
+        router::check_path(path)?;
         self.router
             .find(path)
-            .ok_or_else(|| ProxyError::NoRoute(path.to_owned()))
+            .ok_or_else(|| ProxyError::NoRoute(path.chars().take(256).collect()))
     }
 
+    /// Read the body (bounded in size, time and corral's memory), send it through the
+    /// upstream's stack, and time the response body on its way back.
     async fn forward(
         &self,
         upstream: &Upstream,
@@ -133,20 +147,27 @@ impl App {
     ) -> Result<(Response<Body>, u32), (ProxyError, u32)> {
         let (parts, incoming) = req.into_parts();
         let refuse = |e: ProxyError| {
-            upstream
-                .metrics
-                .request(parts.method.as_str(), e.status().as_u16());
+            upstream.metrics.request(&parts.method, e.status().as_u16());
             upstream.metrics.corral_error(e.label());
             (e, 0)
         };
         let uri = upstream
             .target(parts.uri.path(), parts.uri.query())
-            .ok_or_else(|| refuse(ProxyError::NoRoute(parts.uri.path().to_owned())))?;
-        let body = forward::read_body(incoming, upstream.body_limit)
+            .ok_or_else(|| {
+                refuse(ProxyError::NoRoute(
+                    parts.uri.path().chars().take(256).collect(),
+                ))
+            })?;
+        let deadlines = forward::deadline(start, upstream.deadline, &parts.headers);
+        let bounds = BodyBounds {
+            limit: upstream.body_limit,
+            idle: upstream.body_idle_timeout,
+            deadline: deadlines.head,
+        };
+        let (body, held) = buffer::read_body(incoming, bounds, self.router.buffer())
             .await
-            .map_err(refuse)?;
-        let deadline = forward::deadline(start, upstream.deadline, &parts.headers);
-        let ctx = Arc::new(RequestCtx::new(start, deadline));
+            .map_err(&refuse)?;
+        let ctx = Arc::new(RequestCtx::new(start, deadlines.head));
         let headers = forward::upstream_headers(
             parts.headers,
             peer.ip(),
@@ -160,8 +181,24 @@ impl App {
             body,
             ctx: Arc::clone(&ctx),
         };
-        match upstream.stack.clone().oneshot(request).await {
-            Ok(response) => Ok((response, ctx.attempts())),
+        let result = upstream.stack.clone().oneshot(request).await;
+        // The stack is done with the request body, every retry included: its room goes back.
+        drop(held);
+        match result {
+            Ok(response) => {
+                let metrics = upstream.metrics.clone();
+                let cut = move |kind: TimeoutKind| {
+                    metrics.stream_timeout(kind);
+                    tracing::warn!(
+                        upstream = metrics.name(),
+                        kind = kind.label(),
+                        "response body cut: {kind}"
+                    );
+                };
+                let idle = upstream.stream_idle_timeout;
+                let response = response.map(|b| forward::time_response(b, idle, deadlines, cut));
+                Ok((response, ctx.attempts()))
+            }
             Err(e) => Err((e, ctx.attempts())),
         }
     }
@@ -174,7 +211,13 @@ impl App {
             return None;
         }
         if !matches!(*req.method(), Method::GET | Method::HEAD) {
-            return Some(ProxyError::MethodNotAllowed { allow: "GET, HEAD" }.into_response());
+            return Some(
+                ProxyError::MethodNotAllowed {
+                    method: req.method().as_str().chars().take(32).collect(),
+                    allow: "GET, HEAD",
+                }
+                .into_response(),
+            );
         }
         let (status, content_type, text) = match path {
             "/readyz" if self.is_ready() => (StatusCode::OK, "text/plain", "ready\n".to_owned()),

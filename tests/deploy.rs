@@ -784,6 +784,94 @@ fn podmonitor_selects_the_pods_and_their_metrics_port() {
     }
 }
 
+/// Memory an idle corral takes (release build: 11 MiB RSS measured), with room to spare.
+const IDLE_RSS: usize = 32 << 20;
+/// What the allocator may keep beyond the bytes in use while bodies come and go, as a fraction of
+/// the request buffer: glibc's heap keeps large freed buffers for reuse (`benches/load.sh`
+/// measured 31 MiB over a full 128 MiB buffer, against `MALLOC_MMAP_THRESHOLD_=131072`).
+const HEAP_SLACK: f64 = 0.5;
+/// What each request in flight or queued holds besides its body: its connection's buffers, its
+/// head and its task (the load test's 2,000 connections took about 35 KiB each beyond the
+/// buffer and the heap's slack), rounded up to a 64 KiB head.
+const PER_REQUEST: usize = 64 << 10;
+/// A retryable error body buffered to judge it (`stack/retry`), at most once per slot.
+const ERROR_BODY: usize = 64 << 10;
+
+/// `"256Mi"`, `"1Gi"`, `"512M"`, `"1000"` in bytes.
+fn quantity(q: &str) -> usize {
+    let split = q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len());
+    let (n, unit) = q.split_at(split);
+    let factor: usize = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        other => panic!("unit `{other}` in quantity `{q}`"),
+    };
+    n.parse::<usize>().expect("a number") * factor
+}
+
+/// The sidecar's `body_limit`, `queue_size` and request buffer fit its memory limit: an idle
+/// corral, the buffer full (with the heap's slack), every request in flight or queued, and a
+/// retryable error body per slot, all at once, stay under the container's limit.
+#[test]
+fn sidecar_body_limit_and_queue_size_fit_its_memory_limit() {
+    let Some(m) = manifests() else { return };
+    let pod = &doc(m, "Job")["spec"]["template"]["spec"];
+    let inits = containers(pod, "initContainers");
+    let corral = named(&inits, "corral");
+    let limit = quantity(
+        corral["resources"]["limits"]["memory"]
+            .as_str()
+            .expect("a memory limit on the sidecar"),
+    );
+    let (text, _) = sidecar_config(m);
+    let config = corral::config::load_str(
+        "corral.toml",
+        &text.replace("${OPENAI_API_KEY}", "sk-deploy-test"),
+    )
+    .expect("the sidecar's config loads");
+    // Unset, corral takes a quarter of the limit it reads from its cgroup.
+    let buffer = config.max_buffered_bytes.map_or_else(
+        || corral::forward::buffer::cap_for(Some(limit as u64)),
+        |b| b.0,
+    );
+    let mut worst = IDLE_RSS + buffer + (buffer as f64 * HEAP_SLACK) as usize;
+    let mut lines = vec![format!(
+        "idle {} MiB + buffer {} MiB + heap slack {} MiB",
+        IDLE_RSS >> 20,
+        buffer >> 20,
+        (buffer as f64 * HEAP_SLACK) as usize >> 20
+    )];
+    for up in &config.upstreams {
+        assert!(
+            up.body_limit.0 <= buffer,
+            "{}: body_limit {} over the buffer {buffer}",
+            up.name(),
+            up.body_limit.0
+        );
+        let slots = up.limits.max_concurrency.get() as usize;
+        let requests = slots + up.limits.queue_size;
+        worst += requests * PER_REQUEST + slots * ERROR_BODY;
+        lines.push(format!(
+            "{}: {requests} requests x {} KiB + {slots} error bodies x {} KiB",
+            up.name(),
+            PER_REQUEST >> 10,
+            ERROR_BODY >> 10
+        ));
+    }
+    assert!(
+        worst <= limit,
+        "the sidecar may need {} MiB, over its {} MiB limit:\n{}",
+        worst >> 20,
+        limit >> 20,
+        lines.join("\n")
+    );
+}
+
 /// The sidecar's `corral.toml` passes `check-config` and, run as the sidecar runs it, serves
 /// the probe paths and `/metrics` on the admin listener.
 #[tokio::test]

@@ -44,6 +44,10 @@ pub struct Config {
     pub drain_delay: HumanDuration,
     /// Then the listener closes and in-flight requests get this long to finish.
     pub drain_timeout: HumanDuration,
+    /// Request body bytes held in memory at once, across all upstreams; beyond it new requests
+    /// wait briefly, then get a 503 with Retry-After. Unset: a quarter of the container's memory
+    /// limit when known, else 256 MiB.
+    pub max_buffered_bytes: Option<ByteSize>,
     /// The upstreams, each behind a route.
     #[serde(rename = "upstream")]
     pub upstreams: Vec<UpstreamConfig>,
@@ -60,6 +64,7 @@ impl Default for Config {
             http2_keep_alive_interval: HumanDuration::from_secs(20),
             drain_delay: HumanDuration::from_secs(5),
             drain_timeout: HumanDuration::from_secs(20),
+            max_buffered_bytes: None,
             upstreams: Vec::new(),
         }
     }
@@ -97,6 +102,13 @@ pub struct UpstreamConfig {
     /// Largest request body corral buffers; beyond it the client gets a 413.
     #[serde(default = "default_body_limit")]
     pub body_limit: ByteSize,
+    /// Longest pause between two pieces of a request body; the client then gets a 408.
+    #[serde(default = "default_body_idle_timeout")]
+    pub body_idle_timeout: HumanDuration,
+    /// Longest pause between two pieces of a response body (after its head) before corral cuts
+    /// the stream. Generous: reasoning models may think for minutes between events.
+    #[serde(default = "default_stream_idle_timeout")]
+    pub stream_idle_timeout: HumanDuration,
     /// Time allowed for the TCP and TLS handshake with the upstream.
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout: HumanDuration,
@@ -123,6 +135,15 @@ fn default_body_limit() -> ByteSize {
 fn default_connect_timeout() -> HumanDuration {
     HumanDuration::from_secs(10)
 }
+fn default_body_idle_timeout() -> HumanDuration {
+    HumanDuration::from_secs(30)
+}
+/// Ten minutes: longer than the pauses of reasoning models that stream nothing while they think
+/// (several minutes for the largest), and as long as the default `deadline`, so a stalled
+/// upstream holds a slot no longer than a request may wait for its head.
+fn default_stream_idle_timeout() -> HumanDuration {
+    HumanDuration::from_secs(600)
+}
 
 impl UpstreamConfig {
     /// An upstream with every knob at its default.
@@ -134,6 +155,8 @@ impl UpstreamConfig {
             headers: BTreeMap::new(),
             header_mode: HeaderMode::default(),
             body_limit: default_body_limit(),
+            body_idle_timeout: default_body_idle_timeout(),
+            stream_idle_timeout: default_stream_idle_timeout(),
             connect_timeout: default_connect_timeout(),
             rate_limit: LearnMode::default(),
             concurrency: ConcurrencyMode::default(),

@@ -18,6 +18,19 @@ const MAX_SERVER_DURATION: Duration = Duration::from_secs(3600);
 
 pub(super) fn validate(config: &Config) -> Result<(), Invalid> {
     validate_server(config)?;
+    let min_buffer = crate::forward::buffer::MIN_CAP;
+    if let Some(cap) = config.max_buffered_bytes {
+        if cap.0 < min_buffer {
+            return Err(Invalid {
+                span: None,
+                key: "max_buffered_bytes".into(),
+                reason: format!(
+                    "`max_buffered_bytes` must be at least {min_buffer} bytes (1MiB), got {}",
+                    cap.0
+                ),
+            });
+        }
+    }
     let mut routes: HashMap<&str, &str> = HashMap::new();
     let mut names: HashMap<&str, ()> = HashMap::new();
     let reserved = ["/healthz", "/readyz", "/metrics", "/status"];
@@ -73,6 +86,24 @@ pub(super) fn validate(config: &Config) -> Result<(), Invalid> {
                     format!("value of `{name}` is not a valid header value"),
                 ));
             }
+        }
+        if let Some(cap) = config.max_buffered_bytes {
+            if up.body_limit.0 > cap.0 {
+                return Err(at(
+                    "body_limit",
+                    format!(
+                        "`body_limit` ({} bytes) must not exceed `max_buffered_bytes` ({} bytes): \
+                         such a body could never be held",
+                        up.body_limit.0, cap.0
+                    ),
+                ));
+            }
+        }
+        if up.body_idle_timeout.0.is_zero() || up.stream_idle_timeout.0.is_zero() {
+            return Err(at(
+                "body_idle_timeout",
+                "`body_idle_timeout` and `stream_idle_timeout` must be above zero".into(),
+            ));
         }
         let r = &up.retry;
         if r.cap < r.base {

@@ -68,14 +68,14 @@ impl Middleware for RecordMetrics {
 
             match result {
                 Ok(response) => {
-                    m.request(method.as_str(), response.status().as_u16());
+                    m.request(&method, response.status().as_u16());
                     if response.status() == StatusCode::TOO_MANY_REQUESTS {
                         m.client_throttle("upstream");
                     }
                     Ok(response.map(|b| Guarded::wrap(b, guard)))
                 }
                 Err(e) => {
-                    m.request(method.as_str(), e.status().as_u16());
+                    m.request(&method, e.status().as_u16());
                     m.corral_error(e.label());
                     if e.status() == StatusCode::TOO_MANY_REQUESTS {
                         m.client_throttle("corral");

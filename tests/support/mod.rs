@@ -264,3 +264,110 @@ pub async fn eventually(limit: std::time::Duration, mut cond: impl FnMut() -> bo
     }
     cond()
 }
+
+// ===== raw sockets: misbehaving clients and upstreams (tests/limits.rs) =====
+
+/// An h2c (prior knowledge) client.
+pub fn h2_client() -> TestClient {
+    Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http()
+}
+
+/// What a raw exchange came to.
+#[derive(Debug)]
+pub struct RawReply {
+    /// Everything the server sent, lossily decoded.
+    pub text: String,
+    /// Whether the server closed the connection within the time allowed.
+    pub closed: bool,
+}
+
+/// Send `request` on a fresh connection to `addr`, then read until the server closes it or
+/// `limit` passes; the socket stays open (sending nothing more) meanwhile.
+pub async fn raw_exchange(
+    addr: SocketAddr,
+    request: &[u8],
+    limit: std::time::Duration,
+) -> RawReply {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    let end = tokio::time::Instant::now() + limit;
+    let closed = loop {
+        match tokio::time::timeout_at(end, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break true,
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+            Err(_) => break false,
+        }
+    };
+    RawReply {
+        text: String::from_utf8_lossy(&out).into_owned(),
+        closed,
+    }
+}
+
+/// An upstream on a raw socket: reads each connection's request head, writes `response`, then
+/// closes the connection (so a `Content-Length` it promised is never met).
+pub struct RawUpstream {
+    pub addr: SocketAddr,
+    pub connections: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl RawUpstream {
+    pub async fn start(response: &'static [u8]) -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&connections);
+        let task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    // The request, head and body (closing with unread bytes would reset).
+                    let mut got = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    let whole = |got: &[u8]| {
+                        let text = String::from_utf8_lossy(got).to_ascii_lowercase();
+                        let Some(end) = text.find("\r\n\r\n") else {
+                            return false;
+                        };
+                        let length = text[..end]
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        got.len() >= end + 4 + length
+                    };
+                    while !whole(&got) {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let _ = stream.write_all(response).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        Self {
+            addr,
+            connections,
+            task,
+        }
+    }
+
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for RawUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -38,8 +38,9 @@ use tower::retry::budget::{Budget, TpsBudget};
 use tower::ServiceExt;
 
 use self::backoff::Backoff;
+use self::body::Buffered;
 use self::policy::{judge_response, Verdict};
-use crate::body::{self as corral_body, Body};
+use crate::body::Body;
 use crate::classify::Outcome;
 use crate::config::RetryConfig;
 use crate::error::ProxyError;
@@ -114,7 +115,8 @@ impl Middleware for RetryShared {
 
 /// The last retryable answer, kept to pass through when corral gives up.
 enum Last {
-    Response(http::response::Parts, Bytes),
+    /// Head, body, and whether the body was cut (broke mid-way, or the deadline came first).
+    Response(http::response::Parts, Bytes, bool),
     Error(ProxyError),
 }
 
@@ -144,19 +146,29 @@ where
                     return Ok(response);
                 }
                 let (parts, body) = response.into_parts();
-                let bytes = match body::buffer(body, MAX_BUFFERED_ERROR).await {
-                    Ok(bytes) => bytes,
-                    Err(whole) => return Ok(Response::from_parts(parts, whole)),
-                };
+                // Bounded by the deadline: a body that stalls is cut there, and the loop below
+                // then gives up with what arrived.
+                let (bytes, cut) =
+                    match body::buffer(body, MAX_BUFFERED_ERROR, req.ctx.deadline).await {
+                        Buffered::Whole(bytes) => (bytes, false),
+                        Buffered::Cut(bytes) => (bytes, true),
+                        Buffered::TooLarge(whole) => return Ok(Response::from_parts(parts, whole)),
+                    };
+                if cut {
+                    tracing::debug!(
+                        upstream = metrics.name(),
+                        status = parts.status.as_u16(),
+                        received = bytes.len(),
+                        "retryable answer's body cut (broken, or the deadline passed)"
+                    );
+                }
                 match judge_response(&parts, &bytes, config) {
-                    Verdict::Done => {
-                        return Ok(Response::from_parts(parts, corral_body::full(bytes)))
-                    }
+                    Verdict::Done => return Ok(body::replay(parts, bytes, cut)),
                     Verdict::Retry(reason) => {
                         let hint = crate::provider::retry_hint(&parts.headers, SystemTime::now());
                         let throttle =
                             matches!(Outcome::of_status(parts.status), Outcome::Throttled(_));
-                        (Last::Response(parts, bytes), reason, hint, throttle)
+                        (Last::Response(parts, bytes, cut), reason, hint, throttle)
                     }
                 }
             }
@@ -255,7 +267,7 @@ fn give_up(
 ) -> Result<Response<Body>, ProxyError> {
     shared.metrics.gave_up(why);
     match last {
-        Last::Response(mut parts, bytes) => {
+        Last::Response(mut parts, bytes, cut) => {
             if attempts > 0 && shared.config.mark_given_up {
                 parts
                     .headers
@@ -269,7 +281,7 @@ fn give_up(
                         .insert(RETRY_AFTER, HeaderValue::from(secs.max(1)));
                 }
             }
-            Ok(Response::from_parts(parts, corral_body::full(bytes)))
+            Ok(body::replay(parts, bytes, cut))
         }
         Last::Error(e) => Err(e),
     }

@@ -1,7 +1,13 @@
 //! Turning a client's request into the request corral sends upstream: hop-by-hop headers
 //! stripped, Host left to the client (rewritten from the upstream URL), `x-forwarded-for`
-//! appended, configured headers injected, and the body buffered (up to the limit) as [`Bytes`]
-//! so every retry can replay it.
+//! appended, configured headers injected, and the body buffered (within its bounds, see
+//! [`buffer`]) as [`Bytes`] so every retry can replay it.
+//!
+//! The clocks of one exchange start when the request arrives: the [`deadline`] bounds reading
+//! the request body as well as the wait for the response head, and a client's
+//! `x-corral-deadline-ms` bounds the streamed response body too ([`time_response`]).
+
+pub mod buffer;
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -11,14 +17,28 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Uri};
-use http_body_util::{BodyExt, Limited};
 use tokio::time::Instant;
 
+use crate::body::{Body, Timed, TimeoutKind};
 use crate::config::{HeaderMode, Secret};
-use crate::error::ProxyError;
 
 /// Header a client may send to shorten (never lengthen) the request's deadline.
 pub const DEADLINE_HEADER: &str = "x-corral-deadline-ms";
+
+/// The methods corral forwards (any other is refused with a 405), as the `method` label names
+/// them; `None` for any other.
+pub fn proxied_method(method: &Method) -> Option<&'static str> {
+    Some(match *method {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::PATCH => "PATCH",
+        Method::DELETE => "DELETE",
+        Method::OPTIONS => "OPTIONS",
+        _ => return None,
+    })
+}
 
 /// A request on its way upstream; cheap to clone for each attempt (the body is shared).
 #[derive(Clone, Debug)]
@@ -133,35 +153,45 @@ pub fn upstream_headers(
     headers
 }
 
-/// The deadline for a request: the configured one, shortened by the client's header.
-pub fn deadline(start: Instant, configured: Duration, headers: &HeaderMap) -> Instant {
+/// A request's deadlines, both counted from its arrival.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    /// For the request body and the response head: the configured `deadline`, shortened by
+    /// the client's header.
+    pub head: Instant,
+    /// For the whole exchange, streamed response body included: the client's header, if sent.
+    /// (The configured deadline does not cut streams: a long generation is not a hang, and
+    /// `stream_idle_timeout` catches the streams that are.)
+    pub exchange: Option<Instant>,
+}
+
+/// The deadlines for a request that arrived at `start`.
+pub fn deadline(start: Instant, configured: Duration, headers: &HeaderMap) -> Deadlines {
     let asked = headers
         .get(DEADLINE_HEADER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map(Duration::from_millis);
-    start + asked.map_or(configured, |a| a.min(configured))
+    Deadlines {
+        head: start + asked.map_or(configured, |a| a.min(configured)),
+        exchange: asked.map(|a| start + a),
+    }
 }
 
-/// Read the whole body, refusing it once it passes `limit` bytes.
-pub async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, ProxyError>
-where
-    B: http_body::Body<Data = Bytes>,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(ProxyError::BodyTooLarge { limit })
-        }
-        Err(e) => Err(ProxyError::BodyRead(e.to_string())),
-    }
+/// The response body on its way to the client, cut (abruptly) when the upstream pauses longer
+/// than `idle` or the client's deadline passes; `on_timeout` counts it.
+pub fn time_response(
+    body: Body,
+    idle: Duration,
+    deadlines: Deadlines,
+    on_timeout: impl FnOnce(TimeoutKind) + Send + 'static,
+) -> Body {
+    crate::body::boxed(Timed::new(body, idle, deadlines.exchange, on_timeout))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http_body_util::Full;
 
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {
         pairs
@@ -228,32 +258,41 @@ mod tests {
     }
 
     #[test]
-    fn client_deadline_only_shortens() {
-        let start = Instant::now();
-        let ten = Duration::from_secs(10);
-        assert_eq!(
-            deadline(start, ten, &map(&[(DEADLINE_HEADER, "2000")])),
-            start + Duration::from_secs(2)
-        );
-        assert_eq!(
-            deadline(start, ten, &map(&[(DEADLINE_HEADER, "99000")])),
-            start + ten
-        );
-        assert_eq!(
-            deadline(start, ten, &map(&[(DEADLINE_HEADER, "soon")])),
-            start + ten
-        );
+    fn the_allow_header_lists_the_proxied_methods() {
+        let listed: Vec<Method> = crate::error::ALLOWED_METHODS
+            .split(", ")
+            .map(|m| m.parse().unwrap())
+            .collect();
+        assert_eq!(listed.len(), 7);
+        for m in &listed {
+            assert_eq!(proxied_method(m), Some(m.as_str()));
+        }
+        for m in ["TRACE", "CONNECT", "BREW", "get"] {
+            assert_eq!(proxied_method(&m.parse().unwrap()), None, "{m}");
+        }
     }
 
-    #[tokio::test]
-    async fn body_limit() {
-        let ok = read_body(Full::new(Bytes::from_static(b"12345")), 5)
-            .await
-            .unwrap();
-        assert_eq!(&ok[..], b"12345");
-        let err = read_body(Full::new(Bytes::from_static(b"123456")), 5)
-            .await
-            .unwrap_err();
-        assert!(matches!(err, ProxyError::BodyTooLarge { limit: 5 }));
+    #[test]
+    fn client_deadline_only_shortens_the_head_and_alone_bounds_the_exchange() {
+        let start = Instant::now();
+        let ten = Duration::from_secs(10);
+        let two = start + Duration::from_secs(2);
+        assert_eq!(
+            deadline(start, ten, &map(&[(DEADLINE_HEADER, "2000")])),
+            Deadlines {
+                head: two,
+                exchange: Some(two)
+            }
+        );
+        let long = deadline(start, ten, &map(&[(DEADLINE_HEADER, "99000")]));
+        assert_eq!(long.head, start + ten);
+        assert_eq!(long.exchange, Some(start + Duration::from_secs(99)));
+        assert_eq!(
+            deadline(start, ten, &map(&[(DEADLINE_HEADER, "soon")])),
+            Deadlines {
+                head: start + ten,
+                exchange: None
+            }
+        );
     }
 }

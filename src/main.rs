@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use corral::cli::{init_logging, BenchCommand, Cli, Command, LogFormat};
+use corral::cli::{init_logging, BenchCommand, Cli, Command, LogFormat, RunArgs};
 use corral::{config, server, shutdown};
 
 fn main() -> ExitCode {
@@ -55,7 +55,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            run(cli.log_format, "corral", serve(config))
+            run(cli.log_format, "corral", serve(cli.run, config))
         }
     }
 }
@@ -80,17 +80,17 @@ fn run<E: std::fmt::Display>(
     }
 }
 
-async fn serve(config: config::Config) -> std::io::Result<()> {
+async fn serve(args: RunArgs, config: config::Config) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen.0).await?;
     let admin = match config.admin_listen {
         Some(addr) => Some(tokio::net::TcpListener::bind(addr.0).await?),
         None => None,
     };
-    server::run(
-        server::App::new(&config),
-        listener,
-        admin,
-        shutdown::signal(),
-    )
-    .await
+    let app = server::App::new(&config);
+    // SIGHUP re-reads the config the way it was read at start.
+    tokio::spawn(server::reload_on_hangup(
+        std::sync::Arc::clone(&app),
+        move || args.load(),
+    ));
+    server::run(app, listener, admin, shutdown::signal()).await
 }

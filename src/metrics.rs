@@ -62,6 +62,10 @@ pub struct Metrics {
     stream_timeouts: IntCounterVec,
     buffered_bytes: IntGauge,
     buffer_limit: IntGauge,
+    /// `corral_config_generation`: 1 at start, +1 per applied reload.
+    pub config_generation: IntGauge,
+    /// `corral_config_reloads_total{outcome}`.
+    config_reloads: IntCounterVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -140,6 +144,13 @@ impl Metrics {
                 r.register(Box::new(c.clone())).expect("unique metric");
                 c
             },
+            config_generation: {
+                let g = IntGauge::new("corral_config_generation", "The config in force: 1 at start, one more per reload applied (SIGHUP).").expect("valid metric");
+                r.register(Box::new(g.clone())).expect("unique metric");
+                g.set(1);
+                g
+            },
+            config_reloads: counter(&r, "corral_config_reloads_total", "Config reloads (SIGHUP), by outcome: applied, or refused (the old config stays).", &["outcome"]),
             panics: counter(&r, "corral_panics_total", "Panics caught while serving a request; each was answered with a 500 `internal`.", up),
             registry: {
                 r.register(Box::new(LogLinesDropped::new())).expect("unique metric");
@@ -148,6 +159,9 @@ impl Metrics {
         };
         for cause in CAUSES {
             m.corral_errors.with_label_values(&[UNROUTED, cause]);
+        }
+        for result in ["applied", "refused"] {
+            m.config_reloads.with_label_values(&[result]);
         }
         m
     }
@@ -220,6 +234,15 @@ impl Metrics {
         init(&self.client_throttles, THROTTLE_SOURCES);
         init(&self.corral_errors, CAUSES);
         self.requests.with_label_values(&[upstream, "POST", "200"]);
+    }
+
+    /// A config reload: `applied` (the generation moves on) or `refused`.
+    pub fn config_reload(&self, applied: bool) {
+        let result = if applied { "applied" } else { "refused" };
+        self.config_reloads.with_label_values(&[result]).inc();
+        if applied {
+            self.config_generation.inc();
+        }
     }
 
     /// The gauge of request body bytes held, its cap set to `cap`.

@@ -17,6 +17,9 @@ use crate::stack::{self, Stack, StackState};
 
 /// One configured upstream, ready to serve.
 pub struct Upstream {
+    /// The config it was built from: a reload keeps this upstream (its learned limits, its
+    /// breaker, its queue) when the new config has the same.
+    pub config: UpstreamConfig,
     pub name: String,
     pub route: String,
     /// `scheme://authority/base-path` without a trailing slash.
@@ -46,6 +49,7 @@ impl Upstream {
         let metrics = metrics.upstream(config.name());
         let (stack, state) = stack::build(config, &metrics);
         Self {
+            config: config.clone(),
             name: config.name().to_owned(),
             route: config.route().to_owned(),
             target_prefix,
@@ -92,6 +96,17 @@ pub struct Router {
     buffer: Arc<BufferBudget>,
 }
 
+/// What a reload did to the upstreams.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ReloadSummary {
+    /// Unchanged, kept with their state.
+    pub kept: usize,
+    /// New or changed, built afresh.
+    pub built: usize,
+    /// No longer configured (their in-flight requests finish).
+    pub removed: usize,
+}
+
 impl Router {
     /// `max_buffered` unset: sized from the container's memory ([`buffer::default_cap`]).
     pub fn new(
@@ -123,6 +138,38 @@ impl Router {
         }
         upstreams.sort_by_key(|u| std::cmp::Reverse(u.route.len()));
         Self { upstreams, buffer }
+    }
+
+    /// The router for a reloaded config: upstreams whose config is unchanged are kept as they are
+    /// (in-flight requests, learned limits, breaker state and queue carry on); new or changed
+    /// ones are built afresh; the body buffer is kept (its cap changes only on restart).
+    pub fn reload(&self, configs: &[UpstreamConfig], metrics: &Metrics) -> (Self, ReloadSummary) {
+        let mut summary = ReloadSummary::default();
+        let cap = self.buffer.cap();
+        let mut upstreams: Vec<_> = configs
+            .iter()
+            .map(|c| match self.upstreams.iter().find(|u| u.config == *c) {
+                Some(same) => {
+                    summary.kept += 1;
+                    Arc::clone(same)
+                }
+                None => {
+                    summary.built += 1;
+                    Arc::new(Upstream::new(c, metrics, cap))
+                }
+            })
+            .collect();
+        summary.removed = self
+            .upstreams
+            .iter()
+            .filter(|u| !upstreams.iter().any(|n| Arc::ptr_eq(n, u)))
+            .count();
+        upstreams.sort_by_key(|u| std::cmp::Reverse(u.route.len()));
+        let router = Self {
+            upstreams,
+            buffer: Arc::clone(&self.buffer),
+        };
+        (router, summary)
     }
 
     /// The budget every request body is read under.

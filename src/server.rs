@@ -22,6 +22,7 @@ use crate::forward::{self, ProxyRequest, RequestCtx};
 use crate::metrics::{self, Metrics};
 use crate::router::{self, Router, Upstream};
 use crate::shutdown::Signal;
+use arc_swap::ArcSwap;
 
 /// Connections the admin listener serves at once (probes and scrapes need few).
 const ADMIN_MAX_CONNECTIONS: usize = 64;
@@ -30,7 +31,8 @@ const ADMIN_PATHS: [&str; 4] = ["/healthz", "/readyz", "/metrics", "/status"];
 
 /// Everything a connection needs to serve requests.
 pub struct App {
-    router: Router,
+    /// Swapped whole by a reload; each request takes the router in force when it arrives.
+    router: ArcSwap<Router>,
     metrics: Metrics,
     ready: AtomicBool,
     admin_on_main: bool,
@@ -38,7 +40,9 @@ pub struct App {
     drain_delay: Duration,
     drain_timeout: Duration,
     /// [`Config::warnings`], logged at start and listed by `/status`.
-    warnings: Vec<String>,
+    warnings: ArcSwap<Vec<String>>,
+    /// The config in force, to tell on reload what changed.
+    config: ArcSwap<Config>,
     /// Connections open on the main listener.
     open_connections: Arc<AtomicUsize>,
 }
@@ -47,16 +51,99 @@ impl App {
     pub fn new(config: &Config) -> Arc<Self> {
         let metrics = Metrics::new();
         Arc::new(Self {
-            router: Router::new(&config.upstreams, config.max_buffered_bytes, &metrics),
+            router: ArcSwap::from_pointee(Router::new(
+                &config.upstreams,
+                config.max_buffered_bytes,
+                &metrics,
+            )),
             metrics,
             ready: AtomicBool::new(false),
             admin_on_main: config.admin_listen.is_none(),
             limits: ConnLimits::new(config),
             drain_delay: config.drain_delay.0,
             drain_timeout: config.drain_timeout.0,
-            warnings: config.warnings(),
+            warnings: ArcSwap::from_pointee(config.warnings()),
+            config: ArcSwap::from_pointee(config.clone()),
             open_connections: Arc::default(),
         })
+    }
+
+    /// Apply a reloaded config (SIGHUP): routes and upstreams change for new requests at once;
+    /// upstreams whose config is unchanged keep their state (learned limits, breaker, queue);
+    /// in-flight requests finish on what they started with. Settings of the listeners and the
+    /// body buffer take effect on restart only, and a warning names them.
+    pub fn reload(&self, config: &Config) -> router::ReloadSummary {
+        let old = self.config.load_full();
+        let restart_only = restart_only_changes(&old, config);
+        if !restart_only.is_empty() {
+            tracing::warn!(
+                keys = restart_only.join(", "),
+                "config reload: these settings take effect on restart only"
+            );
+        }
+        let (router, summary) = self.router.load().reload(&config.upstreams, &self.metrics);
+        self.router.store(Arc::new(router));
+        let warnings = config.warnings();
+        for warning in &warnings {
+            tracing::warn!("{warning}");
+        }
+        self.warnings.store(Arc::new(warnings));
+        self.config.store(Arc::new(config.clone()));
+        self.metrics.config_reload(true);
+        tracing::info!(
+            generation = self.metrics.config_generation.get(),
+            kept = summary.kept,
+            built = summary.built,
+            removed = summary.removed,
+            "config reloaded"
+        );
+        summary
+    }
+
+    /// [`handle`](Self::handle), with a panic anywhere on the way (routing, reading the body,
+    /// the stack, which catches its own) answered 500 `internal` instead of an empty reply, and
+    /// counted. The stack's own catch-panic layer counts per upstream; this one counts under
+    /// `upstream="(none)"`.
+    async fn handle_caught(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Response<Body> {
+        use futures_util::FutureExt;
+        let app = Arc::clone(&self);
+        match std::panic::AssertUnwindSafe(self.handle(req, peer))
+            .catch_unwind()
+            .await
+        {
+            Ok(response) => response,
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                tracing::error!(panic = %what, "panic while serving a request; answered 500");
+                let e = ProxyError::Internal("panic".into());
+                app.metrics.unrouted_error(e.label());
+                e.into_response()
+            }
+        }
+    }
+
+    /// The upstream named `name` in the config in force.
+    pub fn upstream(&self, name: &str) -> Option<Arc<Upstream>> {
+        let router = self.router.load();
+        router.upstreams().iter().find(|u| u.name == name).cloned()
+    }
+
+    /// A reload whose config was refused: the old one stays.
+    pub fn reload_refused(&self, error: &dyn std::fmt::Display) {
+        self.metrics.config_reload(false);
+        tracing::error!(
+            error = %error,
+            generation = self.metrics.config_generation.get(),
+            "config reload refused; the config in force stays"
+        );
     }
 
     /// Whether `/readyz` answers 200 (listening and not draining).
@@ -83,7 +170,7 @@ impl App {
         let start = Instant::now();
         let method = metrics::method_label(req.method());
         let upstream = match self.route(&req) {
-            Ok(upstream) => Arc::clone(upstream),
+            Ok(upstream) => upstream,
             Err(e) => {
                 self.metrics.unrouted_error(e.label());
                 tracing::info!(method, status = e.status().as_u16(), error = e.label(), detail = %e, "refused");
@@ -110,7 +197,7 @@ impl App {
 
     /// The upstream for a request, or why corral refuses it: a method it does not proxy, an
     /// absolute-form target, a path that could leave its route, or no route at all.
-    fn route(&self, req: &Request<Incoming>) -> Result<&Arc<Upstream>, ProxyError> {
+    fn route(&self, req: &Request<Incoming>) -> Result<Arc<Upstream>, ProxyError> {
         if req.method() == Method::CONNECT {
             return Err(ProxyError::Connect);
         }
@@ -132,7 +219,9 @@ impl App {
         let path = req.uri().path();
         router::check_path(path)?;
         self.router
+            .load()
             .find(path)
+            .map(Arc::clone)
             .ok_or_else(|| ProxyError::NoRoute(path.chars().take(256).collect()))
     }
 
@@ -164,7 +253,7 @@ impl App {
             idle: upstream.body_idle_timeout,
             deadline: deadlines.head,
         };
-        let (body, held) = buffer::read_body(incoming, bounds, self.router.buffer())
+        let (body, held) = buffer::read_body(incoming, bounds, self.router.load().buffer())
             .await
             .map_err(&refuse)?;
         let ctx = Arc::new(RequestCtx::new(start, deadlines.head));
@@ -245,6 +334,7 @@ impl App {
     fn status_json(&self) -> String {
         let upstreams: Vec<_> = self
             .router
+            .load()
             .upstreams()
             .iter()
             .map(|u| {
@@ -261,7 +351,8 @@ impl App {
                 "open": self.open_connections.load(Ordering::Relaxed),
                 "max": self.limits.max_connections,
             },
-            "warnings": self.warnings,
+            "config_generation": self.metrics.config_generation.get(),
+            "warnings": *self.warnings.load_full(),
             "upstreams": upstreams,
         });
         serde_json::to_string_pretty(&json).expect("JSON values serialize")
@@ -269,8 +360,12 @@ impl App {
 
     /// Requests in flight to every upstream.
     fn in_flight(&self) -> i64 {
-        let upstreams = self.router.upstreams().iter();
-        upstreams.map(|u| u.metrics.in_flight.get()).sum()
+        let router = self.router.load();
+        router
+            .upstreams()
+            .iter()
+            .map(|u| u.metrics.in_flight.get())
+            .sum()
     }
 }
 
@@ -296,7 +391,7 @@ pub async fn run<S: Into<Signal>>(
     let addr = listener.local_addr()?;
     let proxy_handler: Handler = {
         let app = Arc::clone(&app);
-        Arc::new(move |req, peer| Box::pin(Arc::clone(&app).handle(req, peer)))
+        Arc::new(move |req, peer| Box::pin(Arc::clone(&app).handle_caught(req, peer)))
     };
     let mut proxy = Acceptor::new(
         "proxy",
@@ -327,7 +422,7 @@ pub async fn run<S: Into<Signal>>(
         }
         None => None,
     };
-    for warning in &app.warnings {
+    for warning in app.warnings.load().iter() {
         tracing::warn!("{warning}");
     }
     app.ready.store(true, Ordering::SeqCst);
@@ -398,5 +493,71 @@ async fn serve_admin(admin: Option<&mut Acceptor>) {
 async fn serve_admin_forever(mut admin: Option<&mut Acceptor>) {
     loop {
         serve_admin(admin.as_deref_mut()).await;
+    }
+}
+
+/// The top-level settings that differ between `old` and `new` and apply only on restart (the
+/// listeners, their connection limits, the drain, the body buffer).
+fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
+    let mut keys = Vec::new();
+    let mut check = |key: &'static str, changed: bool| {
+        if changed {
+            keys.push(key);
+        }
+    };
+    check("listen", old.listen != new.listen);
+    check("admin_listen", old.admin_listen != new.admin_listen);
+    check(
+        "max_connections",
+        old.max_connections != new.max_connections,
+    );
+    check(
+        "first_byte_timeout",
+        old.first_byte_timeout != new.first_byte_timeout,
+    );
+    check("idle_timeout", old.idle_timeout != new.idle_timeout);
+    check(
+        "http2_keep_alive_interval",
+        old.http2_keep_alive_interval != new.http2_keep_alive_interval,
+    );
+    check("drain_delay", old.drain_delay != new.drain_delay);
+    check("drain_timeout", old.drain_timeout != new.drain_timeout);
+    check(
+        "max_buffered_bytes",
+        old.max_buffered_bytes != new.max_buffered_bytes,
+    );
+    keys
+}
+
+/// Reload the config on every SIGHUP: `load` reads it again (file, flags and environment, as at
+/// start); a valid one is applied ([`App::reload`]), an invalid one is refused with a log line
+/// and the old one stays. Runs until the process ends.
+pub async fn reload_on_hangup<E: std::fmt::Display>(
+    app: Arc<App>,
+    load: impl Fn() -> Result<Config, E>,
+) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hangups = match signal(SignalKind::hangup()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "no SIGHUP handler: config reload is off");
+                return;
+            }
+        };
+        while hangups.recv().await.is_some() {
+            tracing::info!(signal = "SIGHUP", "config reload requested");
+            match load() {
+                Ok(config) => {
+                    app.reload(&config);
+                }
+                Err(e) => app.reload_refused(&e),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (app, load);
     }
 }

@@ -20,7 +20,7 @@ pub use self::load::{load_file, load_str, ConfigError, DEFAULT_CONFIG};
 pub use self::types::{BaseUrl, ByteSize, HumanDuration, ListenAddr, RoutePrefix, Secret, Text};
 
 /// The whole configuration file.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Where clients connect.
@@ -83,7 +83,7 @@ impl Config {
 }
 
 /// One upstream API and everything corral does in front of it.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
     /// A short name used in metrics and logs.
@@ -208,7 +208,7 @@ pub enum Partition {
 }
 
 /// Client-side buckets and the concurrency window. Explicit values are hard ceilings.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsConfig {
     /// Requests per minute (a governor bucket).
@@ -258,7 +258,7 @@ pub enum Jitter {
 }
 
 /// Retries, their schedule and their budget.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetryConfig {
     /// Retries of failures (5xx, resets, timeouts) per request.
@@ -325,7 +325,7 @@ pub enum OnOpen {
 /// The circuit breaker: judges the upstream's health (5xx, 529, timeouts, connection errors;
 /// 429s only with `count_throttles`) over a window of outcomes that spans time as well as a
 /// count, and holds traffic while it is unhealthy (see `stack/breaker`).
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BreakerConfig {
     /// Whether the breaker runs at all.
@@ -384,7 +384,7 @@ impl Default for BreakerConfig {
 }
 
 /// Learning knobs: slow start and the latency-gradient window.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdaptiveConfig {
     /// Requests sent before the upstream has said anything about its limit.

@@ -1,0 +1,168 @@
+//! Hot reload (issue 10, point 9): a valid config takes effect for new requests without dropping
+//! in-flight ones, upstreams whose config is unchanged keep their state, an invalid config is
+//! refused with a log line and the old one stays; `/status` and `/metrics` show the generation.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use corral::config;
+use http::Request;
+use http_body_util::Full;
+use support::binary::{corral_command, Running};
+use support::*;
+
+fn two_routes(a: &MockUpstream, b: Option<&MockUpstream>, a_extra: &str) -> String {
+    let mut toml = format!(
+        "drain_timeout = \"5s\"\n[[upstream]]\nname = \"a\"\nroute = \"/a\"\nbase_url = \"http://{}/v1\"\n{a_extra}\n",
+        a.addr
+    );
+    if let Some(b) = b {
+        toml.push_str(&format!(
+            "[[upstream]]\nname = \"b\"\nroute = \"/b\"\nbase_url = \"http://{}/v1\"\n",
+            b.addr
+        ));
+    }
+    toml
+}
+
+async fn status_of(corral: &Corral) -> serde_json::Value {
+    let req = Request::get(corral.url("/status"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (_, body) = send(&client(), req).await;
+    serde_json::from_slice(&body).unwrap()
+}
+
+#[tokio::test]
+async fn a_reload_changes_routes_for_new_requests_and_keeps_unchanged_upstreams() {
+    let a = MockUpstream::start(|_| async {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        json(200, serde_json::json!({"from": "a"}))
+    })
+    .await;
+    let b = MockUpstream::start(|_| async { json(200, serde_json::json!({"from": "b"})) }).await;
+    let corral = Corral::start(&two_routes(&a, None, "")).await;
+    let c = client();
+    let (parts, _) = send(&c, post(&corral.url("/b/chat/completions"), "{}")).await;
+    assert_eq!(parts.status, 404, "no /b route yet");
+    let before = Arc::clone(corral.app.upstream("a").as_ref().expect("a is routed"));
+
+    // A request in flight on `a` while the config changes under it.
+    let in_flight = tokio::spawn({
+        let url = corral.url("/a/chat/completions");
+        async move { send(&client(), post(&url, "{}")).await.0.status }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let unchanged = config::load_str("reload.toml", &two_routes(&a, Some(&b), "")).unwrap();
+    let summary = corral.app.reload(&unchanged);
+    assert_eq!((summary.kept, summary.built, summary.removed), (1, 1, 0));
+    let after = corral.app.upstream("a").expect("a is still routed");
+    assert!(
+        Arc::ptr_eq(&before, &after),
+        "unchanged `a` kept as it was (learned limits, breaker, queue)"
+    );
+    let (parts, body) = send(&c, post(&corral.url("/b/chat/completions"), "{}")).await;
+    assert_eq!(parts.status, 200, "the new route serves at once");
+    assert!(String::from_utf8_lossy(&body).contains("\"b\""));
+
+    // Change `a` itself (its limits): a new stack for new requests.
+    let changed = config::load_str(
+        "reload.toml",
+        &two_routes(&a, Some(&b), "[upstream.limits]\nmax_concurrency = 4\n"),
+    )
+    .unwrap();
+    let summary = corral.app.reload(&changed);
+    assert_eq!((summary.kept, summary.built, summary.removed), (1, 1, 1));
+    assert!(!Arc::ptr_eq(&before, &corral.app.upstream("a").unwrap()));
+    assert_eq!(
+        in_flight.await.unwrap(),
+        200,
+        "the request in flight across two reloads finished on its old stack"
+    );
+
+    let status = status_of(&corral).await;
+    assert_eq!(status["config_generation"], 3, "{status}");
+    let limit = status["upstreams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["name"] == "a")
+        .unwrap()["concurrency"]["limit"]
+        .clone();
+    assert_eq!(limit, 4, "the new limit is in force: {status}");
+    let metrics = corral.app.metrics().render();
+    assert!(metrics.contains("corral_config_generation 3"), "{metrics}");
+    assert!(metrics.contains("corral_config_reloads_total{outcome=\"applied\"} 2"));
+}
+
+/// The config generation `/status` reports.
+async fn generation(corral: &Running) -> u64 {
+    let (_, body) = corral.get(corral.addr, "/status").await;
+    serde_json::from_str::<serde_json::Value>(&body).unwrap()["config_generation"]
+        .as_u64()
+        .unwrap()
+}
+
+/// The real binary: SIGHUP re-reads the file; a broken file is refused with a log line and the
+/// config in force stays.
+#[tokio::test]
+async fn sighup_rereads_the_file_and_refuses_a_broken_one() {
+    let a = MockUpstream::start(|_| async { json(200, serde_json::json!({"from": "a"})) }).await;
+    let b = MockUpstream::start(|_| async { json(200, serde_json::json!({"from": "b"})) }).await;
+    let dir = std::env::temp_dir().join(format!("corral-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("corral.toml");
+    let listen = "listen = \"127.0.0.1:0\"\ndrain_delay = \"0s\"\n";
+    std::fs::write(&path, format!("{listen}{}", two_routes(&a, None, ""))).unwrap();
+    let corral = Running::spawn(
+        corral_command(["--config".as_ref(), path.as_os_str()]),
+        false,
+    )
+    .await;
+    assert_eq!(generation(&corral).await, 1);
+
+    std::fs::write(&path, format!("{listen}{}", two_routes(&a, Some(&b), ""))).unwrap();
+    corral.signal("HUP");
+    let mut reloaded = false;
+    for _ in 0..100 {
+        if generation(&corral).await == 2 {
+            reloaded = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        reloaded,
+        "no reload within 5 s; log:\n{}",
+        corral.log().join("\n")
+    );
+    let (parts, _) = send(&client(), post(&corral.url("/b/chat/completions"), "{}")).await;
+    assert_eq!(parts.status, 200, "the new route serves");
+
+    std::fs::write(&path, format!("{listen}[[upstream]]\nname = \"broken\"\n")).unwrap();
+    corral.signal("HUP");
+    let mut refused = false;
+    for _ in 0..100 {
+        if corral.log_has("config reload refused") {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        refused,
+        "no refusal logged; log:\n{}",
+        corral.log().join("\n")
+    );
+    assert_eq!(generation(&corral).await, 2, "the old config stays");
+    let (parts, _) = send(&client(), post(&corral.url("/b/chat/completions"), "{}")).await;
+    assert_eq!(parts.status, 200, "and keeps serving");
+    corral.sigterm();
+    let (status, _) = corral.wait().await;
+    assert!(status.success());
+    let _ = std::fs::remove_dir_all(&dir);
+}

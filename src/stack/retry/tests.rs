@@ -150,7 +150,10 @@ async fn retry_after_is_a_floor_with_jitter_on_top() {
         "returns are spread, not synchronized: {} distinct",
         returns.len()
     );
-    assert!(spread > Duration::from_millis(300), "spread over {spread:?}");
+    assert!(
+        spread > Duration::from_millis(300),
+        "spread over {spread:?}"
+    );
 }
 
 /// Issue 9, point 1: throttles wait, failures are budgeted. A run of 429s longer than

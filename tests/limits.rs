@@ -107,31 +107,6 @@ async fn a_trickling_request_body_ends_at_the_deadline() {
     assert_eq!(upstream.calls(), 0);
 }
 
-/// A mock whose SSE body the test feeds through the returned sender, and a flag set when corral
-/// drops it.
-async fn sse_upstream() -> (
-    MockUpstream,
-    Arc<Mutex<Option<mpsc::Sender<Bytes>>>>,
-    Arc<AtomicBool>,
-) {
-    let sender = Arc::new(Mutex::new(None));
-    let dropped = Arc::new(AtomicBool::new(false));
-    let (s2, d2) = (Arc::clone(&sender), Arc::clone(&dropped));
-    let upstream = MockUpstream::start(move |_| {
-        let (tx, rx) = mpsc::channel(16);
-        *s2.lock().unwrap() = Some(tx);
-        let body = ChannelBody::boxed(rx, Arc::clone(&d2));
-        async move {
-            Response::builder()
-                .header("content-type", "text/event-stream")
-                .body(body)
-                .unwrap()
-        }
-    })
-    .await;
-    (upstream, sender, dropped)
-}
-
 #[tokio::test]
 async fn a_stream_that_stalls_is_cut_after_stream_idle_timeout_over_http1_and_http2() {
     let (upstream, slot, dropped) = sse_upstream().await;

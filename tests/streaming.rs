@@ -8,34 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::Response;
 use http_body_util::BodyExt;
 use support::*;
 use tokio::sync::mpsc;
-
-/// A mock whose SSE events the test releases one at a time through the returned sender.
-async fn sse_upstream() -> (
-    MockUpstream,
-    Arc<Mutex<Option<mpsc::Sender<Bytes>>>>,
-    Arc<AtomicBool>,
-) {
-    let sender = Arc::new(Mutex::new(None));
-    let dropped = Arc::new(AtomicBool::new(false));
-    let (s2, d2) = (Arc::clone(&sender), Arc::clone(&dropped));
-    let upstream = MockUpstream::start(move |_| {
-        let (tx, rx) = mpsc::channel(16);
-        *s2.lock().unwrap() = Some(tx);
-        let body = ChannelBody::boxed(rx, Arc::clone(&d2));
-        async move {
-            Response::builder()
-                .header("content-type", "text/event-stream")
-                .body(body)
-                .unwrap()
-        }
-    })
-    .await;
-    (upstream, sender, dropped)
-}
 
 fn tx(slot: &Arc<Mutex<Option<mpsc::Sender<Bytes>>>>) -> mpsc::Sender<Bytes> {
     slot.lock()

@@ -217,6 +217,31 @@ pub fn post(url: &str, body: &str) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
+/// A mock whose SSE events the test releases one at a time through the returned sender, and a
+/// flag set when corral drops the body.
+pub async fn sse_upstream() -> (
+    MockUpstream,
+    Arc<Mutex<Option<tokio::sync::mpsc::Sender<Bytes>>>>,
+    Arc<std::sync::atomic::AtomicBool>,
+) {
+    let sender = Arc::new(Mutex::new(None));
+    let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (s2, d2) = (Arc::clone(&sender), Arc::clone(&dropped));
+    let upstream = MockUpstream::start(move |_| {
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        *s2.lock().unwrap() = Some(tx);
+        let body = ChannelBody::boxed(rx, Arc::clone(&d2));
+        async move {
+            Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(body)
+                .unwrap()
+        }
+    })
+    .await;
+    (upstream, sender, dropped)
+}
+
 /// A response body fed frame by frame from a channel, which flags when the server drops it
 /// (the connection to corral closed before the stream ended).
 pub struct ChannelBody {

@@ -3,13 +3,15 @@
 //! # Layout
 //! - [`cli`]: the command line (clap) and logging; `main.rs` only runs it.
 //! - [`config`]: the TOML config, checked in one pass into validated types.
-//! - [`server`]: serving and draining, admin endpoints; [`shutdown`]: the signal future.
+//! - [`server`]: serving and draining, admin endpoints, config reload on SIGHUP; [`shutdown`]:
+//!   the signal future.
 //! - [`accept`]: the accept loop of one listener: its connection cap, each connection's
 //!   first-byte, idle and HTTP/2 keep-alive limits, its part of the drain.
 //! - [`router`]: path prefix to upstream, each upstream owning one built stack.
-//! - [`forward`]: what a request becomes before the stack (hop-by-hop headers, body buffered).
-//! - [`stack`]: the per-upstream tower stack: metrics, concurrency, retry, breaker, rate limit,
-//!   per-try timeout; its module doc gives the order and why.
+//! - [`forward`]: what a request becomes before the stack (hop-by-hop headers, the body buffered
+//!   under the global buffer cap, deadlines).
+//! - [`stack`]: the per-upstream tower stack: catch-panic, metrics, concurrency, retry, breaker,
+//!   rate limit, per-try timeout; its module doc gives the order and why.
 //! - [`provider`]: what a provider's response headers say (retry hints, rate-limit reports).
 //! - [`classify`]: one classifier of attempt outcomes.
 //! - [`client`]: the pooled upstream client. [`body`]: the response body types.

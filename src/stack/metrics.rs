@@ -1,5 +1,5 @@
-//! Outermost layer: one call per client request. Counts requests by method and status, times
-//! them to the response head, keeps the in-flight gauge up until the body's last byte, and counts
+//! Layer 1, just inside catch-panic: one call per client request. Counts requests by method and
+//! status, times them to the response head, keeps the in-flight gauge up until the body's last byte, and counts
 //! the bytes sent.
 
 use std::sync::Arc;

@@ -74,6 +74,13 @@ impl ConnLimits {
 }
 
 /// HTTP/1 and h2c on one port, with rules 3 and 4 of the module doc.
+/// HTTP/2 flow-control window of a connection: unread request data it may hold.
+pub const H2_CONNECTION_WINDOW: u32 = 128 << 10;
+/// HTTP/2 flow-control window of one stream.
+pub const H2_STREAM_WINDOW: u32 = 64 << 10;
+/// HTTP/2 streams open at once on one connection.
+pub const H2_MAX_STREAMS: u32 = 100;
+
 pub fn http_builder(limits: &ConnLimits) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -90,7 +97,13 @@ pub fn http_builder(limits: &ConnLimits) -> auto::Builder<TokioExecutor> {
         .keep_alive_interval(limits.http2_keep_alive_interval)
         .keep_alive_timeout(limits.http2_keep_alive_interval)
         // h2 answers 431 on the stream when a decoded header list is larger.
-        .max_header_list_size(MAX_HEADER_BYTES as u32);
+        .max_header_list_size(MAX_HEADER_BYTES as u32)
+        // Data a client may send before corral reads it sits outside the body buffer's budget:
+        // keep it small per connection and per stream (hyper's defaults are 1 MiB each and
+        // 200 streams), so memory follows `max_connections`, not what clients push.
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .max_concurrent_streams(H2_MAX_STREAMS);
     builder
 }
 

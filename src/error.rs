@@ -213,8 +213,14 @@ impl ProxyError {
             HeaderValue::from_static("application/json"),
         );
         headers.insert(CORRAL_ERROR_HEADER, HeaderValue::from_static(self.label()));
-        if let Self::MethodNotAllowed { allow, .. } = self {
-            headers.insert(header::ALLOW, HeaderValue::from_static(allow));
+        match self {
+            Self::MethodNotAllowed { allow, .. } => {
+                headers.insert(header::ALLOW, HeaderValue::from_static(allow));
+            }
+            Self::Connect => {
+                headers.insert(header::ALLOW, HeaderValue::from_static(ALLOWED_METHODS));
+            }
+            _ => {}
         }
         if let Some(after) = self.retry_after() {
             let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);

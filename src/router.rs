@@ -197,8 +197,10 @@ pub fn check_path(path: &str) -> Result<(), ProxyError> {
     if path.contains('\\') {
         return bad();
     }
-    let lower = path.to_ascii_lowercase();
-    for encoded in ["%2f", "%5c", "%252e", "%252f", "%255c"] {
+    // An encoded `;` starts a path parameter for upstreams that decode before they strip it
+    // (`..%3bx` is `..`); a NUL byte is never part of a real path.
+    let lower = path.to_ascii_lowercase().replace("%3b", ";");
+    for encoded in ["%2f", "%5c", "%00", "%252e", "%252f", "%255c"] {
         if lower.contains(encoded) {
             return bad();
         }
@@ -290,6 +292,9 @@ mod tests {
             "/v1/a\\b",
             "/v1/%252e%252e/x",
             "/v1/a%252fb",
+            "/v1/..%3bx/y",
+            "/v1/%2e%2e%3Bx/y",
+            "/v1/..%00/x",
         ] {
             let err = check_path(bad).expect_err(bad);
             assert_eq!(err.label(), "bad_path", "{bad}");

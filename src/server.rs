@@ -81,6 +81,17 @@ impl App {
                 "config reload: these settings take effect on restart only"
             );
         }
+        // What is in force: the new upstreams, the old listeners and buffer (until restart).
+        let mut config = config.clone();
+        config.listen = old.listen;
+        config.admin_listen = old.admin_listen;
+        config.max_connections = old.max_connections;
+        config.first_byte_timeout = old.first_byte_timeout;
+        config.idle_timeout = old.idle_timeout;
+        config.http2_keep_alive_interval = old.http2_keep_alive_interval;
+        config.drain_delay = old.drain_delay;
+        config.drain_timeout = old.drain_timeout;
+        config.max_buffered_bytes = old.max_buffered_bytes;
         let (router, summary) = self.router.load().reload(&config.upstreams, &self.metrics);
         self.router.store(Arc::new(router));
         let warnings = config.warnings();
@@ -88,7 +99,7 @@ impl App {
             tracing::warn!("{warning}");
         }
         self.warnings.store(Arc::new(warnings));
-        self.config.store(Arc::new(config.clone()));
+        self.config.store(Arc::new(config));
         self.metrics.config_reload(true);
         tracing::info!(
             generation = self.metrics.config_generation.get(),
@@ -531,33 +542,36 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
 
 /// Reload the config on every SIGHUP: `load` reads it again (file, flags and environment, as at
 /// start); a valid one is applied ([`App::reload`]), an invalid one is refused with a log line
-/// and the old one stays. Runs until the process ends.
-pub async fn reload_on_hangup<E: std::fmt::Display>(
+/// and the old one stays. The handler is installed when this is called (so a SIGHUP right after
+/// start-up does not hit the default action, which ends the process); the returned future runs
+/// until the process ends.
+pub fn reload_on_hangup<E: std::fmt::Display>(
     app: Arc<App>,
     load: impl Fn() -> Result<Config, E>,
-) {
+) -> impl Future<Output = ()> {
     #[cfg(unix)]
-    {
+    let hangups = {
         use tokio::signal::unix::{signal, SignalKind};
-        let mut hangups = match signal(SignalKind::hangup()) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "no SIGHUP handler: config reload is off");
-                return;
-            }
-        };
-        while hangups.recv().await.is_some() {
-            tracing::info!(signal = "SIGHUP", "config reload requested");
-            match load() {
-                Ok(config) => {
-                    app.reload(&config);
+        signal(SignalKind::hangup())
+            .map_err(|e| tracing::warn!(error = %e, "no SIGHUP handler: config reload is off"))
+            .ok()
+    };
+    #[cfg(not(unix))]
+    let hangups: Option<()> = None;
+    async move {
+        #[cfg(unix)]
+        if let Some(mut hangups) = hangups {
+            while hangups.recv().await.is_some() {
+                tracing::info!(signal = "SIGHUP", "config reload requested");
+                match load() {
+                    Ok(config) => {
+                        app.reload(&config);
+                    }
+                    Err(e) => app.reload_refused(&e),
                 }
-                Err(e) => app.reload_refused(&e),
             }
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = (app, load);
+        #[cfg(not(unix))]
+        let _ = (app, load, hangups);
     }
 }

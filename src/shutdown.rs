@@ -30,34 +30,51 @@ impl From<()> for Signal {
     }
 }
 
-/// Resolves on the first SIGINT or SIGTERM and says which. A signal that cannot be listened
-/// for is logged and never fires; the other still does.
-pub async fn signal() -> Signal {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::error!(error = %e, "cannot listen for SIGINT");
+/// Resolves on the first SIGINT or SIGTERM and says which. Both handlers are installed when
+/// this is called (inside a tokio runtime), not when the future is first polled, so a signal
+/// that arrives between start-up and the first poll is not lost to the default action. A signal
+/// that cannot be listened for is logged and never fires; the other still does.
+#[cfg(unix)]
+pub fn signal() -> impl std::future::Future<Output = Signal> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let listen = |kind: SignalKind, name: &'static str| match signal(kind) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::error!(error = %e, signal = name, "cannot listen for the signal");
+            None
+        }
+    };
+    let mut interrupt = listen(SignalKind::interrupt(), "SIGINT");
+    let mut terminate = listen(SignalKind::terminate(), "SIGTERM");
+    async move {
+        let signal = tokio::select! {
+            () = recv(interrupt.as_mut()) => Signal::Interrupt,
+            () = recv(terminate.as_mut()) => Signal::Terminate,
+        };
+        tracing::info!(signal = signal.name(), "shutdown requested");
+        signal
+    }
+}
+
+/// The next delivery of `signal`, or never when it could not be listened for.
+#[cfg(unix)]
+async fn recv(signal: Option<&mut tokio::signal::unix::Signal>) {
+    match signal {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending::<()>().await,
+    }
+}
+
+/// Resolves on ctrl-c (no SIGTERM off unix).
+#[cfg(not(unix))]
+pub fn signal() -> impl std::future::Future<Output = Signal> {
+    async {
+        if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let term = async {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    let signal = tokio::select! {
-        () = ctrl_c => Signal::Interrupt,
-        () = term => Signal::Terminate,
-    };
-    tracing::info!(signal = signal.name(), "shutdown requested");
-    signal
+        tracing::info!(signal = "SIGINT", "shutdown requested");
+        Signal::Interrupt
+    }
 }

@@ -846,6 +846,13 @@ fn sidecar_body_limit_and_queue_size_fit_its_memory_limit() {
         buffer >> 20,
         (buffer as f64 * HEAP_SLACK) as usize >> 20
     )];
+    let connections = config.max_connections.get() as usize;
+    let per_connection = corral::accept::H2_CONNECTION_WINDOW as usize;
+    worst += connections * per_connection;
+    lines.push(format!(
+        "{connections} connections x {} KiB unread (HTTP/2 window; HTTP/1 reads at most 64 KiB)",
+        per_connection >> 10
+    ));
     for up in &config.upstreams {
         assert!(
             up.body_limit.0 <= buffer,

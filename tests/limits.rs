@@ -745,6 +745,15 @@ async fn load_2000_connections_stay_under_the_buffer_cap() {
         peak_buffered <= cap_mib << 20,
         "buffered {peak_buffered} bytes, over the cap"
     );
+    // RSS follows the cap, not the offered load: idle, the cap with half again for the heap's
+    // slack, and 64 KiB per connection (the budget tests/deploy.rs uses for the sidecar).
+    let budget = idle_rss + (cap_mib << 20) * 3 / 2 + connections as u64 * (64 << 10);
+    assert!(
+        hwm <= budget,
+        "peak RSS {:.1} MiB over {:.1} MiB (idle + 1.5 x cap + 64 KiB per connection)",
+        mib(hwm),
+        mib(budget)
+    );
     let _ = child.start_kill();
     let _ = std::fs::remove_file(&config);
 }

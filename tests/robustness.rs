@@ -12,6 +12,8 @@ use support::*;
 /// Every duration key of an upstream at the longest value config validation allows.
 const AT_THE_BOUND: &str = r#"
 connect_timeout = "365d"
+body_idle_timeout = "365d"
+stream_idle_timeout = "365d"
 [upstream.limits]
 queue_timeout = "365d"
 [upstream.retry]
@@ -32,7 +34,11 @@ release_ramp = "365d"
 async fn durations_at_their_bound_and_the_largest_client_deadline_serve() {
     let upstream = MockUpstream::start(|_| async { json(200, serde_json::json!({})) }).await;
     let config = one_upstream(&upstream, AT_THE_BOUND)
-        .replace("drain_timeout = \"5s\"", "drain_timeout = \"1h\""); // its own bound
+        // The top-level connection and drain settings at their own bound, 1 h.
+        .replace(
+            "drain_timeout = \"5s\"",
+            "drain_timeout = \"1h\"\ndrain_delay = \"1h\"\nfirst_byte_timeout = \"1h\"\nidle_timeout = \"1h\"\nhttp2_keep_alive_interval = \"1h\"",
+        );
     let corral = Corral::start(&config).await;
     let c = client();
     for deadline in [None, Some(u64::MAX.to_string()), Some("0".into())] {

@@ -52,7 +52,7 @@ impl BufferBudget {
     pub fn new(cap: usize, in_use: IntGauge) -> Arc<Self> {
         let cap = cap.max(MIN_CAP);
         Arc::new(Self {
-            semaphore: Arc::new(Semaphore::new(cap / GRANULE)),
+            semaphore: Arc::new(Semaphore::new(cap.div_ceil(GRANULE))),
             cap,
             in_use,
         })

@@ -174,7 +174,8 @@ pub fn deadline(start: Instant, configured: Duration, headers: &HeaderMap) -> De
         .map(Duration::from_millis);
     Deadlines {
         head: start + asked.map_or(configured, |a| a.min(configured)),
-        exchange: asked.map(|a| start + a),
+        // A deadline beyond what an `Instant` can hold is no deadline.
+        exchange: asked.and_then(|a| start.checked_add(a)),
     }
 }
 

@@ -12,6 +12,10 @@
 //! 3. HTTP/2: a PING after `http2_keep_alive_interval` without a frame from the client; no answer
 //!    within as long closes the connection, mid-stream too (a peer gone without a FIN).
 //! 4. Header blocks of [`MAX_HEADER_BYTES`] or more get 431, on HTTP/1 and HTTP/2.
+//! 5. A response frame the client has not taken for `write_timeout` (it stopped reading, so its
+//!    socket or its HTTP/2 window stays full and hyper stops asking the body for more) ends the
+//!    connection: its requests give back their concurrency slots and upstream connections. An
+//!    upstream that pauses is not this: hyper is then waiting for the body, not the client.
 //!
 //! **At the cap** (`max_connections`) the loop stops calling `accept` until a connection ends.
 //! New connections then wait in the kernel's listen backlog and are served in turn as slots
@@ -24,7 +28,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,6 +63,7 @@ pub struct ConnLimits {
     pub max_connections: usize,
     pub first_byte_timeout: Duration,
     pub idle_timeout: Duration,
+    pub write_timeout: Duration,
     pub http2_keep_alive_interval: Duration,
 }
 
@@ -68,12 +73,12 @@ impl ConnLimits {
             max_connections: config.max_connections.get() as usize,
             first_byte_timeout: config.first_byte_timeout.0,
             idle_timeout: config.idle_timeout.0,
+            write_timeout: config.write_timeout.0,
             http2_keep_alive_interval: config.http2_keep_alive_interval.0,
         }
     }
 }
 
-/// HTTP/1 and h2c on one port, with rules 3 and 4 of the module doc.
 /// HTTP/2 flow-control window of a connection: unread request data it may hold.
 pub const H2_CONNECTION_WINDOW: u32 = 128 << 10;
 /// HTTP/2 flow-control window of one stream.
@@ -81,6 +86,7 @@ pub const H2_STREAM_WINDOW: u32 = 64 << 10;
 /// HTTP/2 streams open at once on one connection.
 pub const H2_MAX_STREAMS: u32 = 100;
 
+/// HTTP/1 and h2c on one port, with rules 3 and 4 of the module doc.
 pub fn http_builder(limits: &ConnLimits) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -300,6 +306,10 @@ impl Connection {
             result = conn.as_mut() => return log_end(peer, result),
             () = activity.idle_for(self.limits.idle_timeout) => true,
             () = drained(&mut self.drain) => false,
+            () = activity.stalled_for(self.limits.write_timeout) => {
+                tracing::warn!(%peer, timeout = ?self.limits.write_timeout, "closing a connection whose client stopped reading its response");
+                return;
+            }
         };
         conn.as_mut().graceful_shutdown();
         if !idle {
@@ -325,18 +335,72 @@ fn log_end(peer: SocketAddr, result: Result<(), Box<dyn std::error::Error + Send
     }
 }
 
-/// Requests in progress on one connection, and since when none has been.
-struct Activity(watch::Sender<(usize, Instant)>);
+/// Requests in progress on one connection, and since when none has been; and, per response,
+/// since when a frame waits for the client to take it.
+struct Activity(
+    watch::Sender<(usize, Instant)>,
+    std::sync::Mutex<Vec<std::sync::Weak<Handed>>>,
+);
+
+/// When a response's last frame went to hyper and hyper has not asked for the next one since
+/// (nanoseconds after `origin`, plus one; 0: the client has taken everything handed so far).
+struct Handed {
+    origin: Instant,
+    at: AtomicU64,
+}
+
+impl Handed {
+    fn since(&self) -> Option<Instant> {
+        let n = self.at.load(Ordering::Relaxed);
+        (n > 0).then(|| self.origin + Duration::from_nanos(n - 1))
+    }
+}
 
 impl Activity {
     fn new() -> Self {
-        Self(watch::Sender::new((0, Instant::now())))
+        Self(
+            watch::Sender::new((0, Instant::now())),
+            std::sync::Mutex::default(),
+        )
     }
 
     /// A request has begun; it ends when the returned guard drops.
     fn begin(self: &Arc<Self>) -> InFlight {
         self.0.send_modify(|(n, _)| *n += 1);
-        InFlight(Arc::clone(self))
+        let handed = Arc::new(Handed {
+            origin: Instant::now(),
+            at: AtomicU64::new(0),
+        });
+        let mut all = self
+            .1
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        all.retain(|h| h.strong_count() > 0);
+        all.push(Arc::downgrade(&handed));
+        drop(all);
+        InFlight(Arc::clone(self), handed)
+    }
+
+    /// Resolves once a response's frame has waited `limit` for its client to take it. Checks a
+    /// few times per `limit` (a stall is found within about a tenth of it late).
+    async fn stalled_for(&self, limit: Duration) {
+        let tick = (limit / 10).max(Duration::from_millis(10));
+        loop {
+            tokio::time::sleep(tick).await;
+            let now = Instant::now();
+            let all = self
+                .1
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let stalled = all
+                .iter()
+                .filter_map(std::sync::Weak::upgrade)
+                .filter_map(|h| h.since())
+                .any(|since| now.saturating_duration_since(since) >= limit);
+            if stalled {
+                return;
+            }
+        }
     }
 
     /// Resolves once no request has been in progress for `limit`.
@@ -357,10 +421,21 @@ impl Activity {
     }
 }
 
-/// Keeps its request counted as in progress until dropped with the response body.
-struct InFlight(Arc<Activity>);
+/// Keeps its request counted as in progress until dropped with the response body, and marks
+/// when a frame waits for the client.
+struct InFlight(Arc<Activity>, Arc<Handed>);
 
-impl Guard for InFlight {}
+impl Guard for InFlight {
+    fn on_data(&mut self, _len: usize) {
+        let nanos = self.1.origin.elapsed().as_nanos();
+        let nanos = u64::try_from(nanos).unwrap_or(u64::MAX - 1) + 1;
+        self.1.at.store(nanos, Ordering::Relaxed);
+    }
+
+    fn on_poll(&mut self) {
+        self.1.at.store(0, Ordering::Relaxed);
+    }
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {

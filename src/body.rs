@@ -41,6 +41,8 @@ where
 pub trait Guard: Send + 'static {
     /// A data frame of `len` bytes is on its way to the client.
     fn on_data(&mut self, _len: usize) {}
+    /// The client's side (hyper) asks for the next frame: it took the previous one.
+    fn on_poll(&mut self) {}
 }
 
 impl Guard for () {}
@@ -71,6 +73,7 @@ impl<G: Guard> HttpBody for Guarded<G> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.project();
+        this.guard.on_poll();
         let polled = this.inner.poll_frame(cx);
         if let Poll::Ready(Some(Ok(frame))) = &polled {
             if let Some(data) = frame.data_ref() {

@@ -88,6 +88,7 @@ impl App {
         config.max_connections = old.max_connections;
         config.first_byte_timeout = old.first_byte_timeout;
         config.idle_timeout = old.idle_timeout;
+        config.write_timeout = old.write_timeout;
         config.http2_keep_alive_interval = old.http2_keep_alive_interval;
         config.drain_delay = old.drain_delay;
         config.drain_timeout = old.drain_timeout;
@@ -527,6 +528,7 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         old.first_byte_timeout != new.first_byte_timeout,
     );
     check("idle_timeout", old.idle_timeout != new.idle_timeout);
+    check("write_timeout", old.write_timeout != new.write_timeout);
     check(
         "http2_keep_alive_interval",
         old.http2_keep_alive_interval != new.http2_keep_alive_interval,

@@ -762,3 +762,103 @@ async fn check_config_prints_the_effective_listen_and_the_warning() {
     assert!(!stdout.contains("sk-conn-test") && !stderr.contains("sk-conn-test"));
     let _ = std::fs::remove_file(&path);
 }
+
+// ===== rule 5: a client that stops reading =====
+
+/// A client that asks for a stream and never reads it: once the socket and hyper's buffers are
+/// full, the frame waiting for it passes `write_timeout` and corral ends the connection, so the
+/// upstream's stream is dropped and the slot comes back.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_cut_after_the_write_timeout() {
+    let (upstream, sender, dropped) = sse_upstream().await;
+    let corral = Corral::start(&toml("write_timeout = \"300ms\"", Some(&upstream))).await;
+    let mut client = TcpStream::connect(corral.addr).await.unwrap();
+    client
+        .write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: corral\r\ncontent-length: 2\r\n\r\n{}",
+        )
+        .await
+        .unwrap();
+    // Never read. Feed 256 KiB chunks until corral stops taking them (its buffers and the
+    // socket are full), at most 256 MiB.
+    let chunk = Bytes::from(vec![b'x'; 256 << 10]);
+    let start = Instant::now();
+    let mut sent = 0usize;
+    while start.elapsed() < BOUND && sent < 1024 {
+        let Some(tx) = sender.lock().unwrap().clone() else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        match tokio::time::timeout(Duration::from_millis(200), tx.send(chunk.clone())).await {
+            Ok(Ok(())) => sent += 1,
+            // Full (corral stopped polling) or closed (corral dropped the stream): stop feeding.
+            Ok(Err(_)) | Err(_) => break,
+        }
+    }
+    let end = Instant::now() + BOUND;
+    while !dropped.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(
+            Instant::now() < end,
+            "the stream is still held {BOUND:?} after the client stopped reading ({sent} chunks sent)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let metrics = corral.app.metrics().render();
+    assert!(
+        metrics.contains("corral_in_flight_requests{upstream=\"mock\"} 0"),
+        "the request gave its slot back"
+    );
+    drop(client);
+}
+
+/// An upstream that pauses longer than `write_timeout` while the client reads is not a stall:
+/// hyper is waiting for the body then, not for the client.
+#[tokio::test]
+async fn an_upstream_pause_is_not_a_client_stall() {
+    let (upstream, sender, dropped) = sse_upstream().await;
+    let corral = Corral::start(&toml("write_timeout = \"200ms\"", Some(&upstream))).await;
+    let mut client = TcpStream::connect(corral.addr).await.unwrap();
+    client
+        .write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: corral\r\ncontent-length: 2\r\n\r\n{}",
+        )
+        .await
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    let feed = |text: &'static str| {
+        let sender = Arc::clone(&sender);
+        async move {
+            let end = Instant::now() + BOUND;
+            loop {
+                let tx = sender.lock().unwrap().clone();
+                if let Some(tx) = tx {
+                    tx.send(Bytes::from_static(text.as_bytes())).await.unwrap();
+                    return;
+                }
+                assert!(Instant::now() < end, "the upstream was never asked");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    feed("data: one\n\n").await;
+    let mut got = Vec::new();
+    while !String::from_utf8_lossy(&got).contains("data: one") {
+        let n = tokio::time::timeout(BOUND, client.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "closed early");
+        got.extend_from_slice(&buf[..n]);
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await; // four write timeouts of silence
+    feed("data: two\n\n").await;
+    while !String::from_utf8_lossy(&got).contains("data: two") {
+        let n = tokio::time::timeout(BOUND, client.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "corral cut a stream whose upstream only paused");
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(!dropped.load(std::sync::atomic::Ordering::SeqCst));
+}

@@ -36,6 +36,9 @@ pub struct Config {
     /// (a slow head, a partial HTTP/2 preface), between HTTP/1 requests, and on HTTP/2 with no
     /// open stream. Then it is closed (HTTP/2 with a GOAWAY).
     pub idle_timeout: HumanDuration,
+    /// A response frame the client has not taken this long (it stopped reading: its socket, or
+    /// its HTTP/2 window, stays full) ends the connection, so its requests give back their slots.
+    pub write_timeout: HumanDuration,
     /// HTTP/2: a PING after this long without a frame from the client; no answer within as long
     /// closes the connection (a peer gone without a word, even mid-stream).
     pub http2_keep_alive_interval: HumanDuration,
@@ -61,6 +64,7 @@ impl Default for Config {
             max_connections: NonZeroU32::new(10_000).expect("non-zero"),
             first_byte_timeout: HumanDuration::from_secs(10),
             idle_timeout: HumanDuration::from_secs(60),
+            write_timeout: HumanDuration::from_secs(300),
             http2_keep_alive_interval: HumanDuration::from_secs(20),
             drain_delay: HumanDuration::from_secs(5),
             drain_timeout: HumanDuration::from_secs(20),

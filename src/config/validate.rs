@@ -232,6 +232,7 @@ fn validate_server(config: &Config) -> Result<(), Invalid> {
     let durations = [
         ("first_byte_timeout", config.first_byte_timeout, false),
         ("idle_timeout", config.idle_timeout, false),
+        ("write_timeout", config.write_timeout, false),
         (
             "http2_keep_alive_interval",
             config.http2_keep_alive_interval,

@@ -765,13 +765,10 @@ async fn check_config_prints_the_effective_listen_and_the_warning() {
 
 // ===== rule 5: a client that stops reading =====
 
-/// A client that asks for a stream and never reads it: once the socket and hyper's buffers are
-/// full, the frame waiting for it passes `write_timeout` and corral ends the connection, so the
-/// upstream's stream is dropped and the slot comes back.
-#[tokio::test]
-async fn a_client_that_stops_reading_is_cut_after_the_write_timeout() {
-    let (upstream, sender, dropped) = sse_upstream().await;
-    let corral = Corral::start(&toml("write_timeout = \"300ms\"", Some(&upstream))).await;
+/// corral with `write_timeout`, and a raw HTTP/1 client that has asked it for a stream.
+async fn stream_request(write_timeout: &str, upstream: &MockUpstream) -> (Corral, TcpStream) {
+    let top = format!("write_timeout = \"{write_timeout}\"");
+    let corral = Corral::start(&toml(&top, Some(upstream))).await;
     let mut client = TcpStream::connect(corral.addr).await.unwrap();
     client
         .write_all(
@@ -779,6 +776,16 @@ async fn a_client_that_stops_reading_is_cut_after_the_write_timeout() {
         )
         .await
         .unwrap();
+    (corral, client)
+}
+
+/// A client that asks for a stream and never reads it: once the socket and hyper's buffers are
+/// full, the frame waiting for it passes `write_timeout` and corral ends the connection, so the
+/// upstream's stream is dropped and the slot comes back.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_cut_after_the_write_timeout() {
+    let (upstream, sender, dropped) = sse_upstream().await;
+    let (corral, client) = stream_request("300ms", &upstream).await;
     // Never read. Feed 256 KiB chunks until corral stops taking them (its buffers and the
     // socket are full), at most 256 MiB.
     let chunk = Bytes::from(vec![b'x'; 256 << 10]);
@@ -816,14 +823,7 @@ async fn a_client_that_stops_reading_is_cut_after_the_write_timeout() {
 #[tokio::test]
 async fn an_upstream_pause_is_not_a_client_stall() {
     let (upstream, sender, dropped) = sse_upstream().await;
-    let corral = Corral::start(&toml("write_timeout = \"200ms\"", Some(&upstream))).await;
-    let mut client = TcpStream::connect(corral.addr).await.unwrap();
-    client
-        .write_all(
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: corral\r\ncontent-length: 2\r\n\r\n{}",
-        )
-        .await
-        .unwrap();
+    let (_corral, mut client) = stream_request("200ms", &upstream).await;
     let mut buf = [0u8; 4096];
     let feed = |text: &'static str| {
         let sender = Arc::clone(&sender);

@@ -39,9 +39,8 @@ pub struct App {
     limits: ConnLimits,
     drain_delay: Duration,
     drain_timeout: Duration,
-    /// [`Config::warnings`], logged at start and listed by `/status`.
-    warnings: ArcSwap<Vec<String>>,
-    /// The config in force, to tell on reload what changed.
+    /// The config in force: what a reload compares against; its warnings are logged at start
+    /// and listed by `/status`.
     config: ArcSwap<Config>,
     /// Connections open on the main listener.
     open_connections: Arc<AtomicUsize>,
@@ -62,7 +61,6 @@ impl App {
             limits: ConnLimits::new(config),
             drain_delay: config.drain_delay.0,
             drain_timeout: config.drain_timeout.0,
-            warnings: ArcSwap::from_pointee(config.warnings()),
             config: ArcSwap::from_pointee(config.clone()),
             open_connections: Arc::default(),
         })
@@ -73,33 +71,20 @@ impl App {
     /// in-flight requests finish on what they started with. Settings of the listeners and the
     /// body buffer take effect on restart only, and a warning names them.
     pub fn reload(&self, config: &Config) -> router::ReloadSummary {
-        let old = self.config.load_full();
-        let restart_only = restart_only_changes(&old, config);
+        // What is in force: the new upstreams, the old listeners and buffer (until restart).
+        let mut config = config.clone();
+        let restart_only = keep_restart_only(&self.config.load(), &mut config);
         if !restart_only.is_empty() {
             tracing::warn!(
                 keys = restart_only.join(", "),
                 "config reload: these settings take effect on restart only"
             );
         }
-        // What is in force: the new upstreams, the old listeners and buffer (until restart).
-        let mut config = config.clone();
-        config.listen = old.listen;
-        config.admin_listen = old.admin_listen;
-        config.max_connections = old.max_connections;
-        config.first_byte_timeout = old.first_byte_timeout;
-        config.idle_timeout = old.idle_timeout;
-        config.write_timeout = old.write_timeout;
-        config.http2_keep_alive_interval = old.http2_keep_alive_interval;
-        config.drain_delay = old.drain_delay;
-        config.drain_timeout = old.drain_timeout;
-        config.max_buffered_bytes = old.max_buffered_bytes;
         let (router, summary) = self.router.load().reload(&config.upstreams, &self.metrics);
         self.router.store(Arc::new(router));
-        let warnings = config.warnings();
-        for warning in &warnings {
+        for warning in config.warnings() {
             tracing::warn!("{warning}");
         }
-        self.warnings.store(Arc::new(warnings));
         self.config.store(Arc::new(config));
         self.metrics.config_reload(true);
         tracing::info!(
@@ -364,7 +349,7 @@ impl App {
                 "max": self.limits.max_connections,
             },
             "config_generation": self.metrics.config_generation.get(),
-            "warnings": *self.warnings.load_full(),
+            "warnings": self.config.load().warnings(),
             "upstreams": upstreams,
         });
         serde_json::to_string_pretty(&json).expect("JSON values serialize")
@@ -434,7 +419,7 @@ pub async fn run<S: Into<Signal>>(
         }
         None => None,
     };
-    for warning in app.warnings.load().iter() {
+    for warning in app.config.load().warnings() {
         tracing::warn!("{warning}");
     }
     app.ready.store(true, Ordering::SeqCst);
@@ -508,38 +493,32 @@ async fn serve_admin_forever(mut admin: Option<&mut Acceptor>) {
     }
 }
 
-/// The top-level settings that differ between `old` and `new` and apply only on restart (the
-/// listeners, their connection limits, the drain, the body buffer).
-fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
-    let mut keys = Vec::new();
-    let mut check = |key: &'static str, changed: bool| {
-        if changed {
-            keys.push(key);
-        }
-    };
-    check("listen", old.listen != new.listen);
-    check("admin_listen", old.admin_listen != new.admin_listen);
-    check(
-        "max_connections",
-        old.max_connections != new.max_connections,
+/// Keep in `new` the top-level settings that apply only on restart (the listeners, their
+/// connection limits, the drain, the body buffer) as they are in `old`; the names of those that
+/// `new` would have changed.
+fn keep_restart_only(old: &Config, new: &mut Config) -> Vec<&'static str> {
+    let mut changed = Vec::new();
+    macro_rules! keep {
+        ($($key:ident),*) => {$(
+            if new.$key != old.$key {
+                changed.push(stringify!($key));
+                new.$key = old.$key.clone();
+            }
+        )*};
+    }
+    keep!(
+        listen,
+        admin_listen,
+        max_connections,
+        first_byte_timeout,
+        idle_timeout,
+        write_timeout,
+        http2_keep_alive_interval,
+        drain_delay,
+        drain_timeout,
+        max_buffered_bytes
     );
-    check(
-        "first_byte_timeout",
-        old.first_byte_timeout != new.first_byte_timeout,
-    );
-    check("idle_timeout", old.idle_timeout != new.idle_timeout);
-    check("write_timeout", old.write_timeout != new.write_timeout);
-    check(
-        "http2_keep_alive_interval",
-        old.http2_keep_alive_interval != new.http2_keep_alive_interval,
-    );
-    check("drain_delay", old.drain_delay != new.drain_delay);
-    check("drain_timeout", old.drain_timeout != new.drain_timeout);
-    check(
-        "max_buffered_bytes",
-        old.max_buffered_bytes != new.max_buffered_bytes,
-    );
-    keys
+    changed
 }
 
 /// Reload the config on every SIGHUP: `load` reads it again (file, flags and environment, as at

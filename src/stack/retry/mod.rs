@@ -166,8 +166,10 @@ where
                     Verdict::Done => return Ok(body::replay(parts, bytes, cut)),
                     Verdict::Retry(reason) => {
                         let hint = crate::provider::retry_hint(&parts.headers, SystemTime::now());
-                        let throttle =
-                            matches!(Outcome::of_status(parts.status), Outcome::Throttled(_));
+                        let throttle = match Outcome::of_status(parts.status) {
+                            Outcome::Throttled(code) => Some(code),
+                            _ => None,
+                        };
                         (Last::Response(parts, bytes, cut), reason, hint, throttle)
                     }
                 }
@@ -178,7 +180,7 @@ where
                 } else {
                     "connection"
                 };
-                (Last::Error(e), reason, None, false)
+                (Last::Error(e), reason, None, None)
             }
             // corral's own refusal (deadline, breaker, rate limit) after an earlier upstream
             // answer: the client gets that answer, not corral's, with corral's Retry-After if
@@ -190,7 +192,7 @@ where
                 }
             }
         };
-        let sleep = if throttle {
+        let sleep = if let Some(code) = throttle {
             // A throttle is a pacing signal: the rate limiter below owns the wait (a 429 pauses
             // the partition for its hint, then the pacers let requests out at the learned rate),
             // so a retried 429 goes straight back to it. Each retry takes a token there like a
@@ -198,7 +200,7 @@ where
             if throttles >= config.max_throttle_retries {
                 return give_up(last, attempts, "max_throttle_retries", None, &shared);
             }
-            if reason == "429" {
+            if code == 429 {
                 // The rate limiter enforces the hint; here only: can the deadline cover it?
                 if hint.is_some_and(|h| Instant::now() + h >= req.ctx.deadline) {
                     return give_up(last, attempts + 1, "deadline", hint, &shared);
@@ -221,7 +223,7 @@ where
         if Instant::now() + sleep >= req.ctx.deadline {
             // A throttle the deadline cannot wait for is marked even on its first answer: the
             // client's own loop would only meet the same limit.
-            let marked = attempts + u32::from(throttle);
+            let marked = attempts + u32::from(throttle.is_some());
             return give_up(last, marked, "deadline", hint, &shared);
         }
         previous_answer = Some(last);
@@ -239,7 +241,7 @@ where
             "retrying"
         );
         tokio::time::sleep(sleep).await;
-        if throttle {
+        if throttle.is_some() {
             throttles += 1;
         } else {
             retries += 1;

@@ -125,8 +125,8 @@ pub fn world(
             sim.capacity = refill.round().max(1.0) as u32;
             limits_toml = format!(
                 "rpm = {}\nburst = {}\n",
-                (refill * 60.0).round() as u64,
-                sim.capacity
+                per_replica(refill * 60.0).round() as u64,
+                per_replica(f64::from(sim.capacity)).round() as u64
             );
             bound = bucket_bound(tasks, f64::from(sim.capacity), refill, None);
         }
@@ -150,8 +150,9 @@ pub fn world(
             sim.tpm = Some(tpm);
             let per_second = tpm as f64 / 60.0 / TOKENS_PER_REQUEST as f64;
             let burst = (tpm / TOKENS_PER_REQUEST) as f64;
+            let share = per_replica(tpm as f64).round() as u64;
             limits_toml.push_str(&format!(
-                "tpm = {tpm}\ntoken_burst = {tpm}\ndefault_max_tokens = 16\n"
+                "tpm = {share}\ntoken_burst = {share}\ndefault_max_tokens = 16\n"
             ));
             bound = bucket_bound(tasks, f64::from(capacity), refill, None)
                 .max(bucket_bound(tasks, burst, per_second, None));
@@ -183,7 +184,10 @@ pub fn world(
             sim.header_style = HeaderStyle::None;
             sim.queue_slots = Some(slots);
             upstream_toml = "concurrency = \"auto\"\n".into();
-            limits_toml = format!("max_concurrency = {slots}\n");
+            limits_toml = format!(
+                "max_concurrency = {}\n",
+                per_replica(f64::from(slots)).round() as u64
+            );
             bound = service.mul_f64(tasks as f64 / f64::from(slots));
         }
     }

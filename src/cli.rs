@@ -48,6 +48,8 @@ pub enum Command {
 pub enum BenchCommand {
     /// The thundering-herd benchmark: hand-written retry loops against corral, side by side.
     Herd(crate::herd::HerdArgs),
+    /// Several corrals on one key, with and without a shared Redis, Redis killed mid-run.
+    Fleet(crate::herd::fleet::FleetArgs),
 }
 
 /// `corral check-config PATH`.
@@ -114,6 +116,9 @@ pub struct RunArgs {
     pub config: Option<PathBuf>,
     #[command(flatten)]
     pub listen: ListenArgs,
+    /// Share rate limits with other corrals through this Redis (`[fleet] redis`).
+    #[arg(long, env = "CORRAL_REDIS", value_name = "URL")]
+    pub redis: Option<String>,
     /// Quick start without a file: front this one upstream base URL at `/v1`.
     #[arg(long, conflicts_with = "config")]
     pub upstream: Option<String>,
@@ -154,6 +159,11 @@ impl RunArgs {
                 up.retry.max_retries = n;
             }
             config.upstreams = vec![up];
+        }
+        if let Some(url) = &self.redis {
+            let url = config::types::parse_redis_url(url)
+                .map_err(|r| flag_err("--redis / CORRAL_REDIS", r))?;
+            config.fleet.redis = Some(url);
         }
         self.listen.apply(&mut config)?;
         Ok(config)

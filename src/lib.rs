@@ -12,6 +12,8 @@
 //!   under the global buffer cap, deadlines).
 //! - [`stack`]: the per-upstream tower stack: catch-panic, metrics, concurrency, retry, breaker,
 //!   rate limit, per-try timeout; its module doc gives the order and why.
+//! - [`fleet`]: corrals on one key sharing its limit through Redis (leased tokens, shared
+//!   learning and pauses, fallback to a local share).
 //! - [`provider`]: what a provider's response headers say (retry hints, rate-limit reports).
 //! - [`classify`]: one classifier of attempt outcomes.
 //! - [`client`]: the pooled upstream client. [`body`]: the response body types.
@@ -27,6 +29,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod fleet;
 pub mod forward;
 pub mod herd;
 pub mod metrics;

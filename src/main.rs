@@ -47,6 +47,17 @@ fn main() -> ExitCode {
                 corral::herd::main(args),
             )
         }
+        Some(Command::Bench(BenchCommand::Fleet(args))) => {
+            std::env::set_var(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            );
+            run(
+                cli.log_format,
+                "corral bench fleet",
+                corral::herd::fleet::main(args),
+            )
+        }
         None => {
             let config = match cli.run.load() {
                 Ok(config) => config,

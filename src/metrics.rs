@@ -66,6 +66,7 @@ pub struct Metrics {
     pub config_generation: IntGauge,
     /// `corral_config_reloads_total{outcome}`.
     config_reloads: IntCounterVec,
+    fleet: crate::fleet::FleetMetrics,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -151,6 +152,21 @@ impl Metrics {
                 g
             },
             config_reloads: counter(&r, "corral_config_reloads_total", "Config reloads (SIGHUP), by outcome: applied, or refused (the old config stays).", &["outcome"]),
+            fleet: crate::fleet::FleetMetrics {
+                round_trips: counter(&r, "corral_fleet_round_trips_total", "Calls to the fleet's Redis (one lease script each), by outcome: ok, error, timeout.", &["outcome"]),
+                mode: gauge(&r, "corral_fleet_mode", "1 for the fleet mode in force: connecting, shared (leases from Redis), fallback (a local share of the last known limit).", &["mode"]),
+                live_replicas: {
+                    let g = IntGauge::new("corral_fleet_live_replicas", "Replicas of the fleet counted by the last lease (heartbeats within fleet.heartbeat_ttl).").expect("valid metric");
+                    r.register(Box::new(g.clone())).expect("unique metric");
+                    g
+                },
+                leased: counter(&r, "corral_fleet_leased_units_total", "Units leased from the fleet's shared buckets, by kind (requests, tokens).", &["kind"]),
+                fallbacks: {
+                    let g = IntCounter::new("corral_fleet_fallbacks_total", "Times this corral fell back from Redis to its local share.").expect("valid metric");
+                    r.register(Box::new(g.clone())).expect("unique metric");
+                    g
+                },
+            },
             panics: counter(&r, "corral_panics_total", "Panics caught while serving a request; each was answered with a 500 `internal`.", up),
             registry: {
                 r.register(Box::new(LogLinesDropped::new())).expect("unique metric");
@@ -243,6 +259,11 @@ impl Metrics {
         if applied {
             self.config_generation.inc();
         }
+    }
+
+    /// The fleet's metrics (exported with zeros when no fleet is configured).
+    pub fn fleet(&self) -> crate::fleet::FleetMetrics {
+        self.fleet.clone()
     }
 
     /// The gauge of request body bytes held, its cap set to `cap`.

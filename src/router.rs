@@ -11,6 +11,7 @@ use http::Uri;
 
 use crate::config::{ByteSize, HeaderMode, Secret, UpstreamConfig};
 use crate::error::ProxyError;
+use crate::fleet::Fleet;
 use crate::forward::buffer::{self, BufferBudget};
 use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::stack::{self, Stack, StackState};
@@ -38,7 +39,12 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    pub fn new(config: &UpstreamConfig, metrics: &Metrics, buffer_cap: usize) -> Self {
+    pub fn new(
+        config: &UpstreamConfig,
+        metrics: &Metrics,
+        buffer_cap: usize,
+        fleet: Option<&Arc<Fleet>>,
+    ) -> Self {
         let base = &config.base_url.0;
         let target_prefix = format!(
             "{}://{}{}",
@@ -47,7 +53,7 @@ impl Upstream {
             config.base_url.path()
         );
         let metrics = metrics.upstream(config.name());
-        let (stack, state) = stack::build(config, &metrics);
+        let (stack, state) = stack::build(config, &metrics, fleet);
         Self {
             config: config.clone(),
             name: config.name().to_owned(),
@@ -113,6 +119,7 @@ impl Router {
         configs: &[UpstreamConfig],
         max_buffered: Option<ByteSize>,
         metrics: &Metrics,
+        fleet: Option<&Arc<Fleet>>,
     ) -> Self {
         let cap = max_buffered.map_or_else(buffer::default_cap, |b| b.0);
         let buffer = BufferBudget::new(cap, metrics.request_buffer(cap.max(buffer::MIN_CAP)));
@@ -124,7 +131,7 @@ impl Router {
         );
         let mut upstreams: Vec<_> = configs
             .iter()
-            .map(|c| Arc::new(Upstream::new(c, metrics, cap)))
+            .map(|c| Arc::new(Upstream::new(c, metrics, cap, fleet)))
             .collect();
         for (up, config) in upstreams.iter().zip(configs) {
             if config.body_limit.0 > cap {
@@ -143,7 +150,12 @@ impl Router {
     /// The router for a reloaded config: upstreams whose config is unchanged are kept as they are
     /// (in-flight requests, learned limits, breaker state and queue carry on); new or changed
     /// ones are built afresh; the body buffer is kept (its cap changes only on restart).
-    pub fn reload(&self, configs: &[UpstreamConfig], metrics: &Metrics) -> (Self, ReloadSummary) {
+    pub fn reload(
+        &self,
+        configs: &[UpstreamConfig],
+        metrics: &Metrics,
+        fleet: Option<&Arc<Fleet>>,
+    ) -> (Self, ReloadSummary) {
         let mut summary = ReloadSummary::default();
         let cap = self.buffer.cap();
         let mut upstreams: Vec<_> = configs
@@ -155,7 +167,7 @@ impl Router {
                 }
                 None => {
                     summary.built += 1;
-                    Arc::new(Upstream::new(c, metrics, cap))
+                    Arc::new(Upstream::new(c, metrics, cap, fleet))
                 }
             })
             .collect();
@@ -232,7 +244,7 @@ mod tests {
             .iter()
             .map(|(n, r, u)| UpstreamConfig::new(n, r, parse_base_url(u).unwrap()))
             .collect();
-        Router::new(&configs, None, &Metrics::new())
+        Router::new(&configs, None, &Metrics::new(), None)
     }
 
     #[tokio::test]

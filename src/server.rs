@@ -17,6 +17,7 @@ use crate::accept::{self, Acceptor, ConnLimits, Handler};
 use crate::body::{self, Body, TimeoutKind};
 use crate::config::Config;
 use crate::error::ProxyError;
+use crate::fleet::Fleet;
 use crate::forward::buffer::{self, BodyBounds};
 use crate::forward::{self, ProxyRequest, RequestCtx};
 use crate::metrics::{self, Metrics};
@@ -44,17 +45,22 @@ pub struct App {
     config: ArcSwap<Config>,
     /// Connections open on the main listener.
     open_connections: Arc<AtomicUsize>,
+    /// The fleet's Redis, with `[fleet] redis`.
+    fleet: Option<Arc<Fleet>>,
 }
 
 impl App {
     pub fn new(config: &Config) -> Arc<Self> {
         let metrics = Metrics::new();
+        let fleet = Fleet::new(&config.fleet, metrics.fleet());
         Arc::new(Self {
             router: ArcSwap::from_pointee(Router::new(
                 &config.upstreams,
                 config.max_buffered_bytes,
                 &metrics,
+                fleet.as_ref(),
             )),
+            fleet,
             metrics,
             ready: AtomicBool::new(false),
             admin_on_main: config.admin_listen.is_none(),
@@ -80,7 +86,10 @@ impl App {
                 "config reload: these settings take effect on restart only"
             );
         }
-        let (router, summary) = self.router.load().reload(&config.upstreams, &self.metrics);
+        let (router, summary) =
+            self.router
+                .load()
+                .reload(&config.upstreams, &self.metrics, self.fleet.as_ref());
         self.router.store(Arc::new(router));
         for warning in config.warnings() {
             tracing::warn!("{warning}");
@@ -350,6 +359,7 @@ impl App {
             },
             "config_generation": self.metrics.config_generation.get(),
             "warnings": self.config.load().warnings(),
+            "fleet": self.fleet.as_ref().map(|f| f.status()),
             "upstreams": upstreams,
         });
         serde_json::to_string_pretty(&json).expect("JSON values serialize")
@@ -456,6 +466,9 @@ pub async fn run<S: Into<Signal>>(
     } else {
         tracing::warn!(cut, "drain timeout passed; cut the connections still open");
     }
+    if let Some(fleet) = &app.fleet {
+        fleet.shutdown().await;
+    }
     if let Some(admin) = &mut admin {
         admin.drain(Duration::ZERO).await;
     }
@@ -507,6 +520,7 @@ fn keep_restart_only(old: &Config, new: &mut Config) -> Vec<&'static str> {
         )*};
     }
     keep!(
+        fleet,
         listen,
         admin_listen,
         max_connections,

@@ -17,7 +17,9 @@ use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 pub use self::load::{load_file, load_str, ConfigError, DEFAULT_CONFIG};
-pub use self::types::{BaseUrl, ByteSize, HumanDuration, ListenAddr, RoutePrefix, Secret, Text};
+pub use self::types::{
+    BaseUrl, ByteSize, HumanDuration, ListenAddr, RedisUrl, RoutePrefix, Secret, Text,
+};
 
 /// The whole configuration file.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -51,9 +53,40 @@ pub struct Config {
     /// wait briefly, then get a 503 with Retry-After. Unset: a quarter of the container's memory
     /// limit when known, else 256 MiB.
     pub max_buffered_bytes: Option<ByteSize>,
+    /// Share rate limits with other corrals on one key, through Redis.
+    pub fleet: FleetConfig,
     /// The upstreams, each behind a route.
     #[serde(rename = "upstream")]
     pub upstreams: Vec<UpstreamConfig>,
+}
+
+/// `[fleet]`: corrals that share a quota keep its buckets in Redis and lease tokens from them.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FleetConfig {
+    /// `redis://[user:password@]host:port/db` (also `--redis`, `CORRAL_REDIS`). Unset: no
+    /// fleet, every corral paces alone.
+    pub redis: Option<RedisUrl>,
+    /// Separates fleets on one Redis: only corrals with the same name share buckets.
+    pub name: Text,
+    /// A lease call slower than this counts as failed: the corral falls back to its share.
+    pub lease_timeout: HumanDuration,
+    /// Failed lease calls in a row before falling back (a slow one falls back at once).
+    pub max_failures: u32,
+    /// A corral that has not called Redis for this long is no longer counted as live.
+    pub heartbeat_ttl: HumanDuration,
+}
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        Self {
+            redis: None,
+            name: Text("default".into()),
+            lease_timeout: HumanDuration(Duration::from_millis(250)),
+            max_failures: 3,
+            heartbeat_ttl: HumanDuration::from_secs(10),
+        }
+    }
 }
 
 impl Default for Config {
@@ -69,6 +102,7 @@ impl Default for Config {
             drain_delay: HumanDuration::from_secs(5),
             drain_timeout: HumanDuration::from_secs(20),
             max_buffered_bytes: None,
+            fleet: FleetConfig::default(),
             upstreams: Vec::new(),
         }
     }

@@ -92,6 +92,53 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// A Redis URL (`redis://[user:password@]host:port/db`, `rediss://` for TLS, `unix://`): its
+/// password is never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisUrl(pub String);
+string_value!(RedisUrl, parse_redis_url);
+
+/// A Redis URL, checked (not connected to).
+pub fn parse_redis_url(s: &str) -> Result<RedisUrl, String> {
+    let url = RedisUrl(s.to_owned());
+    match redis::Client::open(s) {
+        Ok(_) => Ok(url),
+        // redis' own message may quote the URL: say it without.
+        Err(_) => Err(format!(
+            "invalid Redis URL `{url}`: write redis://[user:password@]host:port/db"
+        )),
+    }
+}
+impl fmt::Display for RedisUrl {
+    /// The URL with any password replaced by `*****`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.0;
+        let Some(scheme_end) = s.find("://").map(|i| i + 3) else {
+            return f.write_str(s);
+        };
+        let rest = &s[scheme_end..];
+        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        match rest[..authority_end].rfind('@') {
+            Some(at) => {
+                let userinfo = &rest[..at];
+                let user = userinfo.split(':').next().unwrap_or_default();
+                let masked = if userinfo.contains(':') {
+                    format!("{user}:*****")
+                } else {
+                    "*****".to_owned()
+                };
+                write!(f, "{}{masked}{}", &s[..scheme_end], &rest[at..])
+            }
+            None => f.write_str(s),
+        }
+    }
+}
+impl fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RedisUrl({self})")
+    }
+}
+
 /// A duration written as a human string: "500ms", "30s", "1m 30s"; at most [`MAX_DURATION`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct HumanDuration(pub Duration);
@@ -301,6 +348,21 @@ mod tests {
         ] {
             assert!(parse_base_url(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn redis_urls_never_show_their_password() {
+        let show = |s: &str| RedisUrl(s.into()).to_string();
+        assert_eq!(
+            show("redis://user:hunter2@redis:6379/0"),
+            "redis://user:*****@redis:6379/0"
+        );
+        assert_eq!(show("redis://:hunter2@redis/0"), "redis://:*****@redis/0");
+        assert_eq!(show("rediss://token@redis"), "rediss://*****@redis");
+        assert_eq!(show("redis://redis:6379"), "redis://redis:6379");
+        let err = parse_redis_url("http://x:hunter2@redis").unwrap_err();
+        assert!(!err.contains("hunter2"), "{err}");
+        assert!(parse_redis_url("redis://127.0.0.1:6379/0").is_ok());
     }
 
     #[test]

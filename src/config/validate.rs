@@ -18,6 +18,7 @@ const MAX_SERVER_DURATION: Duration = Duration::from_secs(3600);
 
 pub(super) fn validate(config: &Config) -> Result<(), Invalid> {
     validate_server(config)?;
+    validate_fleet(&config.fleet)?;
     let min_buffer = crate::forward::buffer::MIN_CAP;
     if let Some(cap) = config.max_buffered_bytes {
         if cap.0 < min_buffer {
@@ -254,6 +255,44 @@ fn validate_server(config: &Config) -> Result<(), Invalid> {
             key: key.into(),
             reason,
         });
+    }
+    Ok(())
+}
+
+/// `[fleet]`: a lease timeout between 1ms and 10s, a heartbeat TTL of 1s to 1h, at least one
+/// failure, a name of letters, digits, `.`, `_` and `-`.
+fn validate_fleet(fleet: &super::FleetConfig) -> Result<(), Invalid> {
+    let bad = |key: &str, reason: String| {
+        Err(Invalid {
+            span: None,
+            key: format!("fleet.{key}"),
+            reason,
+        })
+    };
+    let lease = fleet.lease_timeout.0;
+    if lease < Duration::from_millis(1) || lease > Duration::from_secs(10) {
+        return bad(
+            "lease_timeout",
+            format!("`lease_timeout` must be between 1ms and 10s, got {}", fleet.lease_timeout),
+        );
+    }
+    let ttl = fleet.heartbeat_ttl.0;
+    if ttl < Duration::from_secs(1) || ttl > MAX_SERVER_DURATION {
+        return bad(
+            "heartbeat_ttl",
+            format!("`heartbeat_ttl` must be between 1s and 1h, got {}", fleet.heartbeat_ttl),
+        );
+    }
+    if fleet.max_failures == 0 {
+        return bad("max_failures", "`max_failures` must be at least 1".into());
+    }
+    let name = &fleet.name.0;
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if name.is_empty() || name.len() > 64 || !name.chars().all(allowed) {
+        return bad(
+            "name",
+            format!("`name` must be 1 to 64 letters, digits, `.`, `_` or `-`, got `{name}`"),
+        );
     }
     Ok(())
 }

@@ -8,6 +8,8 @@
 //! that report their limits differently, lie about them, move them, queue, or fail for a moment,
 //! and several corrals on one key (`--replicas`).
 
+pub mod fleet;
+pub mod redis_server;
 mod report;
 pub mod scenario;
 
@@ -20,12 +22,12 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use rand::rngs::SmallRng;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-pub use self::report::{scenario_table, svg, table};
+pub use self::report::{fleet_table, scenario_table, svg, table};
 pub use self::scenario::{Scenario, World};
 use crate::config::{self, Jitter};
 use crate::simulate::{LimitReport, Simulator};
@@ -61,6 +63,13 @@ pub struct HerdArgs {
     /// corrals on the one simulator, the clients split evenly among them.
     #[arg(long, default_value_t = 1)]
     pub replicas: usize,
+    /// The corrals share their limits through this Redis (`[fleet] redis`), each told the
+    /// whole limit; `auto`: start a throwaway `redis-server` for the run.
+    #[arg(long, value_name = "URL")]
+    pub redis: Option<String>,
+    /// Split the clients unevenly: the first corral gets half of them.
+    #[arg(long)]
+    pub uneven: bool,
     /// Where the table (herd.md) and chart (herd.svg) go.
     #[arg(long, default_value = "bench-out")]
     pub out: std::path::PathBuf,
@@ -123,6 +132,12 @@ pub struct Spec {
     pub scenario: Option<Scenario>,
     /// corrals on the one simulator.
     pub replicas: usize,
+    /// The fleet's Redis, when the corrals share their limits.
+    pub redis: Option<String>,
+    /// The first corral gets half the clients.
+    pub uneven: bool,
+    /// Kill this Redis at 30% of the bound and start it again at 50%.
+    pub kill_redis: Option<Arc<redis_server::RedisServer>>,
     /// 10 at the quick scale (rates x10, times /10), else 1.
     pub scale: f64,
 }
@@ -141,6 +156,9 @@ impl Spec {
             limit_report: a.limit_report,
             scenario: None,
             replicas: a.replicas.max(1),
+            redis: None,
+            uneven: a.uneven,
+            kill_redis: None,
             scale,
         }
     }
@@ -155,6 +173,7 @@ impl Spec {
             self.scale,
             self.replicas,
             self.limit_report,
+            self.redis.is_some(),
         )
     }
 
@@ -181,6 +200,12 @@ pub struct RunResult {
     pub upstream_requests: u64,
     pub latencies: Vec<Duration>,
     pub arrivals_per_100ms: Vec<u32>,
+    /// corrals, and whether the first had half the clients.
+    pub replicas: usize,
+    pub uneven: bool,
+    /// Lease script calls Redis served during the run (its own `INFO commandstats`).
+    pub redis_calls: Option<u64>,
+    pub redis_killed: bool,
 }
 
 impl RunResult {
@@ -253,8 +278,13 @@ pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResu
             } else {
                 world.upstream_toml.clone()
             };
+            // A fleet name of its own per run: runs never share buckets.
+            let fleet = spec.redis.as_ref().map_or(String::new(), |url| {
+                let name = format!("herd-{:08x}", SmallRng::from_os_rng().random::<u32>());
+                format!("[fleet]\nredis = \"{url}\"\nname = \"{name}\"\n")
+            });
             let toml = format!(
-                "[[upstream]]\nname = \"sim\"\nroute = \"/v1\"\nbase_url = \"http://{sim_addr}/v1\"\n{extra}"
+                "{fleet}[[upstream]]\nname = \"sim\"\nroute = \"/v1\"\nbase_url = \"http://{sim_addr}/v1\"\n{extra}"
             );
             let config =
                 config::load_str("(herd benchmark)", &toml).map_err(std::io::Error::other)?;
@@ -292,10 +322,34 @@ pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResu
         cap: spec.cap,
         jitter,
     });
+    let redis_before = match &spec.redis {
+        Some(url) => redis_server::script_calls(url).await.ok(),
+        None => None,
+    };
     let start = Instant::now();
+    let fault = spec.kill_redis.clone().map(|server| {
+        let (kill_at, restart_at) = (world.bound.mul_f64(0.3), world.bound.mul_f64(0.5));
+        tokio::spawn(async move {
+            tokio::time::sleep_until(start + kill_at).await;
+            server.kill();
+            tokio::time::sleep_until(start + restart_at).await;
+            let _ = tokio::task::spawn_blocking(move || server.restart()).await;
+        })
+    });
+    let uneven = spec.uneven && targets.len() > 1;
     let handles: Vec<_> = (0..world.tasks)
         .map(|i| {
-            let target = targets[i % targets.len()].clone();
+            // Uneven: every other client goes to the first corral, the rest round the others.
+            let n = targets.len();
+            let target = if uneven {
+                if i % 2 == 0 {
+                    targets[0].clone()
+                } else {
+                    targets[1 + (i / 2) % (n - 1)].clone()
+                }
+            } else {
+                targets[i % n].clone()
+            };
             let (client, client_429) = (client.clone(), Arc::clone(&client_429));
             let max_retries = spec.max_retries;
             tokio::spawn(async move {
@@ -336,11 +390,26 @@ pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResu
         latencies.push(latency);
     }
     let makespan = start.elapsed();
+    if let Some(fault) = fault {
+        let _ = fault.await;
+    }
     let stats = sim.stats();
+    // Counted after the corrals stopped: their shutdown calls (unused leases given back)
+    // are round trips too. A killed Redis restarts with zeroed stats: then nothing is known.
+    let redis_after = |before: Option<u64>| async move {
+        let url = spec.redis.as_ref()?;
+        let after = redis_server::script_calls(url).await.ok()?;
+        Some(after.saturating_sub(before.unwrap_or(0)))
+    };
     for (stop, task) in corrals {
         let _ = stop.send(());
         let _ = task.await;
     }
+    let redis_calls = if spec.kill_redis.is_some() {
+        None
+    } else {
+        redis_after(redis_before).await
+    };
     let _ = stop_sim.send(());
     let _ = sim_task.await;
     let slots = (makespan.as_millis() / 100) as usize + 1;
@@ -360,6 +429,10 @@ pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResu
         upstream_requests: stats.requests,
         latencies,
         arrivals_per_100ms: arrivals,
+        replicas: targets.len(),
+        uneven,
+        redis_calls,
+        redis_killed: spec.kill_redis.is_some(),
     })
 }
 
@@ -378,7 +451,19 @@ async fn post(client: &HttpClient, url: &str, body: Bytes) -> Option<u16> {
 /// `corral bench herd`: run, print the table, write `herd.md` and `herd.svg` (or, with
 /// `--scenario`, `scenarios.md`).
 pub async fn main(args: HerdArgs) -> std::io::Result<()> {
-    let spec = Spec::from_args(&args);
+    let mut spec = Spec::from_args(&args);
+    let _own_redis = match args.redis.as_deref() {
+        Some("auto") => {
+            let server = redis_server::RedisServer::start()?;
+            spec.redis = Some(server.url());
+            Some(server)
+        }
+        Some(url) => {
+            spec.redis = Some(url.to_owned());
+            None
+        }
+        None => None,
+    };
     let scenarios: Vec<Scenario> = args.scenario.iter().flatten().copied().collect();
     if !scenarios.is_empty() {
         return scenarios_main(&args, spec, &scenarios).await;

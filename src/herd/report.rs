@@ -66,6 +66,41 @@ pub fn scenario_table(results: &[RunResult]) -> String {
     out
 }
 
+/// One row per fleet run: corrals, split, Redis or not, makespan against the bound, upstream
+/// 429s, client failures, Redis round trips per client request.
+pub fn fleet_table(results: &[RunResult]) -> String {
+    let mut out = String::new();
+    out.push_str("| corrals | clients | Redis | corral | makespan s | bound s | vs bound | upstream 429s | 429s / tasks | failed | Redis round trips / request |\n");
+    out.push_str("| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for r in results {
+        let bound = r.bound.as_secs_f64();
+        let redis = match (r.redis_calls, r.redis_killed) {
+            (_, true) => "killed mid-run",
+            (Some(_), false) => "shared",
+            (None, false) => "none",
+        };
+        let trips = r
+            .redis_calls
+            .map_or("-".to_owned(), |n| format!("{:.3}", n as f64 / r.tasks.max(1) as f64));
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2}x | {} | {:.1}% | {} | {} |",
+            r.replicas,
+            if r.uneven { "uneven (half on one)" } else { "even" },
+            redis,
+            r.strategy.label(),
+            r.makespan.as_secs_f64(),
+            bound,
+            r.makespan.as_secs_f64() / bound.max(1e-9),
+            r.upstream_429,
+            100.0 * r.upstream_429 as f64 / r.tasks.max(1) as f64,
+            r.failed,
+            trips,
+        );
+    }
+    out
+}
+
 /// An SVG chart: one panel per strategy, arrivals per 100 ms over time on a log scale (a herd's
 /// first wave is hundreds of times the refill; a linear scale would flatten everything else).
 pub fn svg(spec: &Spec, results: &[RunResult]) -> String {

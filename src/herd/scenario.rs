@@ -88,7 +88,9 @@ pub struct World {
 pub const TOKENS_PER_REQUEST: u64 = 2 + 16;
 
 /// The world of `scenario` (`None`: the classic herd) at `scale` (10 = quick: rates x10,
-/// times /10), with `tasks` clients over `replicas` corrals.
+/// times /10), with `tasks` clients over `replicas` corrals. `shared`: the corrals share their
+/// rate limits (`[fleet]`), so each is told the whole limit; else each is told its share.
+#[allow(clippy::too_many_arguments)]
 pub fn world(
     scenario: Option<Scenario>,
     tasks: usize,
@@ -97,6 +99,7 @@ pub fn world(
     scale: f64,
     replicas: usize,
     limit_report: LimitReport,
+    shared: bool,
 ) -> World {
     let service = Duration::from_millis(200).div_f64(scale);
     let mut sim = SimConfig {
@@ -110,7 +113,8 @@ pub fn world(
     let mut upstream_toml = String::new();
     let mut tasks = tasks;
     let mut replicas = replicas;
-    let per_replica = |x: f64| (x / replicas as f64).max(1.0);
+    let split = if shared { 1.0 } else { replicas as f64 };
+    let per_replica = |x: f64| (x / split).max(1.0);
     let mut limits_toml = format!(
         "rpm = {}\nburst = {}\n",
         (per_replica(refill * 60.0)).round() as u64,
@@ -159,10 +163,11 @@ pub fn world(
         }
         Some(Scenario::Fleet) => {
             replicas = replicas.max(4);
+            let split = if shared { 1.0 } else { replicas as f64 };
             limits_toml = format!(
                 "rpm = {}\nburst = {}\n",
-                (refill * 60.0 / replicas as f64).round() as u64,
-                (f64::from(capacity) / replicas as f64).round().max(1.0) as u64
+                (refill * 60.0 / split).round() as u64,
+                (f64::from(capacity) / split).round().max(1.0) as u64
             );
         }
         Some(Scenario::Blip) => {
@@ -184,9 +189,10 @@ pub fn world(
             sim.header_style = HeaderStyle::None;
             sim.queue_slots = Some(slots);
             upstream_toml = "concurrency = \"auto\"\n".into();
+            // Concurrency is not shared through Redis: always split.
             limits_toml = format!(
                 "max_concurrency = {}\n",
-                per_replica(f64::from(slots)).round() as u64
+                (f64::from(slots) / replicas as f64).max(1.0).round() as u64
             );
             bound = service.mul_f64(tasks as f64 / f64::from(slots));
         }
@@ -222,7 +228,7 @@ mod tests {
 
     #[test]
     fn bounds() {
-        let w = |s| world(Some(s), 500, 50, 20.0, 1.0, 1, LimitReport::Capacity).bound;
+        let w = |s| world(Some(s), 500, 50, 20.0, 1.0, 1, LimitReport::Capacity, false).bound;
         assert_eq!(w(Scenario::Capacity), Duration::from_secs_f64(22.5));
         assert_eq!(w(Scenario::Quantized), Duration::from_secs(24));
         // 7.5 s at 20/s (150), then the other 300 at 10/s.

@@ -44,6 +44,7 @@ use crate::body::Body;
 use crate::client::UpstreamClient;
 use crate::config::{ConcurrencyMode, UpstreamConfig};
 use crate::error::ProxyError;
+use crate::fleet::Fleet;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
 use crate::stack::layer::CatchPanicLayer;
@@ -71,13 +72,22 @@ impl StackState {
 }
 
 /// Build the stack for one upstream.
-pub fn build(config: &UpstreamConfig, metrics: &UpstreamMetrics) -> (Stack, StackState) {
+pub fn build(
+    config: &UpstreamConfig,
+    metrics: &UpstreamMetrics,
+    fleet: Option<&Arc<Fleet>>,
+) -> (Stack, StackState) {
     let client = UpstreamClient::new(config.name(), config.connect_timeout.0);
-    build_on(client, config, metrics)
+    build_on(client, config, metrics, fleet)
 }
 
 /// The stack for one upstream in front of `client` (tests put a fake upstream there).
-fn build_on<C>(client: C, config: &UpstreamConfig, metrics: &UpstreamMetrics) -> (Stack, StackState)
+fn build_on<C>(
+    client: C,
+    config: &UpstreamConfig,
+    metrics: &UpstreamMetrics,
+    fleet: Option<&Arc<Fleet>>,
+) -> (Stack, StackState)
 where
     C: layer::Next + Sync,
 {
@@ -105,7 +115,7 @@ where
         .breaker
         .enabled
         .then(|| breaker::BreakerShared::new(&config.breaker, metrics.clone()));
-    let rate_limit = rate_limit::RateLimitShared::new(config, metrics.clone());
+    let rate_limit = rate_limit::RateLimitShared::new(config, metrics.clone(), fleet.cloned());
     let retry = retry::RetryShared::new(&config.retry, metrics.clone());
     let service = ServiceBuilder::new()
         // 0. Outside everything: a panic anywhere below is a 500 `internal`, never no reply.
@@ -193,7 +203,7 @@ mod tests {
     async fn a_panic_below_is_a_500_internal_counted_and_the_next_request_is_served() {
         for in_call in [true, false] {
             let metrics = Metrics::new().upstream("t");
-            let (stack, state) = build_on(upstream(0, in_call), &config(), &metrics);
+            let (stack, state) = build_on(upstream(0, in_call), &config(), &metrics, None);
             let (status, headers, body) = send(&stack, "sk-a").await;
             assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
             assert_eq!(headers[crate::error::CORRAL_ERROR_HEADER], "internal");
@@ -220,7 +230,7 @@ mod tests {
         config.limits.partition = Partition::ApiKey;
         config.concurrency = ConcurrencyMode::Auto;
         let metrics = Metrics::new().upstream("t");
-        let (stack, state) = build_on(upstream(usize::MAX, false), &config, &metrics);
+        let (stack, state) = build_on(upstream(usize::MAX, false), &config, &metrics, None);
         assert_eq!(send(&stack, "sk-a").await.0, StatusCode::OK);
         state.window.poison_locks();
         state.breaker.as_ref().unwrap().poison_locks();

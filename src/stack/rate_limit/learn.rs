@@ -317,6 +317,19 @@ impl Pacer {
         self.burst
     }
 
+    /// What this pacer has learned of the upstream's whole bucket, for corrals sharing it
+    /// (`[fleet]`): the refill its headers imply (times the margin), the burst, and the level
+    /// last reported above the floor. `None` until headers have been read.
+    pub fn upstream_model(&self) -> Option<(f64, f64, Option<f64>)> {
+        let trusted = matches!(self.source, Source::Headers | Source::Observed);
+        (trusted && self.header_rate > 0.0).then(|| {
+            let level = self
+                .last_remaining
+                .map(|r| (r - self.floor.unwrap_or(0.0)).max(0.0));
+            (self.header_rate * self.margin, self.burst, level)
+        })
+    }
+
     /// How long until `units` could go at the current pace, if it is known.
     pub fn time_for(&self, units: f64) -> Option<Duration> {
         (self.rate > 0.0).then(|| Duration::from_secs_f64((units / self.rate).min(3600.0)))

@@ -33,6 +33,7 @@ use tower::ServiceExt;
 use self::partition::Partition;
 use crate::classify::Outcome;
 use crate::config::{self, LearnMode, UpstreamConfig};
+use crate::fleet::Fleet;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
 use crate::stack::layer::{lock, BoxFuture, Middleware, Next, Shared};
@@ -96,10 +97,16 @@ pub struct RateLimitShared {
     by_key: Option<(Mutex<PartitionMap>, RandomState)>,
     config: UpstreamConfig,
     metrics: UpstreamMetrics,
+    /// With `[fleet]`: every partition leases from the fleet's shared buckets.
+    fleet: Option<Arc<Fleet>>,
 }
 
 impl RateLimitShared {
-    pub fn new(config: &UpstreamConfig, metrics: UpstreamMetrics) -> Arc<Self> {
+    pub fn new(
+        config: &UpstreamConfig,
+        metrics: UpstreamMetrics,
+        fleet: Option<Arc<Fleet>>,
+    ) -> Arc<Self> {
         let by_key = (config.limits.partition == config::Partition::ApiKey)
             .then(|| (Mutex::default(), RandomState::new()));
         if config.rate_limit == LearnMode::Off {
@@ -108,10 +115,11 @@ impl RateLimitShared {
             metrics.limit_source("tokens", source(config.limits.tpm.is_some()));
         }
         Arc::new(Self {
-            default: Arc::new(Partition::new(config)),
+            default: Arc::new(Partition::new(config, fleet.as_ref().map(|f| (f, None)))),
             by_key,
             config: config.clone(),
             metrics,
+            fleet,
         })
     }
 
@@ -135,7 +143,8 @@ impl RateLimitShared {
         if !map.make_room(now) {
             return Arc::clone(&self.default);
         }
-        let partition = Arc::new(Partition::new(&self.config));
+        let fleet = self.fleet.as_ref().map(|f| (f, Some(credential.as_bytes())));
+        let partition = Arc::new(Partition::new(&self.config, fleet));
         let keyed = Keyed {
             partition: Arc::clone(&partition),
             last_used: now,
@@ -213,7 +222,7 @@ mod tests {
         let mut config =
             UpstreamConfig::new("t", "/v1", parse_base_url("http://127.0.0.1:1").unwrap());
         config.limits.partition = config::Partition::ApiKey;
-        RateLimitShared::new(&config, Metrics::new().upstream("t"))
+        RateLimitShared::new(&config, Metrics::new().upstream("t"), None)
     }
 
     fn key(n: usize) -> HeaderMap {

@@ -12,7 +12,7 @@
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use http::HeaderMap;
@@ -26,6 +26,7 @@ use super::learn::{Answer, Pacer, Source, Ticket};
 use crate::classify::Outcome;
 use crate::config::{LearnMode, UpstreamConfig};
 use crate::error::ProxyError;
+use crate::fleet::{Fleet, Lease};
 use crate::metrics::UpstreamMetrics;
 use crate::provider::{self, Kind, Report};
 use crate::stack::layer::lock;
@@ -100,8 +101,12 @@ pub struct Partition {
     queued: AtomicUsize,
     /// Whether the tokens pacer has learned anything (else token estimates are not needed).
     tokens_learned: AtomicBool,
-    /// Set by 429s: nothing is sent to this partition before it passes.
-    pause: Pause,
+    /// Set by 429s (this corral's, and with `[fleet]` its peers'): nothing is sent to this
+    /// partition before it passes.
+    pause: Arc<Pause>,
+    /// With `[fleet]`: the lease on the fleet's shared buckets (instead of the configured
+    /// ceilings, which then live in Redis).
+    lease: Option<Arc<Lease>>,
     /// With nothing else to pace waiters released by a pause, each waits up to this much more.
     release_jitter: Duration,
     /// The pause after a 429 with no hint and no learned pace.
@@ -119,15 +124,27 @@ impl Drop for Queued<'_> {
 }
 
 impl Partition {
-    pub fn new(config: &UpstreamConfig) -> Self {
+    /// `fleet`: the fleet to lease from, and the partition's credential (`None`: the
+    /// upstream's own).
+    pub fn new(config: &UpstreamConfig, fleet: Option<(&Arc<Fleet>, Option<&[u8]>)>) -> Self {
         let l = &config.limits;
-        let requests = l.rpm.map(|rpm| {
+        let pause = Arc::new(Pause::new());
+        let lease = fleet.map(|(fleet, credential)| {
+            let shared = Arc::clone(&pause);
+            fleet.lease(
+                config,
+                credential,
+                Box::new(move |until| shared.extend(until)),
+            )
+        });
+        let l_local = lease.is_none().then_some(l);
+        let requests = l_local.and_then(|l| l.rpm).map(|rpm| {
             let burst = l
                 .burst
                 .unwrap_or_else(|| NonZeroU32::new((rpm.get() / 60).max(1)).expect("non-zero"));
             Bucket::per_minute(rpm, burst)
         });
-        let tokens = l.tpm.map(|tpm| {
+        let tokens = l_local.and_then(|l| l.tpm).map(|tpm| {
             let burst = l
                 .token_burst
                 .unwrap_or_else(|| NonZeroU32::new((tpm.get() / 6).max(1)).expect("non-zero"));
@@ -151,7 +168,8 @@ impl Partition {
             answered: Notify::new(),
             queued: AtomicUsize::new(0),
             tokens_learned: AtomicBool::new(false),
-            pause: Pause::new(),
+            pause,
+            lease,
             release_jitter: config.retry.floor_jitter.0,
             default_pause: config.retry.base.0,
             rng: Mutex::new(SmallRng::from_os_rng()),
@@ -165,7 +183,9 @@ impl Partition {
 
     /// Whether requests must be charged a token estimate.
     pub fn charges_tokens(&self) -> bool {
-        self.tokens.is_some() || self.tokens_learned.load(Ordering::Relaxed)
+        self.tokens.is_some()
+            || self.tokens_learned.load(Ordering::Relaxed)
+            || self.lease.as_ref().is_some_and(|l| l.charges_tokens())
     }
 
     /// Wait for this request's turn and capacity. Returns the pacers' tickets.
@@ -184,7 +204,10 @@ impl Partition {
             upstream: upstream.to_owned(),
             retry_after,
         };
-        let unpaced = self.pacers.is_none() && self.requests.is_none() && self.tokens.is_none();
+        let unpaced = self.pacers.is_none()
+            && self.requests.is_none()
+            && self.tokens.is_none()
+            && self.lease.is_none();
         self.wait_pause(deadline, unpaced).await.map_err(limited)?;
         let _turn = self.take_turn(deadline).await.map_err(limited)?;
         self.wait(cost, deadline).await.map_err(limited)
@@ -196,6 +219,7 @@ impl Partition {
         if self.queued.load(Ordering::Acquire) > 0
             || self.requests.is_some()
             || self.tokens.is_some()
+            || self.lease.as_ref().is_some_and(|l| l.gates())
         {
             return None;
         }
@@ -252,6 +276,10 @@ impl Partition {
         }
         if let Some(bucket) = &self.tokens {
             take(bucket, cost, deadline).await?;
+        }
+        if let Some(lease) = &self.lease {
+            let queued = self.queued.load(Ordering::Acquire);
+            lease.acquire(f64::from(cost), deadline, queued).await?;
         }
         let Some(pacers) = &self.pacers else {
             return self.wait_pause(deadline, false).await.map(|()| None);
@@ -320,6 +348,7 @@ impl Partition {
             _ => (None, None),
         };
         let mut learned_pause: Option<Duration> = None;
+        let mut refused = (rate_limited, false);
         if let (Some(pacers), Some(tickets)) = (&self.pacers, tickets) {
             let mut p = lock(pacers);
             let reports = headers.map(|h| {
@@ -339,6 +368,14 @@ impl Partition {
                 .observe(tickets.requests, for_requests, requests_report, now);
             p.tokens
                 .observe(tickets.tokens, for_tokens, tokens_report, now);
+            refused = (
+                for_requests == Answer::RateLimited,
+                for_tokens == Answer::RateLimited,
+            );
+            if let Some(lease) = &self.lease {
+                lease.learned(0, p.requests.upstream_model());
+                lease.learned(1, p.tokens.upstream_model());
+            }
             if rate_limited {
                 let refusing = if for_tokens == Answer::RateLimited {
                     p.tokens.time_for(tickets.tokens.cost().max(1.0))
@@ -364,8 +401,11 @@ impl Partition {
                 .or(nonzero(learned_pause))
                 .or(nonzero(reset))
                 .unwrap_or(self.default_pause);
-            self.pause
-                .extend(now + pause.min(provider::hints::MAX_HINT));
+            let pause = pause.min(provider::hints::MAX_HINT);
+            self.pause.extend(now + pause);
+            if let Some(lease) = &self.lease {
+                lease.throttled(pause, refused.0, refused.1);
+            }
         }
         if self.queued.load(Ordering::Acquire) > 0 {
             self.answered.notify_waiters();
@@ -404,6 +444,7 @@ impl Partition {
             "config_tokens": ceiling(&self.tokens),
             "learned": learned,
             "paused_ms": paused_ms,
+            "fleet": self.lease.as_ref().map(|l| l.status()),
         })
     }
 }
@@ -445,8 +486,6 @@ impl Partition {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
     use crate::config::types::parse_base_url;
 
@@ -460,7 +499,7 @@ mod tests {
         config.rate_limit = LearnMode::Off;
         config.limits.tpm = NonZeroU32::new(6000); // 100 tokens/s
         config.limits.token_burst = NonZeroU32::new(100);
-        let partition = Arc::new(Partition::new(&config));
+        let partition = Arc::new(Partition::new(&config, None));
         let deadline = Instant::now() + Duration::from_secs(60);
         partition.acquire(100, deadline, "t").await.unwrap(); // empties the bucket
         let order = Arc::new(Mutex::new(Vec::new()));
@@ -493,7 +532,7 @@ mod tests {
         config.rate_limit = LearnMode::Off;
         config.limits.rpm = NonZeroU32::new(60); // 1/s
         config.limits.burst = NonZeroU32::new(1);
-        let partition = Partition::new(&config);
+        let partition = Partition::new(&config, None);
         let soon = Instant::now() + Duration::from_millis(200);
         partition.acquire(1, soon, "t").await.unwrap();
         let err = partition.acquire(1, soon, "t").await.unwrap_err();
@@ -505,7 +544,7 @@ mod tests {
     /// requests already waiting do not walk into the empty bucket.
     #[tokio::test(start_paused = true)]
     async fn one_429_pauses_the_partition_until_its_hint_passes() {
-        let partition = Arc::new(Partition::new(&config()));
+        let partition = Arc::new(Partition::new(&config(), None));
         let metrics = crate::metrics::Metrics::new().upstream("t");
         let far = Instant::now() + Duration::from_secs(60);
         let tickets = partition.acquire(1, far, "t").await.unwrap();
@@ -530,7 +569,7 @@ mod tests {
             );
         }
         // A deadline inside the pause is refused at once with the pause as Retry-After.
-        let p = Partition::new(&config());
+        let p = Partition::new(&config(), None);
         let tickets = p.acquire(1, far, "t").await.unwrap();
         p.observe(tickets, Outcome::Throttled(429), Some(&h), &metrics);
         let err = p

@@ -109,7 +109,7 @@ fn retry_over_rate_limit<S: crate::stack::layer::Next>(
     upstream.retry = config.clone();
     let m = crate::metrics::Metrics::new().upstream("t");
     let rate_limit = crate::stack::rate_limit::RateLimitLayer::new(
-        crate::stack::rate_limit::RateLimitShared::new(&upstream, m),
+        crate::stack::rate_limit::RateLimitShared::new(&upstream, m, None),
     );
     retry(config, seed).layer(rate_limit.layer(inner))
 }

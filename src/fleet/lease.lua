@@ -1,0 +1,92 @@
+-- corral's fleet lease: one atomic call that leases tokens from a partition's shared buckets,
+-- returns unused ones, shares what the caller learned and the pause of its 429s, and counts the
+-- live replicas. Time is Redis's own (TIME), never a replica's.
+--
+-- KEYS[1] requests bucket (hash), KEYS[2] tokens bucket (hash), KEYS[3] pause (string: until,
+-- ms), KEYS[4] live replicas (sorted set: replica -> last call, ms). All share one hash tag.
+--
+-- ARGV[1] replica id, ARGV[2] heartbeat TTL (ms), ARGV[3] "1" when the replica is leaving,
+-- ARGV[4] pause to share (ms, 0: none), ARGV[5] buckets that refused with a 429 (0 none,
+-- 1 requests, 2 tokens, 3 both); then for requests at 6 and tokens at 13: units wanted, units
+-- returned, configured rate (units/s, 0: none) and burst, learned rate (0: none), burst and level
+-- (-1: none).
+--
+-- Returns, per bucket (requests, then tokens): units granted, the level before the grant, the
+-- rate and the burst (rate "0": nothing known, the bucket does not gate); then the pause left
+-- (ms) and the live replicas. A grant may take the level below zero: its units are usable as the
+-- level refills (unit k of a grant from level L at rate r after (k - L) / r seconds), so grants
+-- queue in the order they were asked for, a block each, instead of polling.
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+local throttled = tonumber(ARGV[5])
+
+-- A learned burst is replaced by a larger one only when it is this old (ms): replicas that
+-- learned less (no 429 seen yet) do not undo what one learned.
+local LEARNED_KEEP = 30000
+-- Grants queue at most this far ahead (s of refill): beyond, nothing is granted.
+local MAX_AHEAD = 30
+
+local function bucket(key, base, refused)
+  local want = tonumber(ARGV[base])
+  local ret = tonumber(ARGV[base + 1])
+  local cfg_rate, cfg_burst = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
+  local l_rate, l_burst, l_level =
+    tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6])
+  local b = redis.call('HMGET', key, 'rate', 'burst', 'level', 'ts', 'set')
+  local rate, burst, level, ts, set =
+    tonumber(b[1]), tonumber(b[2]), tonumber(b[3]), tonumber(b[4]), tonumber(b[5])
+  if cfg_rate > 0 then
+    rate, burst, set = cfg_rate, cfg_burst, now
+  elseif l_rate > 0 then
+    if rate == nil or burst == nil or set == nil or now - set > LEARNED_KEEP or l_burst <= burst then
+      burst, set = l_burst, now
+    end
+    rate = l_rate
+  end
+  if rate == nil or rate <= 0 then
+    return {want, want, 0, 0}
+  end
+  if level == nil or ts == nil then
+    -- A new bucket (or one Redis lost): what was reported, else full.
+    if l_level >= 0 then level = math.min(l_level, burst) else level = burst end
+    ts = now
+  end
+  level = math.min(burst, level + rate * math.max(0, now - ts) / 1000)
+  level = math.min(burst, level + ret)
+  if refused then level = math.min(level, 0) end
+  local before = level
+  local grant = math.max(0, math.min(want, level + rate * MAX_AHEAD))
+  level = level - grant
+  redis.call('HSET', key, 'rate', rate, 'burst', burst, 'level', level, 'ts', now, 'set', set)
+  -- Kept until it would have refilled (and a minute more): then a new one starts full.
+  redis.call('PEXPIRE', key, 60000 + math.ceil((burst - level) / rate * 1000))
+  return {grant, before, rate, burst}
+end
+
+local req = bucket(KEYS[1], 6, throttled == 1 or throttled == 3)
+local tok = bucket(KEYS[2], 13, throttled == 2 or throttled == 3)
+
+local pause_ms = tonumber(ARGV[4])
+local until_ms = tonumber(redis.call('GET', KEYS[3]) or '0')
+if pause_ms > 0 and now + pause_ms > until_ms then
+  until_ms = now + pause_ms
+  redis.call('SET', KEYS[3], until_ms, 'PX', pause_ms)
+end
+
+if ARGV[3] == '1' then
+  redis.call('ZREM', KEYS[4], ARGV[1])
+else
+  redis.call('ZADD', KEYS[4], now, ARGV[1])
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - ttl)
+redis.call('PEXPIRE', KEYS[4], ttl * 2)
+local live = redis.call('ZCARD', KEYS[4])
+
+local out = {}
+for _, v in ipairs(req) do table.insert(out, tostring(v)) end
+for _, v in ipairs(tok) do table.insert(out, tostring(v)) end
+table.insert(out, tostring(math.max(0, until_ms - now)))
+table.insert(out, tostring(live))
+return out

@@ -1,0 +1,737 @@
+//! One partition's lease on its fleet's shared buckets.
+//!
+//! Requests take units from what this replica holds; a background task keeps it stocked: when
+//! it falls below half a block (and requests want more), one call to the lease script asks for
+//! the next block. A grant may run ahead of the shared level: its units then become usable as
+//! the shared bucket refills (unit `k` of a grant made at level `L` with rate `r` after
+//! `(k - L) / r` seconds), so replicas' blocks queue in Redis in the order they were asked for,
+//! and no unit is used before the shared bucket has it.
+//!
+//! A block is ten requests' worth at least (one round trip per ten requests), one second of this
+//! replica's recent rate or the requests waiting if more, and at most half the burst or two
+//! seconds of the shared rate. What is not used within [`IDLE_RETURN`] of the last request, and
+//! everything on shutdown, goes back.
+//!
+//! Fallen back (Redis slow or down), requests pass local buckets of this replica's share of the
+//! last known limit instead: rate and burst over the live replicas, at least one per minute and
+//! one at once.
+
+use std::collections::VecDeque;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex, Once, Weak};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::{Fleet, Mode};
+use crate::config::UpstreamConfig;
+use crate::stack::layer::lock;
+use crate::stack::rate_limit::bucket::{take, Bucket};
+
+/// A block is at least this many requests' worth.
+pub const MIN_BLOCK: f64 = 10.0;
+/// A block covers this long of the replica's recent rate (if more than [`MIN_BLOCK`]).
+const BLOCK_SPAN: f64 = 1.0;
+/// At most this long of the shared rate per block...
+const MAX_BLOCK_SPAN: f64 = 2.0;
+/// ...and at most this share of the burst.
+const MAX_BLOCK_BURST: f64 = 0.5;
+/// Units held this long after the last request go back to the shared bucket.
+pub const IDLE_RETURN: Duration = Duration::from_secs(2);
+/// A learned limit is shared again when it moves by more than this fraction.
+const REPUBLISH: f64 = 0.1;
+
+/// Which bucket.
+const REQUESTS: usize = 0;
+const TOKENS: usize = 1;
+const KINDS: [&str; 2] = ["requests", "tokens"];
+
+/// Units of one grant, usable as the shared bucket refills.
+#[derive(Debug, Clone, Copy)]
+struct Drip {
+    /// When the grant arrived.
+    origin: Instant,
+    /// The shared level when it was made (units usable at once, if positive).
+    offset: f64,
+    rate: f64,
+    total: f64,
+    released: f64,
+}
+
+impl Drip {
+    fn due(&self, now: Instant) -> f64 {
+        let t = now.saturating_duration_since(self.origin).as_secs_f64();
+        (self.offset + self.rate * t).clamp(0.0, self.total)
+    }
+
+    /// Units newly usable at `now`.
+    fn release(&mut self, now: Instant) -> f64 {
+        let due = self.due(now);
+        let new = (due - self.released).max(0.0);
+        self.released = self.released.max(due);
+        new
+    }
+
+    fn left(&self) -> f64 {
+        self.total - self.released
+    }
+
+    /// When `more` units beyond those released will be due.
+    fn when(&self, more: f64) -> Instant {
+        let target = (self.released + more).min(self.total);
+        let secs = ((target - self.offset) / self.rate).max(0.0);
+        self.origin + Duration::from_secs_f64(secs.min(3600.0))
+    }
+}
+
+/// What this replica holds of one shared bucket.
+#[derive(Debug, Default)]
+struct Pool {
+    /// The shared bucket's rate and burst (configured, or as Redis last said); `None`: it does
+    /// not gate (nothing known yet).
+    shared: Option<(f64, f64)>,
+    /// Usable now (negative: a large request took more than was usable).
+    available: f64,
+    drips: VecDeque<Drip>,
+    /// Units to give back with the next call.
+    give_back: f64,
+    /// What the pacers learned, to share; and what was last shared.
+    learned: Option<(f64, f64, Option<f64>)>,
+    published: Option<(f64, f64)>,
+}
+
+impl Pool {
+    fn release(&mut self, now: Instant) {
+        for d in &mut self.drips {
+            self.available += d.release(now);
+        }
+        self.drips.retain(|d| d.left() > 1e-9);
+    }
+
+    fn held(&self) -> f64 {
+        self.available.max(0.0) + self.drips.iter().map(Drip::left).sum::<f64>()
+    }
+
+    /// When `need` units will be usable from what is held, if they will.
+    fn ready_at(&self, need: f64) -> Option<Instant> {
+        let mut short = need - self.available;
+        for d in &self.drips {
+            if d.left() >= short {
+                return Some(d.when(short));
+            }
+            short -= d.left();
+        }
+        None
+    }
+
+    /// Everything held, emptied.
+    fn drain(&mut self) -> f64 {
+        let held = self.held();
+        self.available = 0.0;
+        self.drips.clear();
+        held
+    }
+}
+
+/// Smoothed requests per second taken.
+#[derive(Debug)]
+struct Demand {
+    since: Instant,
+    count: f64,
+    rate: f64,
+}
+
+impl Demand {
+    fn record(&mut self, now: Instant) {
+        let dt = now.saturating_duration_since(self.since).as_secs_f64();
+        if dt >= 1.0 {
+            self.rate = 0.5 * self.rate + 0.5 * self.count / dt;
+            self.since = now;
+            self.count = 0.0;
+        }
+        self.count += 1.0;
+    }
+}
+
+/// Local buckets of this replica's share, while fallen back.
+struct Share {
+    requests: Option<Bucket>,
+    tokens: Option<Bucket>,
+}
+
+struct State {
+    pools: [Pool; 2],
+    demand: Demand,
+    last_take: Option<Instant>,
+    /// Requests waiting on the partition.
+    waiting: usize,
+    /// Mean token cost of a request.
+    avg_cost: f64,
+    last_call: Option<Instant>,
+    /// A call is wanted now (a 429 to share, a limit newly learned).
+    urgent: bool,
+    pause_ms: u64,
+    refused: u8,
+    live: u64,
+    share: Option<Arc<Share>>,
+}
+
+/// The arguments of one lease call.
+pub(super) struct CallArgs {
+    pub keys: [String; 4],
+    pub leaving: bool,
+    pub pause_ms: u64,
+    pub refused: u8,
+    pub kinds: [KindArgs; 2],
+}
+
+pub(super) struct KindArgs {
+    pub want: f64,
+    pub give_back: f64,
+    pub config: Option<(f64, f64)>,
+    pub learned: Option<(f64, f64, Option<f64>)>,
+}
+
+/// Where a request stands.
+enum Step {
+    Taken,
+    Fallback(Arc<Share>),
+    /// Wait until then (`None`: for a grant), asking for a refill if `true`.
+    Wait(Option<Instant>, bool),
+}
+
+/// One partition's lease.
+pub struct Lease {
+    fleet: Arc<Fleet>,
+    keys: [String; 4],
+    /// Configured rate (units/s) and burst per bucket.
+    config: [Option<(f64, f64)>; 2],
+    state: Mutex<State>,
+    /// Wakes the refill task.
+    wake: Notify,
+    /// Wakes waiting requests: a grant arrived, or the mode changed.
+    granted: Notify,
+    started: Once,
+    /// Called with the end of a pause Redis reports.
+    on_pause: Box<dyn Fn(Instant) + Send + Sync>,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("key", &self.keys[0])
+            .finish_non_exhaustive()
+    }
+}
+
+impl Lease {
+    pub(super) fn new(
+        fleet: Arc<Fleet>,
+        key: String,
+        upstream: &UpstreamConfig,
+        on_pause: Box<dyn Fn(Instant) + Send + Sync>,
+    ) -> Arc<Self> {
+        let l = &upstream.limits;
+        let requests = l.rpm.map(|rpm| {
+            let burst = l.burst.map_or((rpm.get() / 60).max(1), NonZeroU32::get);
+            (f64::from(rpm.get()) / 60.0, f64::from(burst))
+        });
+        let tokens = l.tpm.map(|tpm| {
+            let burst = l.token_burst.map_or((tpm.get() / 6).max(1), NonZeroU32::get);
+            (f64::from(tpm.get()) / 60.0, f64::from(burst))
+        });
+        let config = [requests, tokens];
+        let now = Instant::now();
+        let pool = |c: Option<(f64, f64)>| Pool {
+            shared: c,
+            ..Pool::default()
+        };
+        Arc::new(Self {
+            fleet,
+            keys: ["requests", "tokens", "pause", "replicas"].map(|k| format!("{key}:{k}")),
+            config,
+            state: Mutex::new(State {
+                pools: [pool(requests), pool(tokens)],
+                demand: Demand {
+                    since: now,
+                    count: 0.0,
+                    rate: 0.0,
+                },
+                last_take: None,
+                waiting: 0,
+                avg_cost: 1.0,
+                last_call: None,
+                urgent: true,
+                pause_ms: 0,
+                refused: 0,
+                live: 1,
+                share: None,
+            }),
+            wake: Notify::new(),
+            granted: Notify::new(),
+            started: Once::new(),
+            on_pause,
+        })
+    }
+
+    /// Whether requests must go through [`acquire`](Self::acquire) (a shared bucket gates, or
+    /// the fleet is not answering).
+    pub fn gates(&self) -> bool {
+        self.fleet.mode() != Mode::Shared || lock(&self.state).pools.iter().any(|p| p.shared.is_some())
+    }
+
+    /// Whether the shared tokens bucket gates (so requests need a token estimate).
+    pub fn charges_tokens(&self) -> bool {
+        lock(&self.state).pools[TOKENS].shared.is_some()
+    }
+
+    /// Take one request and `cost` tokens, waiting while the deadline allows; `Err`: the wait
+    /// it would need. `queued`: requests waiting on the partition (the demand).
+    pub async fn acquire(
+        self: &Arc<Self>,
+        cost: f64,
+        deadline: Instant,
+        queued: usize,
+    ) -> Result<(), Duration> {
+        self.start();
+        loop {
+            let granted = self.granted.notified();
+            tokio::pin!(granted);
+            granted.as_mut().enable();
+            let now = Instant::now();
+            let step = {
+                let mut s = lock(&self.state);
+                s.waiting = queued;
+                if self.fleet.mode() == Mode::Fallback {
+                    Step::Fallback(s.share())
+                } else {
+                    s.try_take(cost, now)
+                }
+            };
+            match step {
+                Step::Taken => return Ok(()),
+                Step::Fallback(share) => {
+                    if let Some(b) = &share.requests {
+                        take(b, 1, deadline).await?;
+                    }
+                    if let Some(b) = &share.tokens {
+                        take(b, cost.ceil() as u32, deadline).await?;
+                    }
+                    return Ok(());
+                }
+                Step::Wait(at, refill) => {
+                    if refill {
+                        self.wake.notify_one();
+                    }
+                    if let Some(at) = at.filter(|at| *at > deadline) {
+                        return Err(at.saturating_duration_since(now));
+                    }
+                    if now >= deadline {
+                        return Err(Duration::from_secs(1));
+                    }
+                    let until = at.unwrap_or(deadline).min(deadline);
+                    tokio::select! {
+                        () = &mut granted => {}
+                        () = tokio::time::sleep_until(until.max(now + Duration::from_micros(100))) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// What the pacers learned of bucket `kind` (0 requests, 1 tokens): shared with the next
+    /// call, at once if it is new or moved.
+    pub fn learned(&self, kind: usize, model: Option<(f64, f64, Option<f64>)>) {
+        let Some(model) = model else { return };
+        let mut s = lock(&self.state);
+        let pool = &mut s.pools[kind];
+        pool.learned = Some(model);
+        let moved = |a: f64, b: f64| (a - b).abs() > REPUBLISH * b.max(1e-9);
+        let news = pool
+            .published
+            .is_none_or(|(rate, burst)| moved(model.0, rate) || moved(model.1, burst));
+        if news && self.config[kind].is_none() {
+            s.urgent = true;
+            drop(s);
+            self.wake.notify_one();
+        }
+    }
+
+    /// A 429: share its pause (and which buckets refused) with the fleet now.
+    pub fn throttled(&self, pause: Duration, requests: bool, tokens: bool) {
+        let mut s = lock(&self.state);
+        s.pause_ms = s.pause_ms.max(pause.as_millis() as u64);
+        s.refused |= u8::from(requests) | (u8::from(tokens) << 1);
+        s.urgent = true;
+        drop(s);
+        self.wake.notify_one();
+    }
+
+    /// The fleet moved between shared and fallback.
+    pub(super) fn mode_changed(&self) {
+        let mut s = lock(&self.state);
+        s.share = None;
+        if self.fleet.mode() == Mode::Fallback {
+            // Units held may not be usable against a Redis that lost them: owed back.
+            for pool in &mut s.pools {
+                pool.give_back += pool.drain();
+            }
+        }
+        drop(s);
+        self.granted.notify_waiters();
+        self.wake.notify_one();
+    }
+
+    /// Give back everything held and leave the live set (shutdown, or the partition dropped).
+    pub(super) async fn give_back(&self) -> f64 {
+        let args = {
+            let mut s = lock(&self.state);
+            for pool in &mut s.pools {
+                pool.give_back += pool.drain();
+            }
+            self.args(&mut s, true)
+        };
+        let total: f64 = args.kinds.iter().map(|k| k.give_back).sum();
+        if total > 0.0 || self.fleet.mode() == Mode::Shared {
+            if self.fleet.call(&args).await.is_err() {
+                return 0.0;
+            }
+        }
+        total
+    }
+
+    /// A JSON view for `/status`.
+    pub fn status(&self) -> serde_json::Value {
+        let s = lock(&self.state);
+        let pool = |p: &Pool| {
+            serde_json::json!({
+                "shared_rate_per_second": p.shared.map(|s| s.0),
+                "shared_burst": p.shared.map(|s| s.1),
+                "held": p.held(),
+            })
+        };
+        serde_json::json!({
+            "mode": self.fleet.mode().label(),
+            "live_replicas": s.live,
+            "requests": pool(&s.pools[REQUESTS]),
+            "tokens": pool(&s.pools[TOKENS]),
+        })
+    }
+
+    fn start(self: &Arc<Self>) {
+        self.started.call_once(|| {
+            tokio::spawn(refill(Arc::downgrade(self)));
+        });
+    }
+
+    /// The next call's arguments, taking what is to be shared and given back.
+    fn args(&self, s: &mut State, leaving: bool) -> CallArgs {
+        let blocks = [s.block(REQUESTS), s.block(TOKENS)];
+        let kind = |s: &mut State, k: usize| {
+            let want = if leaving || s.pools[k].held() >= blocks[k] / 2.0 {
+                0.0
+            } else {
+                (blocks[k] - s.pools[k].held()).max(0.0).ceil()
+            };
+            let pool = &mut s.pools[k];
+            KindArgs {
+                want,
+                give_back: std::mem::take(&mut pool.give_back),
+                config: self.config[k],
+                learned: pool.learned,
+            }
+        };
+        let kinds = [kind(s, REQUESTS), kind(s, TOKENS)];
+        CallArgs {
+            keys: self.keys.clone(),
+            leaving,
+            pause_ms: std::mem::take(&mut s.pause_ms),
+            refused: std::mem::take(&mut s.refused),
+            kinds,
+        }
+    }
+
+    /// When the refill task should call next (now or earlier: at once).
+    fn next_call(&self, now: Instant) -> Instant {
+        let heartbeat = self.fleet.heartbeat_ttl / 3;
+        let s = lock(&self.state);
+        let probe = match self.fleet.may_call(now) {
+            Ok(()) => now,
+            Err(at) => at,
+        };
+        let due = s.urgent
+            || s.last_call.is_none()
+            || (0..2).any(|k| s.wants_more(k, now))
+            || s.idle_holding(now);
+        if due {
+            return probe;
+        }
+        let beat = s.last_call.map_or(now, |at| at + heartbeat);
+        let idle = s
+            .last_take
+            .filter(|_| s.pools.iter().any(|p| p.held() > 0.0))
+            .map(|at| at + IDLE_RETURN);
+        let fallback = (self.fleet.mode() == Mode::Fallback).then_some(probe);
+        [Some(beat), idle, fallback]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(beat)
+            .max(probe)
+    }
+
+    /// One call: ask, give back, share; apply the answer.
+    async fn call_once(&self) {
+        let sent;
+        let (args, idle) = {
+            let mut s = lock(&self.state);
+            sent = Instant::now();
+            let idle = s.idle_holding(sent);
+            if idle {
+                for pool in &mut s.pools {
+                    pool.give_back += pool.drain();
+                }
+            }
+            s.urgent = false;
+            s.last_call = Some(sent);
+            (self.args(&mut s, false), idle)
+        };
+        let result = self.fleet.call(&args).await;
+        let now = Instant::now();
+        let mut s = lock(&self.state);
+        let reply = match result.map(|r| parse(&r)) {
+            Ok(Some(reply)) => reply,
+            _ => {
+                // Not delivered: share and give back with the next call.
+                for (pool, kind) in s.pools.iter_mut().zip(&args.kinds) {
+                    pool.give_back += kind.give_back;
+                }
+                s.pause_ms = s.pause_ms.max(args.pause_ms);
+                s.refused |= args.refused;
+                if args.pause_ms > 0 || idle {
+                    s.urgent = true;
+                }
+                return;
+            }
+        };
+        for (k, pool) in s.pools.iter_mut().enumerate() {
+            let (grant, before, rate, burst) = reply.kinds[k];
+            pool.shared = (rate > 0.0).then_some((rate, burst));
+            if let Some(l) = args.kinds[k].learned {
+                pool.published = Some((l.0, l.1));
+            }
+            if rate > 0.0 && grant > 0.0 {
+                pool.drips.push_back(Drip {
+                    origin: now,
+                    offset: before,
+                    rate,
+                    total: grant,
+                    released: 0.0,
+                });
+                self.fleet
+                    .metrics
+                    .leased
+                    .with_label_values(&[KINDS[k]])
+                    .inc_by(grant as u64);
+            }
+        }
+        s.live = reply.live;
+        self.fleet.metrics.live_replicas.set(reply.live as i64);
+        drop(s);
+        if reply.pause_ms > 0 {
+            (self.on_pause)(now + Duration::from_millis(reply.pause_ms));
+        }
+        self.granted.notify_waiters();
+    }
+}
+
+impl State {
+    /// The block size of bucket `k`, in its units.
+    fn block(&self, k: usize) -> f64 {
+        let Some((rate, burst)) = self.pools[k].shared else {
+            return 0.0;
+        };
+        let unit = if k == TOKENS { self.avg_cost.max(1.0) } else { 1.0 };
+        let demand = (self.demand.rate * BLOCK_SPAN).max(self.waiting as f64) * unit;
+        let min = MIN_BLOCK * unit;
+        let max = (burst * MAX_BLOCK_BURST).min(rate * MAX_BLOCK_SPAN).max(min);
+        demand.clamp(min, max)
+    }
+
+    /// Bucket `k` gates, holds less than half a block, and requests want more.
+    fn wants_more(&self, k: usize, now: Instant) -> bool {
+        let recent = self
+            .last_take
+            .is_some_and(|at| now.saturating_duration_since(at) < IDLE_RETURN);
+        self.pools[k].shared.is_some()
+            && (self.waiting > 0 || recent)
+            && self.pools[k].held() < self.block(k) / 2.0
+    }
+
+    /// Units held and no request for [`IDLE_RETURN`].
+    fn idle_holding(&self, now: Instant) -> bool {
+        self.waiting == 0
+            && self
+                .last_take
+                .is_some_and(|at| now.saturating_duration_since(at) >= IDLE_RETURN)
+            && self.pools.iter().any(|p| p.held() > 0.0)
+    }
+
+    fn try_take(&mut self, cost: f64, now: Instant) -> Step {
+        for pool in &mut self.pools {
+            pool.release(now);
+        }
+        let need = |p: &Pool, units: f64| match p.shared {
+            Some((_, burst)) if units > 0.0 => Some(units.min(burst).max(f64::MIN_POSITIVE)),
+            _ => None,
+        };
+        let needs = [
+            need(&self.pools[REQUESTS], 1.0),
+            need(&self.pools[TOKENS], cost),
+        ];
+        let short: Vec<usize> = (0..2)
+            .filter(|&k| needs[k].is_some_and(|n| self.pools[k].available < n))
+            .collect();
+        if short.is_empty() {
+            self.pools[REQUESTS].available -= needs[REQUESTS].map_or(0.0, |_| 1.0);
+            self.pools[TOKENS].available -= needs[TOKENS].map_or(0.0, |_| cost);
+            self.demand.record(now);
+            self.last_take = Some(now);
+            if cost > 0.0 {
+                self.avg_cost = 0.9 * self.avg_cost + 0.1 * cost;
+            }
+            return Step::Taken;
+        }
+        let mut at = Some(now);
+        for &k in &short {
+            let ready = needs[k].and_then(|n| self.pools[k].ready_at(n));
+            at = match (at, ready) {
+                (Some(a), Some(r)) => Some(a.max(r)),
+                _ => None,
+            };
+        }
+        let refill = short.iter().any(|&k| self.pools[k].held() < self.block(k) / 2.0)
+            || self.last_call.is_none();
+        Step::Wait(at, refill)
+    }
+
+    /// This replica's share of the last known limit, built once per fallback.
+    fn share(&mut self) -> Arc<Share> {
+        if let Some(share) = &self.share {
+            return Arc::clone(share);
+        }
+        let live = self.live.max(1) as f64;
+        let bucket = |p: &Pool| {
+            p.shared.map(|(rate, burst)| {
+                let per_minute = ((rate * 60.0 / live).round() as u32).max(1);
+                let burst = ((burst / live).round() as u32).max(1);
+                Bucket::per_minute(
+                    NonZeroU32::new(per_minute).expect("at least 1"),
+                    NonZeroU32::new(burst).expect("at least 1"),
+                )
+            })
+        };
+        let share = Arc::new(Share {
+            requests: bucket(&self.pools[REQUESTS]),
+            tokens: bucket(&self.pools[TOKENS]),
+        });
+        self.share = Some(Arc::clone(&share));
+        share
+    }
+}
+
+/// The lease script's answer.
+struct Reply {
+    /// Per bucket: granted, level before, rate, burst.
+    kinds: [(f64, f64, f64, f64); 2],
+    pause_ms: u64,
+    live: u64,
+}
+
+fn parse(r: &[String]) -> Option<Reply> {
+    let n: Vec<f64> = r.iter().map(|s| s.parse().ok()).collect::<Option<_>>()?;
+    (n.len() == 10).then(|| Reply {
+        kinds: [(n[0], n[1], n[2], n[3]), (n[4], n[5], n[6], n[7])],
+        pause_ms: n[8].max(0.0) as u64,
+        live: n[9].max(1.0) as u64,
+    })
+}
+
+/// The refill task of one lease: ends when only it holds the lease (its partition is gone),
+/// giving back what the lease held.
+async fn refill(lease: Weak<Lease>) {
+    loop {
+        let Some(lease) = lease.upgrade() else { return };
+        if Arc::strong_count(&lease) == 1 {
+            lease.give_back().await;
+            return;
+        }
+        let now = Instant::now();
+        let at = lease.next_call(now);
+        if at <= now {
+            lease.call_once().await;
+            continue;
+        }
+        let woken = lease.wake.notified();
+        tokio::select! {
+            () = woken => {}
+            () = tokio::time::sleep_until(at) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_grant_below_the_shared_level_is_usable_as_the_bucket_refills() {
+        let now = Instant::now();
+        // 10 units granted at level 4, refilling 2/s: 4 at once, then one every half second.
+        let mut pool = Pool {
+            shared: Some((2.0, 50.0)),
+            ..Pool::default()
+        };
+        pool.drips.push_back(Drip {
+            origin: now,
+            offset: 4.0,
+            rate: 2.0,
+            total: 10.0,
+            released: 0.0,
+        });
+        pool.release(now);
+        assert_eq!(pool.available, 4.0);
+        assert_eq!(pool.ready_at(5.0), Some(now + Duration::from_millis(500)));
+        pool.release(now + Duration::from_secs(2));
+        assert_eq!(pool.available, 8.0);
+        pool.release(now + Duration::from_secs(60));
+        assert_eq!(pool.available, 10.0, "never more than granted");
+        assert_eq!(pool.held(), 10.0);
+        assert_eq!(pool.ready_at(11.0), None, "beyond the grant: wait for another");
+        // A grant that queued behind others (level -6): nothing before 3 s.
+        let mut queued = Pool::default();
+        queued.drips.push_back(Drip {
+            origin: now,
+            offset: -6.0,
+            rate: 2.0,
+            total: 10.0,
+            released: 0.0,
+        });
+        queued.release(now + Duration::from_millis(2999));
+        assert!(queued.available < 1.0);
+        assert_eq!(queued.ready_at(1.0), Some(now + Duration::from_millis(3500)));
+    }
+
+    #[test]
+    fn replies_parse_or_are_refused() {
+        let r: Vec<String> = ["10", "4.5", "20", "50", "0", "0", "0", "0", "1500", "4"]
+            .map(String::from)
+            .to_vec();
+        let reply = parse(&r).unwrap();
+        assert_eq!(reply.kinds[0], (10.0, 4.5, 20.0, 50.0));
+        assert_eq!((reply.pause_ms, reply.live), (1500, 4));
+        assert!(parse(&r[..9]).is_none());
+        assert!(parse(&["x".to_string(); 10]).is_none());
+    }
+}

@@ -388,39 +388,52 @@ fn the_sidecar_drains_within_the_pods_grace_period() {
 
 // ===== Kubernetes =====
 
-/// `deploy/kubernetes` as JSON, validated against the Kubernetes schemas; `None` when
-/// `CORRAL_SKIP_PYTHON=1`.
-fn manifests() -> Option<&'static Value> {
-    static OUT: OnceLock<Option<Value>> = OnceLock::new();
-    OUT.get_or_init(|| {
-        let python = support::python::python("kubernetes-validate")?;
-        let script = repo("tests/python/k8s_manifests.py");
-        let out = std::process::Command::new(&python)
-            .arg(&script)
-            .arg(repo("deploy/kubernetes"))
-            .args(K8S_VERSIONS)
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run CORRAL_PYTHON=`{python}`: {e}"));
-        assert!(
-            out.status.success(),
-            "{python} {} failed:\n{}",
-            script.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Some(serde_json::from_slice(&out.stdout).expect("the script prints JSON"))
-    })
-    .as_ref()
+/// The manifests in `dir` (under the repository) as JSON, validated against the Kubernetes
+/// schemas; `None` when `CORRAL_SKIP_PYTHON=1`.
+fn load_manifests(dir: &str) -> Option<Value> {
+    let python = support::python::python("kubernetes-validate")?;
+    let script = repo("tests/python/k8s_manifests.py");
+    let out = std::process::Command::new(&python)
+        .arg(&script)
+        .arg(repo(dir))
+        .args(K8S_VERSIONS)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run CORRAL_PYTHON=`{python}`: {e}"));
+    assert!(
+        out.status.success(),
+        "{python} {} {dir} failed:\n{}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let parsed: Value = serde_json::from_slice(&out.stdout).expect("the script prints JSON");
+    assert!(
+        !parsed["files"].as_object().expect("files").is_empty(),
+        "no *.yaml in {dir}"
+    );
+    Some(parsed)
 }
 
-/// The one document of `kind` in `deploy/kubernetes`.
-fn doc<'a>(manifests: &'a Value, kind: &str) -> &'a Value {
-    let docs: Vec<&Value> = manifests["files"]
+/// `deploy/kubernetes` (the Job), loaded once.
+fn manifests() -> Option<&'static Value> {
+    static OUT: OnceLock<Option<Value>> = OnceLock::new();
+    OUT.get_or_init(|| load_manifests("deploy/kubernetes"))
+        .as_ref()
+}
+
+/// Every document of `kind` in a loaded directory.
+fn docs<'a>(manifests: &'a Value, kind: &str) -> Vec<&'a Value> {
+    manifests["files"]
         .as_object()
         .expect("files")
         .values()
         .flat_map(|d| d.as_array().expect("documents"))
         .filter(|d| d["kind"] == kind)
-        .collect();
+        .collect()
+}
+
+/// The one document of `kind` in a loaded directory.
+fn doc<'a>(manifests: &'a Value, kind: &str) -> &'a Value {
+    let docs = docs(manifests, kind);
     assert_eq!(docs.len(), 1, "exactly one {kind}");
     docs[0]
 }

@@ -9,7 +9,8 @@
 -- ARGV[4] pause to share (ms, 0: none), ARGV[5] buckets that refused with a 429 (0 none,
 -- 1 requests, 2 tokens, 3 both); then for requests at 6 and tokens at 13: units wanted, units
 -- returned, configured rate (units/s, 0: none) and burst, learned rate (0: none), burst and level
--- (-1: none).
+-- (-1: none); ARGV[20] the fleet's channel: a pause this call sets is published there
+-- ("PAUSE-KEY MS"), so every replica stops at once, not at its next lease.
 --
 -- Returns, per bucket (requests, then tokens): units granted, the level before the grant, the
 -- rate and the burst (rate "0": nothing known, the bucket does not gate); then the pause left
@@ -73,6 +74,7 @@ local until_ms = tonumber(redis.call('GET', KEYS[3]) or '0')
 if pause_ms > 0 and now + pause_ms > until_ms then
   until_ms = now + pause_ms
   redis.call('SET', KEYS[3], until_ms, 'PX', pause_ms)
+  redis.call('PUBLISH', ARGV[20], KEYS[3] .. ' ' .. pause_ms)
 end
 
 if ARGV[3] == '1' then

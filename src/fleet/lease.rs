@@ -39,6 +39,8 @@ const MAX_BLOCK_SPAN: f64 = 2.0;
 const MAX_BLOCK_BURST: f64 = 0.5;
 /// Units held this long after the last request go back to the shared bucket.
 pub const IDLE_RETURN: Duration = Duration::from_secs(2);
+/// Refill calls are at least this far apart.
+const MIN_SPACING: Duration = Duration::from_millis(5);
 /// A learned limit is shared again when it moves by more than this fraction.
 const REPUBLISH: f64 = 0.1;
 
@@ -175,6 +177,9 @@ struct State {
     refused: u8,
     live: u64,
     share: Option<Arc<Share>>,
+    /// After a call granted less than it asked (the shared bucket queued far ahead), no
+    /// refill call before this.
+    not_before: Option<Instant>,
 }
 
 /// The arguments of one lease call.
@@ -267,12 +272,23 @@ impl Lease {
                 refused: 0,
                 live: 1,
                 share: None,
+                not_before: None,
             }),
             wake: Notify::new(),
             granted: Notify::new(),
             started: Once::new(),
             on_pause,
         })
+    }
+
+    /// The key of this partition's shared pause (as published).
+    pub(super) fn pause_key(&self) -> &str {
+        &self.keys[2]
+    }
+
+    /// Another replica's 429 paused the partition until then.
+    pub(super) fn pause_until(&self, until: Instant) {
+        (self.on_pause)(until);
     }
 
     /// Whether requests must go through [`acquire`](Self::acquire) (a shared bucket gates, or
@@ -390,7 +406,7 @@ impl Lease {
             for pool in &mut s.pools {
                 pool.give_back += pool.drain();
             }
-            self.args(&mut s, true)
+            self.args(&mut s, true, Instant::now())
         };
         let total: f64 = args.kinds.iter().map(|k| k.give_back).sum();
         if total > 0.0 || self.fleet.mode() == Mode::Shared {
@@ -426,13 +442,13 @@ impl Lease {
     }
 
     /// The next call's arguments, taking what is to be shared and given back.
-    fn args(&self, s: &mut State, leaving: bool) -> CallArgs {
-        let blocks = [s.block(REQUESTS), s.block(TOKENS)];
+    fn args(&self, s: &mut State, leaving: bool, now: Instant) -> CallArgs {
         let kind = |s: &mut State, k: usize| {
-            let want = if leaving || s.pools[k].held() >= blocks[k] / 2.0 {
-                0.0
+            // A whole block, so that each call covers ten requests or more.
+            let want = if !leaving && s.wants_more(k, now) {
+                s.block(k).ceil()
             } else {
-                (blocks[k] - s.pools[k].held()).max(0.0).ceil()
+                0.0
             };
             let pool = &mut s.pools[k];
             KindArgs {
@@ -460,12 +476,14 @@ impl Lease {
             Ok(()) => now,
             Err(at) => at,
         };
-        let due = s.urgent
-            || s.last_call.is_none()
-            || (0..2).any(|k| s.wants_more(k, now))
-            || s.idle_holding(now);
-        if due {
+        if s.urgent || s.last_call.is_none() || s.idle_holding(now) {
             return probe;
+        }
+        if (0..2).any(|k| s.wants_more(k, now)) {
+            // Never a busy loop: calls at least MIN_SPACING apart, and none while the shared
+            // bucket is queued beyond what it would grant.
+            let spaced = s.last_call.map_or(now, |at| at + MIN_SPACING);
+            return probe.max(spaced).max(s.not_before.unwrap_or(now));
         }
         let beat = s.last_call.map_or(now, |at| at + heartbeat);
         let idle = s
@@ -495,7 +513,7 @@ impl Lease {
             }
             s.urgent = false;
             s.last_call = Some(sent);
-            (self.args(&mut s, false), idle)
+            (self.args(&mut s, false, sent), idle)
         };
         let result = self.fleet.call(&args).await;
         let now = Instant::now();
@@ -515,8 +533,14 @@ impl Lease {
                 return;
             }
         };
+        let mut s_not_before: Option<Instant> = None;
         for (k, pool) in s.pools.iter_mut().enumerate() {
             let (grant, before, rate, burst) = reply.kinds[k];
+            if rate > 0.0 && grant < args.kinds[k].want {
+                let wait = ((args.kinds[k].want - grant) / rate).clamp(0.01, 1.0);
+                let until = now + Duration::from_secs_f64(wait);
+                s_not_before = Some(s_not_before.map_or(until, |t: Instant| t.max(until)));
+            }
             pool.shared = (rate > 0.0).then_some((rate, burst));
             if let Some(l) = args.kinds[k].learned {
                 pool.published = Some((l.0, l.1));
@@ -536,6 +560,7 @@ impl Lease {
                     .inc_by(grant as u64);
             }
         }
+        s.not_before = s_not_before;
         s.live = reply.live;
         self.fleet.metrics.live_replicas.set(reply.live as i64);
         drop(s);

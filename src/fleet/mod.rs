@@ -101,6 +101,8 @@ pub struct Fleet {
     health: Mutex<Health>,
     metrics: FleetMetrics,
     leases: Mutex<Vec<Weak<Lease>>>,
+    /// Where pauses are published (`corral:fleet:NAME:pauses`).
+    channel: String,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -131,11 +133,13 @@ impl Fleet {
             .set_number_of_retries(1)
             .set_min_delay(PROBE_BASE)
             .set_max_delay(PROBE_CAP);
-        let conn = redis::Client::open(url.0.as_str())
-            .and_then(|client| ConnectionManager::new_lazy_with_config(client, manager_config));
-        let conn = match conn {
-            Ok(conn) => conn,
-            Err(e) => {
+        let client = redis::Client::open(url.0.as_str());
+        let conn = client.clone().and_then(|client| {
+            ConnectionManager::new_lazy_with_config(client, manager_config)
+        });
+        let (conn, client) = match (conn, client) {
+            (Ok(conn), Ok(client)) => (conn, client),
+            (Err(e), _) | (_, Err(e)) => {
                 // The URL was checked when the config was read; say why without it.
                 tracing::error!(redis = %url, error = %redact(&e.to_string(), &url), "fleet: cannot use Redis; every corral paces alone");
                 return None;
@@ -155,7 +159,7 @@ impl Fleet {
             .with_label_values(&[Mode::Connecting.label()])
             .set(1);
         tracing::info!(redis = %url, fleet = %config.name, replica, "fleet: sharing rate limits through Redis");
-        Some(Arc::new(Self {
+        let fleet = Arc::new(Self {
             conn,
             script: redis::Script::new(SCRIPT),
             url,
@@ -173,7 +177,29 @@ impl Fleet {
             }),
             metrics,
             leases: Mutex::default(),
-        }))
+            channel: format!("corral:fleet:{}:pauses", config.name.0),
+        });
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(listen(Arc::downgrade(&fleet), client));
+            }
+            Err(_) => tracing::warn!("fleet: no runtime; pauses reach this corral with its leases only"),
+        }
+        Some(fleet)
+    }
+
+    /// A pause another replica shared: "PAUSE-KEY MS".
+    fn paused(&self, message: &str) {
+        let Some((key, ms)) = message.split_once(' ') else {
+            return;
+        };
+        let Ok(ms) = ms.parse::<u64>() else { return };
+        let until = Instant::now() + Duration::from_millis(ms);
+        for lease in self.live_leases() {
+            if lease.pause_key() == key {
+                lease.pause_until(until);
+            }
+        }
     }
 
     /// A lease for one partition of `upstream`: `credential` is the partition's credential
@@ -249,6 +275,7 @@ impl Fleet {
                 .arg(kind.learned.map_or(0.0, |l| l.1))
                 .arg(kind.learned.and_then(|l| l.2).unwrap_or(-1.0));
         }
+        invocation.arg(&self.channel);
         let mut conn = self.conn.clone();
         let outcome = tokio::time::timeout(
             self.lease_timeout,
@@ -365,6 +392,39 @@ impl Fleet {
             "live_replicas": self.metrics.live_replicas.get(),
             "round_trips": round_trips,
         })
+    }
+}
+
+/// Subscribe to the fleet's pauses and apply each, reconnecting with jittered backoff, for as
+/// long as the fleet lives.
+async fn listen(fleet: Weak<Fleet>, client: redis::Client) {
+    use futures_util::StreamExt;
+    let mut attempt: u32 = 0;
+    loop {
+        let Some((channel, timeout)) = fleet.upgrade().map(|f| (f.channel.clone(), f.lease_timeout))
+        else {
+            return;
+        };
+        let connect = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        let subscribed = tokio::time::timeout(timeout.max(Duration::from_secs(1)), connect).await;
+        if let Ok(Ok(mut pubsub)) = subscribed {
+            attempt = 0;
+            let mut messages = pubsub.on_message();
+            while let Some(msg) = messages.next().await {
+                let Some(fleet) = fleet.upgrade() else { return };
+                if let Ok(text) = msg.get_payload::<String>() {
+                    fleet.paused(&text);
+                }
+            }
+        }
+        let ceiling = PROBE_BASE.saturating_mul(1 << attempt.min(10)).min(PROBE_CAP);
+        let wait = ceiling.mul_f64(SmallRng::from_os_rng().random_range(0.0..1.0));
+        tokio::time::sleep(wait.max(Duration::from_millis(20))).await;
+        attempt += 1;
     }
 }
 

@@ -273,14 +273,20 @@ fn validate_fleet(fleet: &super::FleetConfig) -> Result<(), Invalid> {
     if lease < Duration::from_millis(1) || lease > Duration::from_secs(10) {
         return bad(
             "lease_timeout",
-            format!("`lease_timeout` must be between 1ms and 10s, got {}", fleet.lease_timeout),
+            format!(
+                "`lease_timeout` must be between 1ms and 10s, got {}",
+                fleet.lease_timeout
+            ),
         );
     }
     let ttl = fleet.heartbeat_ttl.0;
     if ttl < Duration::from_secs(1) || ttl > MAX_SERVER_DURATION {
         return bad(
             "heartbeat_ttl",
-            format!("`heartbeat_ttl` must be between 1s and 1h, got {}", fleet.heartbeat_ttl),
+            format!(
+                "`heartbeat_ttl` must be between 1s and 1h, got {}",
+                fleet.heartbeat_ttl
+            ),
         );
     }
     if fleet.max_failures == 0 {

@@ -18,6 +18,7 @@
 
 use std::collections::VecDeque;
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Once, Weak};
 use std::time::Duration;
 
@@ -220,6 +221,8 @@ pub struct Lease {
     started: Once,
     /// Called with the end of a pause Redis reports.
     on_pause: Box<dyn Fn(Instant) + Send + Sync>,
+    /// Requests waiting on the partition (the demand).
+    queued: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for Lease {
@@ -236,6 +239,7 @@ impl Lease {
         key: String,
         upstream: &UpstreamConfig,
         on_pause: Box<dyn Fn(Instant) + Send + Sync>,
+        queued: Arc<AtomicUsize>,
     ) -> Arc<Self> {
         let l = &upstream.limits;
         let requests = l.rpm.map(|rpm| {
@@ -243,7 +247,9 @@ impl Lease {
             (f64::from(rpm.get()) / 60.0, f64::from(burst))
         });
         let tokens = l.tpm.map(|tpm| {
-            let burst = l.token_burst.map_or((tpm.get() / 6).max(1), NonZeroU32::get);
+            let burst = l
+                .token_burst
+                .map_or((tpm.get() / 6).max(1), NonZeroU32::get);
             (f64::from(tpm.get()) / 60.0, f64::from(burst))
         });
         let config = [requests, tokens];
@@ -278,6 +284,7 @@ impl Lease {
             granted: Notify::new(),
             started: Once::new(),
             on_pause,
+            queued,
         })
     }
 
@@ -294,7 +301,8 @@ impl Lease {
     /// Whether requests must go through [`acquire`](Self::acquire) (a shared bucket gates, or
     /// the fleet is not answering).
     pub fn gates(&self) -> bool {
-        self.fleet.mode() != Mode::Shared || lock(&self.state).pools.iter().any(|p| p.shared.is_some())
+        self.fleet.mode() != Mode::Shared
+            || lock(&self.state).pools.iter().any(|p| p.shared.is_some())
     }
 
     /// Whether the shared tokens bucket gates (so requests need a token estimate).
@@ -303,13 +311,8 @@ impl Lease {
     }
 
     /// Take one request and `cost` tokens, waiting while the deadline allows; `Err`: the wait
-    /// it would need. `queued`: requests waiting on the partition (the demand).
-    pub async fn acquire(
-        self: &Arc<Self>,
-        cost: f64,
-        deadline: Instant,
-        queued: usize,
-    ) -> Result<(), Duration> {
+    /// it would need.
+    pub async fn acquire(self: &Arc<Self>, cost: f64, deadline: Instant) -> Result<(), Duration> {
         self.start();
         loop {
             let granted = self.granted.notified();
@@ -318,7 +321,7 @@ impl Lease {
             let now = Instant::now();
             let step = {
                 let mut s = lock(&self.state);
-                s.waiting = queued;
+                s.waiting = self.queued.load(Ordering::Acquire);
                 if self.fleet.mode() == Mode::Fallback {
                     Step::Fallback(s.share())
                 } else {
@@ -471,32 +474,38 @@ impl Lease {
     /// When the refill task should call next (now or earlier: at once).
     fn next_call(&self, now: Instant) -> Instant {
         let heartbeat = self.fleet.heartbeat_ttl / 3;
-        let s = lock(&self.state);
+        let mut s = lock(&self.state);
+        s.waiting = self.queued.load(Ordering::Acquire);
         let probe = match self.fleet.may_call(now) {
             Ok(()) => now,
             Err(at) => at,
         };
-        if s.urgent || s.last_call.is_none() || s.idle_holding(now) {
+        if s.urgent || s.last_call.is_none() {
             return probe;
         }
+        // Never a busy loop: calls at least MIN_SPACING apart.
+        let spaced = s.last_call.map_or(now, |at| at + MIN_SPACING).max(probe);
+        if s.idle_holding(now) {
+            return spaced;
+        }
         if (0..2).any(|k| s.wants_more(k, now)) {
-            // Never a busy loop: calls at least MIN_SPACING apart, and none while the shared
-            // bucket is queued beyond what it would grant.
-            let spaced = s.last_call.map_or(now, |at| at + MIN_SPACING);
-            return probe.max(spaced).max(s.not_before.unwrap_or(now));
+            // None while the shared bucket is queued beyond what it would grant.
+            return spaced.max(s.not_before.unwrap_or(now));
         }
         let beat = s.last_call.map_or(now, |at| at + heartbeat);
         let idle = s
             .last_take
-            .filter(|_| s.pools.iter().any(|p| p.held() > 0.0))
+            .filter(|_| s.waiting == 0 && s.pools.iter().any(|p| p.held() > 0.0))
             .map(|at| at + IDLE_RETURN);
+        // Demand soon after the last take (it may want a refill then).
+        let soon = s.last_take.map(|at| at + IDLE_RETURN);
         let fallback = (self.fleet.mode() == Mode::Fallback).then_some(probe);
-        [Some(beat), idle, fallback]
+        [Some(beat), idle, soon.filter(|t| *t > now), fallback]
             .into_iter()
             .flatten()
             .min()
             .unwrap_or(beat)
-            .max(probe)
+            .max(spaced)
     }
 
     /// One call: ask, give back, share; apply the answer.
@@ -533,13 +542,13 @@ impl Lease {
                 return;
             }
         };
-        let mut s_not_before: Option<Instant> = None;
+        let mut not_before: Option<Instant> = None;
         for (k, pool) in s.pools.iter_mut().enumerate() {
             let (grant, before, rate, burst) = reply.kinds[k];
             if rate > 0.0 && grant < args.kinds[k].want {
                 let wait = ((args.kinds[k].want - grant) / rate).clamp(0.01, 1.0);
                 let until = now + Duration::from_secs_f64(wait);
-                s_not_before = Some(s_not_before.map_or(until, |t: Instant| t.max(until)));
+                not_before = Some(not_before.map_or(until, |t: Instant| t.max(until)));
             }
             pool.shared = (rate > 0.0).then_some((rate, burst));
             if let Some(l) = args.kinds[k].learned {
@@ -560,7 +569,7 @@ impl Lease {
                     .inc_by(grant as u64);
             }
         }
-        s.not_before = s_not_before;
+        s.not_before = not_before;
         s.live = reply.live;
         self.fleet.metrics.live_replicas.set(reply.live as i64);
         drop(s);
@@ -577,10 +586,16 @@ impl State {
         let Some((rate, burst)) = self.pools[k].shared else {
             return 0.0;
         };
-        let unit = if k == TOKENS { self.avg_cost.max(1.0) } else { 1.0 };
+        let unit = if k == TOKENS {
+            self.avg_cost.max(1.0)
+        } else {
+            1.0
+        };
         let demand = (self.demand.rate * BLOCK_SPAN).max(self.waiting as f64) * unit;
         let min = MIN_BLOCK * unit;
-        let max = (burst * MAX_BLOCK_BURST).min(rate * MAX_BLOCK_SPAN).max(min);
+        let max = (burst * MAX_BLOCK_BURST)
+            .min(rate * MAX_BLOCK_SPAN)
+            .max(min);
         demand.clamp(min, max)
     }
 
@@ -636,7 +651,9 @@ impl State {
                 _ => None,
             };
         }
-        let refill = short.iter().any(|&k| self.pools[k].held() < self.block(k) / 2.0)
+        let refill = short
+            .iter()
+            .any(|&k| self.pools[k].held() < self.block(k) / 2.0)
             || self.last_call.is_none();
         Step::Wait(at, refill)
     }
@@ -733,7 +750,11 @@ mod tests {
         pool.release(now + Duration::from_secs(60));
         assert_eq!(pool.available, 10.0, "never more than granted");
         assert_eq!(pool.held(), 10.0);
-        assert_eq!(pool.ready_at(11.0), None, "beyond the grant: wait for another");
+        assert_eq!(
+            pool.ready_at(11.0),
+            None,
+            "beyond the grant: wait for another"
+        );
         // A grant that queued behind others (level -6): nothing before 3 s.
         let mut queued = Pool::default();
         queued.drips.push_back(Drip {
@@ -745,7 +766,10 @@ mod tests {
         });
         queued.release(now + Duration::from_millis(2999));
         assert!(queued.available < 1.0);
-        assert_eq!(queued.ready_at(1.0), Some(now + Duration::from_millis(3500)));
+        assert_eq!(
+            queued.ready_at(1.0),
+            Some(now + Duration::from_millis(3500))
+        );
     }
 
     #[test]

@@ -19,6 +19,7 @@
 
 pub mod lease;
 
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -134,9 +135,9 @@ impl Fleet {
             .set_min_delay(PROBE_BASE)
             .set_max_delay(PROBE_CAP);
         let client = redis::Client::open(url.0.as_str());
-        let conn = client.clone().and_then(|client| {
-            ConnectionManager::new_lazy_with_config(client, manager_config)
-        });
+        let conn = client
+            .clone()
+            .and_then(|client| ConnectionManager::new_lazy_with_config(client, manager_config));
         let (conn, client) = match (conn, client) {
             (Ok(conn), Ok(client)) => (conn, client),
             (Err(e), _) | (_, Err(e)) => {
@@ -183,7 +184,9 @@ impl Fleet {
             Ok(runtime) => {
                 runtime.spawn(listen(Arc::downgrade(&fleet), client));
             }
-            Err(_) => tracing::warn!("fleet: no runtime; pauses reach this corral with its leases only"),
+            Err(_) => {
+                tracing::warn!("fleet: no runtime; pauses reach this corral with its leases only")
+            }
         }
         Some(fleet)
     }
@@ -204,15 +207,17 @@ impl Fleet {
 
     /// A lease for one partition of `upstream`: `credential` is the partition's credential
     /// (`None`: the upstream's own, from its configured headers).
-    /// `on_pause` is given the end of each pause another replica shared.
+    /// `on_pause` is given the end of each pause another replica shared; `queued` counts the
+    /// partition's waiting requests (the demand).
     pub fn lease(
         self: &Arc<Self>,
         upstream: &UpstreamConfig,
         credential: Option<&[u8]>,
         on_pause: Box<dyn Fn(Instant) + Send + Sync>,
+        queued: Arc<AtomicUsize>,
     ) -> Arc<Lease> {
         let key = self.bucket_key(upstream, credential);
-        let lease = Lease::new(Arc::clone(self), key, upstream, on_pause);
+        let lease = Lease::new(Arc::clone(self), key, upstream, on_pause, queued);
         let mut leases = lock(&self.leases);
         leases.retain(|l| l.strong_count() > 0);
         leases.push(Arc::downgrade(&lease));
@@ -234,7 +239,12 @@ impl Fleet {
         digest.update(b"\0");
         digest.update(host.as_bytes());
         digest.update(b"\0");
-        digest.update(sha1_smol::Sha1::from(credential).digest().to_string().as_bytes());
+        digest.update(
+            sha1_smol::Sha1::from(credential)
+                .digest()
+                .to_string()
+                .as_bytes(),
+        );
         let hex = digest.digest().to_string();
         format!("corral:{{{}}}", &hex[..20])
     }
@@ -345,7 +355,10 @@ impl Fleet {
                 .mode
                 .with_label_values(&[before.label()])
                 .set(0);
-            self.metrics.mode.with_label_values(&[h.mode.label()]).set(1);
+            self.metrics
+                .mode
+                .with_label_values(&[h.mode.label()])
+                .set(1);
             drop(h);
             for lease in self.live_leases() {
                 lease.mode_changed();
@@ -401,7 +414,9 @@ async fn listen(fleet: Weak<Fleet>, client: redis::Client) {
     use futures_util::StreamExt;
     let mut attempt: u32 = 0;
     loop {
-        let Some((channel, timeout)) = fleet.upgrade().map(|f| (f.channel.clone(), f.lease_timeout))
+        let Some((channel, timeout)) = fleet
+            .upgrade()
+            .map(|f| (f.channel.clone(), f.lease_timeout))
         else {
             return;
         };
@@ -421,7 +436,9 @@ async fn listen(fleet: Weak<Fleet>, client: redis::Client) {
                 }
             }
         }
-        let ceiling = PROBE_BASE.saturating_mul(1 << attempt.min(10)).min(PROBE_CAP);
+        let ceiling = PROBE_BASE
+            .saturating_mul(1 << attempt.min(10))
+            .min(PROBE_CAP);
         let wait = ceiling.mul_f64(SmallRng::from_os_rng().random_range(0.0..1.0));
         tokio::time::sleep(wait.max(Duration::from_millis(20))).await;
         attempt += 1;

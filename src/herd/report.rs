@@ -79,14 +79,18 @@ pub fn fleet_table(results: &[RunResult]) -> String {
             (Some(_), false) => "shared",
             (None, false) => "none",
         };
-        let trips = r
-            .redis_calls
-            .map_or("-".to_owned(), |n| format!("{:.3}", n as f64 / r.tasks.max(1) as f64));
+        let trips = r.redis_calls.map_or("-".to_owned(), |n| {
+            format!("{:.3}", n as f64 / r.tasks.max(1) as f64)
+        });
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2}x | {} | {:.1}% | {} | {} |",
             r.replicas,
-            if r.uneven { "uneven (half on one)" } else { "even" },
+            if r.uneven {
+                "uneven (half on one)"
+            } else {
+                "even"
+            },
             redis,
             r.strategy.label(),
             r.makespan.as_secs_f64(),

@@ -143,7 +143,10 @@ impl RateLimitShared {
         if !map.make_room(now) {
             return Arc::clone(&self.default);
         }
-        let fleet = self.fleet.as_ref().map(|f| (f, Some(credential.as_bytes())));
+        let fleet = self
+            .fleet
+            .as_ref()
+            .map(|f| (f, Some(credential.as_bytes())));
         let partition = Arc::new(Partition::new(&self.config, fleet));
         let keyed = Keyed {
             partition: Arc::clone(&partition),

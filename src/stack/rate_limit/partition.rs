@@ -97,8 +97,9 @@ pub struct Partition {
     pacers: Option<Mutex<Pacers>>,
     /// Notified on every answer: slow start waits for answers, not for time.
     answered: Notify,
-    /// Requests on the slow path (waiting for their turn or for capacity).
-    queued: AtomicUsize,
+    /// Requests on the slow path (waiting for their turn or for capacity); shared with the
+    /// fleet lease, which sizes its blocks from it.
+    queued: Arc<AtomicUsize>,
     /// Whether the tokens pacer has learned anything (else token estimates are not needed).
     tokens_learned: AtomicBool,
     /// Set by 429s (this corral's, and with `[fleet]` its peers'): nothing is sent to this
@@ -129,12 +130,14 @@ impl Partition {
     pub fn new(config: &UpstreamConfig, fleet: Option<(&Arc<Fleet>, Option<&[u8]>)>) -> Self {
         let l = &config.limits;
         let pause = Arc::new(Pause::new());
+        let queued = Arc::new(AtomicUsize::new(0));
         let lease = fleet.map(|(fleet, credential)| {
             let shared = Arc::clone(&pause);
             fleet.lease(
                 config,
                 credential,
                 Box::new(move |until| shared.extend(until)),
+                Arc::clone(&queued),
             )
         });
         let l_local = lease.is_none().then_some(l);
@@ -166,7 +169,7 @@ impl Partition {
             tokens,
             pacers,
             answered: Notify::new(),
-            queued: AtomicUsize::new(0),
+            queued,
             tokens_learned: AtomicBool::new(false),
             pause,
             lease,
@@ -278,8 +281,7 @@ impl Partition {
             take(bucket, cost, deadline).await?;
         }
         if let Some(lease) = &self.lease {
-            let queued = self.queued.load(Ordering::Acquire);
-            lease.acquire(f64::from(cost), deadline, queued).await?;
+            lease.acquire(f64::from(cost), deadline).await?;
         }
         let Some(pacers) = &self.pacers else {
             return self.wait_pause(deadline, false).await.map(|()| None);

@@ -1,0 +1,553 @@
+//! `[fleet]` against a real Redis: corrals on one key share one limit, lease it in blocks (one
+//! round trip per ten requests or fewer, counted by Redis's own `INFO commandstats`), share one
+//! 429's pause and what one of them learned, give back unused leases on shutdown, and never let
+//! a slow, hung, lost or flushed Redis fail a client request.
+//!
+//! Each test starts its own `redis-server` on a free loopback port (`--save ""`). Without one
+//! installed the tests are skipped with a message, unless `CORRAL_REQUIRE_REDIS=1` (set by
+//! `.ci/run`) or `CI` is set: then they fail.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use corral::herd::redis_server::{script_calls, RedisServer};
+use http::Request;
+use http_body_util::Full;
+use support::binary::{corral_command, Running};
+use support::{client, eventually, json, post, send, Corral, MockUpstream};
+use tokio::time::Instant;
+
+/// A fresh `redis-server`, or `None` (skipped) when none is installed and CI does not require
+/// one.
+fn redis() -> Option<RedisServer> {
+    if !RedisServer::available() {
+        let required = std::env::var("CORRAL_REQUIRE_REDIS").as_deref() == Ok("1")
+            || std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false");
+        assert!(
+            !required,
+            "redis-server is not installed: `apt install redis-server` (CI requires it)"
+        );
+        eprintln!("skipped: redis-server is not installed (apt install redis-server)");
+        return None;
+    }
+    Some(RedisServer::start().expect("start redis-server"))
+}
+
+/// A corral config fronting `upstream` at `/v1`, sharing its limits through `redis`.
+fn fleet_config(
+    upstream: &MockUpstream,
+    redis: &str,
+    fleet_extra: &str,
+    upstream_extra: &str,
+) -> String {
+    format!(
+        "drain_timeout = \"5s\"\n[fleet]\nredis = \"{redis}\"\nname = \"test\"\n{fleet_extra}\n\
+         [[upstream]]\nname = \"mock\"\nroute = \"/v1\"\nbase_url = \"http://{}/v1\"\n{upstream_extra}\n",
+        upstream.addr
+    )
+}
+
+/// An upstream that answers 200 and records when each request arrived.
+async fn recording_upstream() -> (MockUpstream, Arc<Mutex<Vec<Instant>>>) {
+    let arrivals = Arc::new(Mutex::new(Vec::new()));
+    let a = Arc::clone(&arrivals);
+    let upstream = MockUpstream::start(move |_| {
+        a.lock().unwrap().push(Instant::now());
+        async { json(200, serde_json::json!({"ok": true})) }
+    })
+    .await;
+    (upstream, arrivals)
+}
+
+async fn get_json(corral: &Corral, path: &str) -> serde_json::Value {
+    let req = Request::get(corral.url(path))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (_, body) = send(&client(), req).await;
+    serde_json::from_slice(&body).expect("JSON")
+}
+
+async fn fleet_mode(corral: &Corral) -> String {
+    get_json(corral, "/status").await["fleet"]["mode"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+async fn wait_for_mode(corral: &Corral, mode: &str, limit: Duration) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if fleet_mode(corral).await == mode {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+/// `n` requests through `corral` from `concurrency` clients at once; the statuses.
+async fn burst(corral: &Corral, n: usize, concurrency: usize) -> Vec<u16> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let statuses = Arc::new(Mutex::new(Vec::new()));
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (next, statuses, url) = (
+                Arc::clone(&next),
+                Arc::clone(&statuses),
+                corral.url("/v1/chat/completions"),
+            );
+            tokio::spawn(async move {
+                let c = client();
+                while next.fetch_add(1, Ordering::SeqCst) < n {
+                    let (parts, _) = send(&c, post(&url, r#"{"model":"m"}"#)).await;
+                    statuses.lock().unwrap().push(parts.status.as_u16());
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let out = statuses.lock().unwrap().clone();
+    out
+}
+
+/// Requests sent through `corral` by `concurrency` loops until stopped: (sent, not 200).
+struct Load {
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicUsize>,
+    failed: Arc<AtomicUsize>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(corral: &Corral, concurrency: usize) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicUsize::new(0));
+        let failed = Arc::new(AtomicUsize::new(0));
+        let tasks = (0..concurrency)
+            .map(|_| {
+                let (stop, sent, failed, url) = (
+                    Arc::clone(&stop),
+                    Arc::clone(&sent),
+                    Arc::clone(&failed),
+                    corral.url("/v1/chat/completions"),
+                );
+                tokio::spawn(async move {
+                    let c = client();
+                    while !stop.load(Ordering::SeqCst) {
+                        let (parts, _) = send(&c, post(&url, r#"{"model":"m"}"#)).await;
+                        sent.fetch_add(1, Ordering::SeqCst);
+                        if parts.status != 200 {
+                            failed.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                })
+            })
+            .collect();
+        Self {
+            stop,
+            sent,
+            failed,
+            tasks,
+        }
+    }
+
+    /// Stop and wait: (sent, failed).
+    async fn finish(self) -> (usize, usize) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+        (
+            self.sent.load(Ordering::SeqCst),
+            self.failed.load(Ordering::SeqCst),
+        )
+    }
+}
+
+async fn redis_cmd(server: &RedisServer, args: &[&str]) -> redis::Value {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query_async(&mut conn).await.unwrap()
+}
+
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in /metrics"))
+}
+
+async fn metrics(corral: &Corral) -> String {
+    let req = Request::get(corral.url("/metrics"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (_, body) = send(&client(), req).await;
+    String::from_utf8(body.to_vec()).unwrap()
+}
+
+/// Two corrals told the same limit (100/s, burst 10) share it: 400 requests split between
+/// them take as long as one limit allows, not half as long, and Redis served at most one
+/// lease call per ten requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_corrals_share_one_limit_leasing_in_blocks() {
+    let Some(server) = redis() else { return };
+    let (upstream, arrivals) = recording_upstream().await;
+    let toml = fleet_config(
+        &upstream,
+        &server.url(),
+        "",
+        "[upstream.limits]\nrpm = 6000\nburst = 10\n",
+    );
+    let a = Corral::start(&toml).await;
+    let b = Corral::start(&toml).await;
+    let before = script_calls(&server.url()).await.unwrap();
+    let start = Instant::now();
+    let (ra, rb) = tokio::join!(burst(&a, 200, 10), burst(&b, 200, 10));
+    let elapsed = start.elapsed();
+    let calls = script_calls(&server.url()).await.unwrap() - before;
+    assert!(
+        ra.iter().chain(&rb).all(|s| *s == 200),
+        "every request succeeded: {ra:?} {rb:?}"
+    );
+    // (400 - 10) / 100 = 3.9 s at the shared limit; each alone at the whole limit would be
+    // done in about half that. Bound: 3.3 s (15% for timer slack).
+    assert!(
+        elapsed >= Duration::from_millis(3300),
+        "400 requests through two corrals sharing 100/s took {elapsed:?}: the limit was not shared"
+    );
+    // Nor did the upstream ever see more than the shared bucket allows: in any second, at
+    // most burst + rate (+10% slack).
+    let arrivals = arrivals.lock().unwrap().clone();
+    for (i, t) in arrivals.iter().enumerate() {
+        let in_a_second = arrivals[i..]
+            .iter()
+            .take_while(|u| u.duration_since(*t) < Duration::from_secs(1))
+            .count();
+        assert!(
+            in_a_second <= 121,
+            "{in_a_second} requests within 1 s of one another"
+        );
+    }
+    // One lease call per ten requests, plus each corral's first call and a heartbeat or two.
+    assert!(
+        calls <= 400 / 10 + 6,
+        "{calls} lease calls for 400 requests: more than one per ten"
+    );
+    assert!(
+        calls >= 400 / 25,
+        "{calls} lease calls: were the leases used at all?"
+    );
+}
+
+/// A 429 (with `retry-after-ms: 1500`) seen by one corral pauses the other at once: its
+/// request reaches the upstream only after the hint passed, though it never saw a 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_429_pauses_every_replica() {
+    let Some(server) = redis() else { return };
+    let arrivals = Arc::new(Mutex::new(Vec::new()));
+    let a2 = Arc::clone(&arrivals);
+    let upstream = MockUpstream::start(move |_| {
+        let n = {
+            let mut a = a2.lock().unwrap();
+            a.push(Instant::now());
+            a.len()
+        };
+        async move {
+            if n == 1 {
+                let mut r = json(429, serde_json::json!({"error": {"type": "rate_limit"}}));
+                r.headers_mut()
+                    .insert("retry-after-ms", "1500".parse().unwrap());
+                r
+            } else {
+                json(200, serde_json::json!({"ok": true}))
+            }
+        }
+    })
+    .await;
+    let toml = fleet_config(&upstream, &server.url(), "", "");
+    let a = Corral::start(&toml).await;
+    let b = Corral::start(&toml).await;
+    // Both have leased once (so both are live and subscribed).
+    assert_eq!(burst(&b, 1, 1).await, [200]);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    arrivals.lock().unwrap().clear();
+    let url = a.url("/v1/chat/completions");
+    let first = tokio::spawn(async move { send(&client(), post(&url, "{}")).await.0.status });
+    assert!(
+        eventually(Duration::from_secs(5), || !arrivals
+            .lock()
+            .unwrap()
+            .is_empty())
+        .await,
+        "corral A's request reached the upstream"
+    );
+    let refused_at = arrivals.lock().unwrap()[0];
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(burst(&b, 1, 1).await, [200], "B's request went through");
+    assert_eq!(
+        first.await.unwrap(),
+        200,
+        "A retried its 429 after the pause"
+    );
+    let seen = arrivals.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3, "the 429, A's retry, B's request");
+    for t in &seen[1..] {
+        let after = t.duration_since(refused_at);
+        assert!(
+            after >= Duration::from_millis(1400),
+            "a request reached the upstream {after:?} after the 429 whose hint was 1.5 s"
+        );
+    }
+}
+
+/// What one corral learned from the provider's headers reaches another that never saw them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_one_learns_all_know() {
+    let Some(server) = redis() else { return };
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c2 = Arc::clone(&calls);
+    let upstream = MockUpstream::start(move |_| {
+        let n = c2.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let mut r = json(200, serde_json::json!({"ok": true}));
+            if n < 3 {
+                // Only A's first three answers carry headers: 600 per minute, 10/s.
+                let h = r.headers_mut();
+                h.insert("x-ratelimit-limit-requests", "600".parse().unwrap());
+                h.insert("x-ratelimit-remaining-requests", "597".parse().unwrap());
+                h.insert("x-ratelimit-reset-requests", "300ms".parse().unwrap());
+            }
+            r
+        }
+    })
+    .await;
+    let toml = fleet_config(&upstream, &server.url(), "", "");
+    let a = Corral::start(&toml).await;
+    let b = Corral::start(&toml).await;
+    assert_eq!(burst(&a, 3, 1).await, [200, 200, 200]);
+    let learned = get_json(&a, "/status").await["upstreams"][0]["rate_limit"]["learned"][0]
+        ["rate_per_second"]
+        .as_f64()
+        .unwrap();
+    assert!(learned > 0.0, "A learned a pace from the headers");
+    assert_eq!(burst(&b, 1, 1).await, [200]);
+    let shared = |v: &serde_json::Value| {
+        v["upstreams"][0]["rate_limit"]["fleet"]["requests"]["shared_rate_per_second"].as_f64()
+    };
+    let mut seen = None;
+    for _ in 0..100 {
+        seen = shared(&get_json(&b, "/status").await);
+        if seen.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seen = seen.expect("B paces to the shared bucket A's headers set");
+    assert!(
+        (seen - learned).abs() < 0.25 * learned,
+        "B's shared rate {seen} is what A learned ({learned})"
+    );
+    let b_learned =
+        get_json(&b, "/status").await["upstreams"][0]["rate_limit"]["learned"][0]["source"].clone();
+    assert_ne!(b_learned, "headers", "B never saw a header itself");
+}
+
+/// Shutdown gives the unused part of the lease back to the shared bucket and leaves the live
+/// set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_gives_back_the_unused_lease() {
+    let Some(server) = redis() else { return };
+    let (upstream, _) = recording_upstream().await;
+    // 1 per second, burst 50: a block is 10; refill over the test is a few units at most.
+    let toml = fleet_config(
+        &upstream,
+        &server.url(),
+        "",
+        "[upstream.limits]\nrpm = 60\nburst = 50\n",
+    );
+    let mut corral = Corral::start(&toml).await;
+    assert_eq!(burst(&corral, 1, 1).await, [200]);
+    let keys = match redis_cmd(&server, &["KEYS", "corral:*:requests"]).await {
+        redis::Value::Array(keys) => keys,
+        other => panic!("KEYS answered {other:?}"),
+    };
+    assert_eq!(keys.len(), 1, "one bucket, under a hashed key");
+    let key = match &keys[0] {
+        redis::Value::BulkString(k) => String::from_utf8(k.clone()).unwrap(),
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        key.starts_with("corral:{") && key.ends_with("}:requests"),
+        "{key}"
+    );
+    let level = |v: redis::Value| match v {
+        redis::Value::BulkString(b) => String::from_utf8(b).unwrap().parse::<f64>().unwrap(),
+        other => panic!("{other:?}"),
+    };
+    let leased = level(redis_cmd(&server, &["HGET", &key, "level"]).await);
+    assert!(
+        leased <= 41.0,
+        "a block of 10 was leased from 50: level {leased}"
+    );
+    corral.shutdown();
+    corral.task.take().unwrap().await.unwrap().unwrap();
+    let after = level(redis_cmd(&server, &["HGET", &key, "level"]).await);
+    assert!(
+        after >= leased + 8.5,
+        "the 9 unused units came back: {leased} -> {after}"
+    );
+    let replicas_key = key.replace(":requests", ":replicas");
+    let live = redis_cmd(&server, &["ZCARD", &replicas_key]).await;
+    assert_eq!(live, redis::Value::Int(0), "it left the live set");
+}
+
+/// Redis unreachable from the start: corral starts, serves every request at its local share,
+/// says `fallback` in `/status` and `/metrics`, and never prints the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_redis_never_blocks_startup_nor_fails_a_request() {
+    let (upstream, _) = recording_upstream().await;
+    let dead = "redis://user:hunter2@127.0.0.1:1/0";
+    let toml = fleet_config(
+        &upstream,
+        dead,
+        "",
+        "[upstream.limits]\nrpm = 6000\nburst = 10\n",
+    );
+    let path = std::env::temp_dir().join(format!("corral-fleet-{}.toml", std::process::id()));
+    std::fs::write(&path, &toml).unwrap();
+    let mut cmd = corral_command([
+        "--config",
+        path.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    cmd.env("RUST_LOG", "info");
+    let running = Running::spawn(cmd, false).await;
+    let c = client();
+    for _ in 0..20 {
+        let (parts, _) = send(&c, post(&running.url("/v1/chat/completions"), "{}")).await;
+        assert_eq!(parts.status, 200, "requests pass while Redis is down");
+    }
+    let (_, status) = running.get(running.addr, "/status").await;
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["fleet"]["mode"], "fallback", "{status}");
+    assert_eq!(status["fleet"]["redis"], "redis://user:*****@127.0.0.1:1/0");
+    let (_, metrics) = running.get(running.addr, "/metrics").await;
+    assert!(
+        metrics.contains("corral_fleet_mode{mode=\"fallback\"} 1"),
+        "{metrics}"
+    );
+    assert!(running.log_has("fleet: Redis is slow or unreachable"));
+    running.signal("INT");
+    let (_, log) = running.wait().await;
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        !log.iter().any(|l| l.contains("hunter2")) && !status.to_string().contains("hunter2"),
+        "the Redis password was printed"
+    );
+}
+
+/// The faults: each one, under steady load through a corral with the limit set (100/s): no
+/// client request fails; a slow, hung or lost Redis is a fallback, counted once, and corral
+/// leases from Redis again when it is back; `SCRIPT FLUSH` is no fallback at all.
+async fn under_fault(
+    fault: impl std::future::Future<Output = ()>,
+    expect_fallback: bool,
+    server: &RedisServer,
+) {
+    let (upstream, _) = recording_upstream().await;
+    let toml = fleet_config(
+        &upstream,
+        &server.url(),
+        "lease_timeout = \"100ms\"",
+        "[upstream.limits]\nrpm = 6000\nburst = 10\n",
+    );
+    let corral = Corral::start(&toml).await;
+    let load = Load::start(&corral, 8);
+    assert!(wait_for_mode(&corral, "shared", Duration::from_secs(5)).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    fault.await;
+    if expect_fallback {
+        assert!(
+            wait_for_mode(&corral, "fallback", Duration::from_secs(5)).await,
+            "the fault was noticed"
+        );
+    }
+    assert!(
+        wait_for_mode(&corral, "shared", Duration::from_secs(15)).await,
+        "corral leases from Redis again once it is back"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (sent, failed) = load.finish().await;
+    assert!(sent > 50, "the load ran ({sent} requests)");
+    assert_eq!(failed, 0, "{failed} of {sent} client requests failed");
+    let m = metrics(&corral).await;
+    let fallbacks = metric(&m, "corral_fleet_fallbacks_total");
+    if expect_fallback {
+        assert!(fallbacks >= 1.0, "counted: {fallbacks}");
+    } else {
+        assert_eq!(fallbacks, 0.0, "no fallback");
+    }
+    assert!(metric(&m, "corral_fleet_round_trips_total{outcome=\"ok\"}") > 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_is_a_fallback_and_no_failure() {
+    let Some(server) = redis() else { return };
+    let fault = async {
+        redis_cmd(&server, &["CLIENT", "PAUSE", "1500"]).await;
+    };
+    under_fault(fault, true, &server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_redis_is_a_fallback_and_no_failure() {
+    let Some(server) = redis() else { return };
+    let pid = server.pid().unwrap().to_string();
+    let fault = async {
+        let kill = |sig: &str| {
+            let ok = std::process::Command::new("kill")
+                .args([sig, &pid])
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "kill {sig} {pid}");
+        };
+        kill("-STOP");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        kill("-CONT");
+    };
+    under_fault(fault, true, &server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_redis_is_a_fallback_and_no_failure() {
+    let Some(server) = redis() else { return };
+    let fault = async {
+        server.kill();
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        server.restart().unwrap();
+    };
+    under_fault(fault, true, &server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_script_is_loaded_again() {
+    let Some(server) = redis() else { return };
+    let fault = async {
+        assert_eq!(
+            redis_cmd(&server, &["SCRIPT", "FLUSH"]).await,
+            redis::Value::Okay
+        );
+    };
+    under_fault(fault, false, &server).await;
+}

@@ -59,15 +59,30 @@ pub struct CheckArgs {
     pub path: PathBuf,
     #[command(flatten)]
     pub listen: ListenArgs,
+    /// The fleet's Redis, overriding the config's `[fleet] redis`.
+    #[arg(long, env = "CORRAL_REDIS", value_name = "URL")]
+    pub redis: Option<String>,
 }
 
 impl CheckArgs {
-    /// The configuration corral would run on: the file, validated, with the listen overrides.
+    /// The configuration corral would run on: the file, validated, with the listen and Redis
+    /// overrides.
     pub fn load(&self) -> Result<Config, ConfigError> {
         let mut config = config::load_file(&self.path)?;
+        apply_redis(self.redis.as_deref(), &mut config)?;
         self.listen.apply(&mut config)?;
         Ok(config)
     }
+}
+
+/// `--redis` / `CORRAL_REDIS` into `config`.
+fn apply_redis(url: Option<&str>, config: &mut Config) -> Result<(), ConfigError> {
+    if let Some(url) = url {
+        let url = config::types::parse_redis_url(url)
+            .map_err(|r| flag_err("--redis / CORRAL_REDIS", r))?;
+        config.fleet.redis = Some(url);
+    }
+    Ok(())
 }
 
 /// Where corral listens, over the config file's `listen` and `admin_listen`.
@@ -160,11 +175,7 @@ impl RunArgs {
             }
             config.upstreams = vec![up];
         }
-        if let Some(url) = &self.redis {
-            let url = config::types::parse_redis_url(url)
-                .map_err(|r| flag_err("--redis / CORRAL_REDIS", r))?;
-            config.fleet.redis = Some(url);
-        }
+        apply_redis(self.redis.as_deref(), &mut config)?;
         self.listen.apply(&mut config)?;
         Ok(config)
     }

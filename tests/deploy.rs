@@ -8,6 +8,12 @@
 //!   also turns the YAML into JSON for the assertions here); the Job's sidecar, probes,
 //!   resources, securityContext, secret handling and scrape annotations; the PodMonitor's
 //!   fields; the ConfigMap's `corral.toml` through `check-config` and a real run.
+//! - The fleet (`deploy/kubernetes/fleet`): the same strict validation; the workers'
+//!   Deployment runs the Job's sidecar with the same checks; its Redis URL names the Redis
+//!   Service and a port that reaches redis-server, which the NetworkPolicy lets the workers
+//!   reach; Redis is one disposable, restricted instance; the fleet's `corral.toml` through
+//!   `check-config` and a real run with its Redis unreachable (it serves at once, and falls
+//!   back to its local share).
 //! - The drain (`drain_delay` + `drain_timeout`) of the baked config fits `docker stop`'s 10 s,
 //!   the sidecar's fits the pod's `terminationGracePeriodSeconds`.
 //!
@@ -370,12 +376,20 @@ fn the_baked_config_drains_within_docker_stops_wait() {
 #[test]
 fn the_sidecar_drains_within_the_pods_grace_period() {
     let Some(m) = manifests() else { return };
-    let pod = &doc(m, "Job")["spec"]["template"]["spec"];
+    assert_drains_within_grace(m, &doc(m, "Job")["spec"]["template"]["spec"]);
+}
+
+/// The drain of the loaded directory's sidecar config fits `pod`'s grace period.
+fn assert_drains_within_grace(m: &Value, pod: &Value) {
     // Kubernetes' default when the field is absent.
     let grace = Duration::from_secs(pod["terminationGracePeriodSeconds"].as_u64().unwrap_or(30));
     let (text, _) = sidecar_config(m);
-    let path =
-        std::env::temp_dir().join(format!("corral-deploy-drain-{}.toml", std::process::id()));
+    // One file per ConfigMap: the Job's and the fleet's are checked side by side.
+    let configmap = doc(m, "ConfigMap")["metadata"]["name"].as_str().unwrap();
+    let path = std::env::temp_dir().join(format!(
+        "corral-deploy-drain-{configmap}-{}.toml",
+        std::process::id()
+    ));
     std::fs::write(&path, &text).expect("write the sidecar config");
     let printed = check_config(&path, &[("OPENAI_API_KEY", "sk-deploy-drain")]);
     let _ = std::fs::remove_file(&path);
@@ -483,37 +497,63 @@ fn port_number(container: &Value, port: &Value) -> u64 {
 #[test]
 fn kubernetes_manifests_validate_against_the_kubernetes_schemas() {
     let Some(m) = manifests() else { return };
+    // Only the custom resource and kustomize's own file have no Kubernetes schema.
+    assert_validated(m, &["ConfigMap", "Job"], &["Kustomization", "PodMonitor"]);
+    assert_kustomization(m, &doc(m, "Job")["spec"]["template"]["spec"]);
+}
+
+/// No schema errors; every document validated against every [`K8S_VERSIONS`] but those of the
+/// `unchecked` kinds, which no shipped schema covers (and are all that was skipped); and
+/// documents of each of `kinds` among them.
+fn assert_validated(m: &Value, kinds: &[&str], unchecked: &[&str]) {
     let errors = m["errors"].as_array().expect("errors");
     assert!(errors.is_empty(), "schema errors: {errors:#?}");
-    let checked: BTreeSet<(String, String)> = m["checked"]
+    let checked: BTreeSet<(String, String, String, String)> = m["checked"]
         .as_array()
         .expect("checked")
         .iter()
         .map(|c| {
+            let field = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
             (
-                c["kind"].as_str().unwrap().into(),
-                c["version"].as_str().unwrap().into(),
+                field("file"),
+                field("kind"),
+                field("name"),
+                field("version"),
             )
         })
         .collect();
-    for kind in ["ConfigMap", "Job"] {
-        for version in K8S_VERSIONS {
-            assert!(
-                checked.contains(&(kind.into(), (*version).into())),
-                "{kind} not validated for {version}: {checked:?}"
-            );
+    let mut seen = BTreeSet::new();
+    for (file, documents) in m["files"].as_object().expect("files") {
+        for d in documents.as_array().expect("documents") {
+            let kind = d["kind"].as_str().expect("kind");
+            if unchecked.contains(&kind) {
+                continue;
+            }
+            seen.insert(kind);
+            let name = d["metadata"]["name"].as_str().expect("metadata.name");
+            for version in K8S_VERSIONS {
+                let key = (file.clone(), kind.into(), name.into(), (*version).into());
+                assert!(
+                    checked.contains(&key),
+                    "{file}: {kind} {name} not validated for {version}: {checked:?}"
+                );
+            }
         }
     }
-    // Only the custom resource and kustomize's own file have no Kubernetes schema.
+    for kind in kinds {
+        assert!(seen.contains(kind), "no {kind} validated: {seen:?}");
+    }
     let skipped: BTreeSet<&str> = m["skipped"]
         .as_array()
         .expect("skipped")
         .iter()
         .map(|s| s["kind"].as_str().unwrap())
         .collect();
-    assert_eq!(skipped, BTreeSet::from(["Kustomization", "PodMonitor"]));
+    assert_eq!(skipped, unchecked.iter().copied().collect::<BTreeSet<_>>());
+}
 
-    // kustomization.yaml lists every manifest, and renames the image the sidecar uses.
+/// kustomization.yaml lists every manifest, and renames the image `pod`'s sidecar uses.
+fn assert_kustomization(m: &Value, pod: &Value) {
     let kustomization = doc(m, "Kustomization");
     let resources: BTreeSet<&str> = kustomization["resources"]
         .as_array()
@@ -529,7 +569,6 @@ fn kubernetes_manifests_validate_against_the_kubernetes_schemas() {
         .filter(|f| *f != "kustomization.yaml")
         .collect();
     assert_eq!(resources, files, "kustomization resources");
-    let pod = &doc(m, "Job")["spec"]["template"]["spec"];
     let sidecar_image = named(&containers(pod, "initContainers"), "corral")["image"].clone();
     let images = kustomization["images"].as_array().expect("images");
     assert!(
@@ -549,6 +588,15 @@ fn job_runs_corral_as_a_native_sidecar_holding_the_key() {
         ["Never", "OnFailure"].contains(&pod["restartPolicy"].as_str().unwrap_or_default()),
         "a Job's pod restartPolicy"
     );
+    assert_sidecar_pod(m, template);
+}
+
+/// `template` (a pod template of the loaded directory `m`) runs corral as a native sidecar with
+/// the directory's ConfigMap, holding the key its other containers never see; its probes and
+/// scrape annotations on the admin listener; resources and a restrictive securityContext on
+/// every container.
+fn assert_sidecar_pod(m: &Value, template: &Value) {
+    let pod = &template["spec"];
     let inits = containers(pod, "initContainers");
     let mains = containers(pod, "containers");
     let corral = named(&inits, "corral");
@@ -655,9 +703,25 @@ fn job_runs_corral_as_a_native_sidecar_holding_the_key() {
     }
 
     // Resources and a restrictive securityContext on every container.
+    assert_restricted(pod);
+
+    // Prometheus' scrape annotations point at the admin port.
+    let annotations = &template["metadata"]["annotations"];
+    assert_eq!(annotations["prometheus.io/scrape"], "true");
+    assert_eq!(annotations["prometheus.io/port"], admin.port().to_string());
+    assert_eq!(annotations["prometheus.io/path"], "/metrics");
+}
+
+/// Every container of `pod`: CPU and memory requests and limits; non-root, read-only root
+/// filesystem, no privilege escalation, every capability dropped; the pod's RuntimeDefault
+/// seccomp profile.
+fn assert_restricted(pod: &Value) {
     let pod_sc = &pod["securityContext"];
     assert_eq!(pod_sc["seccompProfile"]["type"], "RuntimeDefault");
-    for c in inits.iter().chain(&mains) {
+    for c in containers(pod, "initContainers")
+        .iter()
+        .chain(&containers(pod, "containers"))
+    {
         let name = &c["name"];
         for kind in ["requests", "limits"] {
             for resource in ["cpu", "memory"] {
@@ -690,12 +754,6 @@ fn job_runs_corral_as_a_native_sidecar_holding_the_key() {
             "{name} adds capabilities"
         );
     }
-
-    // Prometheus' scrape annotations point at the admin port.
-    let annotations = &template["metadata"]["annotations"];
-    assert_eq!(annotations["prometheus.io/scrape"], "true");
-    assert_eq!(annotations["prometheus.io/port"], admin.port().to_string());
-    assert_eq!(annotations["prometheus.io/path"], "/metrics");
 }
 
 #[test]
@@ -833,7 +891,12 @@ fn quantity(q: &str) -> usize {
 #[test]
 fn sidecar_body_limit_and_queue_size_fit_its_memory_limit() {
     let Some(m) = manifests() else { return };
-    let pod = &doc(m, "Job")["spec"]["template"]["spec"];
+    assert_fits_memory_limit(m, &doc(m, "Job")["spec"]["template"]["spec"]);
+}
+
+/// The loaded directory's sidecar config fits the memory limit of `pod`'s corral (see
+/// [`sidecar_body_limit_and_queue_size_fit_its_memory_limit`]).
+fn assert_fits_memory_limit(m: &Value, pod: &Value) {
     let inits = containers(pod, "initContainers");
     let corral = named(&inits, "corral");
     let limit = quantity(
@@ -924,5 +987,495 @@ async fn sidecar_config_is_valid_and_serves_the_probes() {
     let (status, metrics) = corral.get(admin, "/metrics").await;
     assert_eq!(status, 200);
     assert!(metrics.contains("corral_in_flight_requests{upstream=\"openai\"}"));
+    let _ = std::fs::remove_file(&path);
+}
+
+// ===== Kubernetes: the fleet =====
+
+/// `deploy/kubernetes/fleet` (workers sharing one key's limit through Redis), loaded once.
+fn fleet_manifests() -> Option<&'static Value> {
+    static OUT: OnceLock<Option<Value>> = OnceLock::new();
+    OUT.get_or_init(|| load_manifests("deploy/kubernetes/fleet"))
+        .as_ref()
+}
+
+/// The Deployment whose replicas share the limit.
+const FLEET_WORKERS: &str = "llm-workers";
+/// The port redis-server listens on unless told `--port`.
+const REDIS_DEFAULT_PORT: u64 = 6379;
+/// How long a sidecar with Redis unreachable may take to serve `/readyz`, and to answer a
+/// request.
+const WITHOUT_REDIS: Duration = Duration::from_secs(5);
+
+/// The one document of `kind` named `name`.
+fn doc_named<'a>(m: &'a Value, kind: &str, name: &str) -> &'a Value {
+    let found: Vec<&Value> = docs(m, kind)
+        .into_iter()
+        .filter(|d| d["metadata"]["name"] == name)
+        .collect();
+    assert_eq!(found.len(), 1, "exactly one {kind} `{name}`");
+    found[0]
+}
+
+/// Whether a pod with `labels` matches the label selector `selector` (a `matchLabels` map, or
+/// a Service's `selector`); an empty one matches every pod.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    selector
+        .as_object()
+        .into_iter()
+        .flatten()
+        .all(|(k, v)| &labels[k] == v)
+}
+
+/// The workers' pod template.
+fn fleet_workers(m: &Value) -> &Value {
+    &doc_named(m, "Deployment", FLEET_WORKERS)["spec"]["template"]
+}
+
+/// The Redis Service and the one Deployment whose pods it selects.
+fn fleet_redis(m: &Value) -> (&Value, &Value) {
+    let service = doc(m, "Service");
+    let selector = &service["spec"]["selector"];
+    assert!(
+        selector.as_object().is_some_and(|s| !s.is_empty()),
+        "the Service selects pods by label: {selector}"
+    );
+    let selected: Vec<&Value> = docs(m, "Deployment")
+        .into_iter()
+        .filter(|d| selects(selector, &d["spec"]["template"]["metadata"]["labels"]))
+        .collect();
+    assert_eq!(
+        selected.len(),
+        1,
+        "the Service selects the pods of exactly one Deployment (Redis'), not the workers'"
+    );
+    (service, selected[0])
+}
+
+/// The single container of `pod`, and the port its redis-server listens on.
+fn redis_container(pod: &Value) -> (Value, u64) {
+    assert!(
+        containers(pod, "initContainers").is_empty(),
+        "Redis' pod has no init containers"
+    );
+    let all = containers(pod, "containers");
+    assert_eq!(all.len(), 1, "Redis' pod runs redis-server only");
+    let args: Vec<String> =
+        serde_json::from_value(all[0]["args"].clone()).expect("redis-server's args");
+    let port = flag_value(&args, "--port").map_or(REDIS_DEFAULT_PORT, |p| {
+        p.parse().expect("--port is a number")
+    });
+    let declared = all[0]["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|p| p["containerPort"] == port);
+    assert!(declared, "Redis' container declares its port {port}");
+    (all[0].clone(), port)
+}
+
+/// `text` in a file of its own under the temporary directory.
+fn temp_config(tag: &str, text: &str) -> PathBuf {
+    let path =
+        std::env::temp_dir().join(format!("corral-deploy-{tag}-{}.toml", std::process::id()));
+    std::fs::write(&path, text).expect("write a config");
+    path
+}
+
+#[test]
+fn fleet_manifests_validate_against_the_kubernetes_schemas() {
+    let Some(m) = fleet_manifests() else { return };
+    // Every document but kustomize's own file, each for every version.
+    assert_validated(
+        m,
+        &["ConfigMap", "Deployment", "Service", "NetworkPolicy"],
+        &["Kustomization"],
+    );
+    assert_eq!(docs(m, "Deployment").len(), 2, "the workers and Redis");
+    assert_kustomization(m, &fleet_workers(m)["spec"]);
+}
+
+/// The workers' Deployment runs corral as a native sidecar, with every check the Job's gets;
+/// and it is the Job's sidecar, field for field, but for its ConfigMap.
+#[test]
+fn fleet_workers_run_corral_as_a_native_sidecar_like_the_job() {
+    let (Some(m), Some(job_m)) = (fleet_manifests(), manifests()) else {
+        return;
+    };
+    let deployment = doc_named(m, "Deployment", FLEET_WORKERS);
+    assert_eq!(deployment["apiVersion"], "apps/v1");
+    let spec = &deployment["spec"];
+    let replicas = spec["replicas"].as_u64().expect("spec.replicas");
+    assert!(replicas > 1, "a fleet: replicas share the key ({replicas})");
+    let template = &spec["template"];
+    let labels = &template["metadata"]["labels"];
+    let selector = &spec["selector"]["matchLabels"];
+    assert!(
+        selector.as_object().is_some_and(|s| !s.is_empty()) && selects(selector, labels),
+        "the Deployment's selector {selector} matches its pods' labels {labels}"
+    );
+    let pod = &template["spec"];
+    assert!(
+        matches!(pod["restartPolicy"].as_str(), None | Some("Always")),
+        "a Deployment's pods restart Always: {}",
+        pod["restartPolicy"]
+    );
+    assert_sidecar_pod(m, template);
+
+    let job_pod = &doc(job_m, "Job")["spec"]["template"]["spec"];
+    let job_corral = named(&containers(job_pod, "initContainers"), "corral").clone();
+    let corral = named(&containers(pod, "initContainers"), "corral").clone();
+    for field in [
+        "image",
+        "imagePullPolicy",
+        "restartPolicy",
+        "args",
+        "ports",
+        "startupProbe",
+        "livenessProbe",
+        "readinessProbe",
+        "resources",
+        "securityContext",
+        "volumeMounts",
+    ] {
+        assert_eq!(
+            corral[field], job_corral[field],
+            "the workers' sidecar `{field}` differs from the Job's"
+        );
+    }
+    for e in job_corral["env"].as_array().expect("the Job's sidecar env") {
+        let name = e["name"].as_str().unwrap();
+        assert_eq!(
+            env_value(&corral, name),
+            Some(e),
+            "the workers' sidecar env {name}"
+        );
+    }
+    for field in ["securityContext", "automountServiceAccountToken"] {
+        assert_eq!(pod[field], job_pod[field], "the workers' pod `{field}`");
+    }
+    assert_ne!(
+        pod["volumes"], job_pod["volumes"],
+        "the workers mount their own ConfigMap"
+    );
+
+    // ../podmonitor.yaml scrapes these sidecars too: its selector and port name.
+    let pm = &doc(job_m, "PodMonitor")["spec"];
+    assert!(
+        selects(&pm["selector"]["matchLabels"], labels),
+        "the PodMonitor selects the workers' pods"
+    );
+    for e in pm["podMetricsEndpoints"].as_array().expect("endpoints") {
+        port_number(&corral, &e["port"]);
+    }
+}
+
+#[test]
+fn fleet_sidecar_drains_within_the_grace_period_and_fits_its_memory_limit() {
+    let Some(m) = fleet_manifests() else { return };
+    let pod = &fleet_workers(m)["spec"];
+    assert_drains_within_grace(m, pod);
+    assert_fits_memory_limit(m, pod);
+}
+
+/// The Redis URL the sidecar uses names the Service in redis.yaml and a port of it that
+/// reaches redis-server; the NetworkPolicy lets the workers in; no Service's environment
+/// variables (which Kubernetes puts into the pods) collide with corral's.
+#[test]
+fn fleet_sidecar_redis_url_names_the_redis_service() {
+    let Some(m) = fleet_manifests() else { return };
+    let workers = fleet_workers(m);
+    let corral = named(&containers(&workers["spec"], "initContainers"), "corral").clone();
+    let (_, config) = sidecar_config(m);
+    // What corral connects to: CORRAL_REDIS over the config's [fleet] redis.
+    let url = match env_value(&corral, "CORRAL_REDIS") {
+        Some(e) => e["value"]
+            .as_str()
+            .unwrap_or_else(|| panic!("CORRAL_REDIS is not a literal, so unchecked: {e}"))
+            .to_owned(),
+        None => config
+            .get("fleet")
+            .and_then(|f| f.get("redis"))
+            .and_then(toml::Value::as_str)
+            .expect("[fleet] redis in corral.toml, or CORRAL_REDIS on the sidecar")
+            .to_owned(),
+    };
+    let uri: http::Uri = url.parse().expect("the Redis URL parses");
+    assert_eq!(uri.scheme_str(), Some("redis"), "{url}");
+    let (service, redis) = fleet_redis(m);
+    let service_name = service["metadata"]["name"].as_str().unwrap();
+    let host = uri.host().expect("the Redis URL names a host");
+    assert!(
+        host == service_name || host.starts_with(&format!("{service_name}.")),
+        "the Redis URL's host `{host}` is the Service `{service_name}`"
+    );
+    let port = uri.port_u16().map_or(REDIS_DEFAULT_PORT, u64::from);
+    let service_port = service["spec"]["ports"]
+        .as_array()
+        .expect("the Service's ports")
+        .iter()
+        .find(|p| p["port"] == port)
+        .unwrap_or_else(|| panic!("the Service has no port {port}: {}", service["spec"]));
+    let (redis_c, listens) = redis_container(&redis["spec"]["template"]["spec"]);
+    let target = match service_port.get("targetPort") {
+        Some(t) => port_number(&redis_c, t),
+        None => port,
+    };
+    assert_eq!(
+        target, listens,
+        "the Service's port {port} reaches redis-server's {listens}"
+    );
+
+    // The NetworkPolicies on Redis' pods let the workers in on that port.
+    let redis_labels = &redis["spec"]["template"]["metadata"]["labels"];
+    let worker_labels = &workers["metadata"]["labels"];
+    let policies: Vec<&Value> = docs(m, "NetworkPolicy")
+        .into_iter()
+        .filter(|np| selects(&np["spec"]["podSelector"]["matchLabels"], redis_labels))
+        .collect();
+    assert!(
+        !policies.is_empty(),
+        "a NetworkPolicy guards the password-less Redis"
+    );
+    for np in policies {
+        let spec = &np["spec"];
+        assert!(
+            spec["podSelector"].get("matchExpressions").is_none(),
+            "matchLabels only, so this test can read it"
+        );
+        let admits = spec["ingress"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|rule| {
+                let from = rule["from"].as_array().is_none_or(|peers| {
+                    peers.iter().any(|p| {
+                        p.get("namespaceSelector").is_none()
+                            && p.get("ipBlock").is_none()
+                            && selects(&p["podSelector"]["matchLabels"], worker_labels)
+                    })
+                });
+                let ports = rule["ports"].as_array().is_none_or(|ports| {
+                    ports.iter().any(|p| {
+                        p.get("port").is_none() || port_number(&redis_c, &p["port"]) == listens
+                    })
+                });
+                from && ports
+            });
+        assert!(
+            admits,
+            "NetworkPolicy {} lets the workers' pods reach Redis on {listens}",
+            np["metadata"]["name"]
+        );
+    }
+
+    // Service links: NAME_SERVICE_HOST, NAME_SERVICE_PORT[_PORTNAME], NAME_PORT[_...].
+    let corral_vars: Vec<&str> = help()
+        .split("[env: ")
+        .skip(1)
+        .filter_map(|s| s.split('=').next())
+        .collect();
+    assert!(corral_vars.contains(&"CORRAL_REDIS"), "{corral_vars:?}");
+    if workers["spec"]["enableServiceLinks"] != false {
+        for s in docs(m, "Service") {
+            let prefix = s["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .to_ascii_uppercase()
+                .replace('-', "_");
+            for var in &corral_vars {
+                assert!(
+                    !(var.starts_with(&format!("{prefix}_SERVICE_"))
+                        || *var == format!("{prefix}_PORT")
+                        || var.starts_with(&format!("{prefix}_PORT_"))),
+                    "Service {} puts {var} into the sidecar's environment",
+                    s["metadata"]["name"]
+                );
+            }
+        }
+    }
+}
+
+/// Redis: one instance, nothing persisted, as non-root and restricted as the sidecars, probed.
+#[test]
+fn fleet_redis_is_one_disposable_restricted_instance() {
+    let Some(m) = fleet_manifests() else { return };
+    let (_, redis) = fleet_redis(m);
+    assert_eq!(redis["apiVersion"], "apps/v1");
+    let spec = &redis["spec"];
+    assert_eq!(
+        spec["replicas"].as_u64().unwrap_or(1),
+        1,
+        "one Redis: two behind the Service would each hand out the whole limit"
+    );
+    assert_eq!(
+        spec["strategy"]["type"], "Recreate",
+        "a rolling update runs two Redis at once"
+    );
+    let template = &spec["template"];
+    assert!(
+        selects(
+            &spec["selector"]["matchLabels"],
+            &template["metadata"]["labels"]
+        ),
+        "the Deployment's selector matches its pods"
+    );
+    let pod = &template["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    assert_restricted(pod);
+    let (c, listens) = redis_container(pod);
+    let image = c["image"].as_str().expect("image");
+    assert!(image.starts_with("redis:7"), "image {image}");
+    let uid = if c["securityContext"].get("runAsUser").is_some() {
+        &c["securityContext"]["runAsUser"]
+    } else {
+        &pod["securityContext"]["runAsUser"]
+    };
+    assert_eq!(uid, 999, "the redis image's own user");
+
+    // Disposable buckets: no RDB snapshots, no append-only file.
+    let args: Vec<String> = serde_json::from_value(c["args"].clone()).unwrap();
+    assert_eq!(
+        flag_value(&args, "--save"),
+        Some(""),
+        "--save \"\": {args:?}"
+    );
+    assert_eq!(flag_value(&args, "--appendonly"), Some("no"), "{args:?}");
+
+    // Probes reach redis-server: its port, or redis-cli ping.
+    for probe in ["readinessProbe", "livenessProbe"] {
+        let p = &c[probe];
+        if let Some(tcp) = p.get("tcpSocket") {
+            assert_eq!(port_number(&c, &tcp["port"]), listens, "{probe} port");
+        } else {
+            let command: Vec<String> = serde_json::from_value(p["exec"]["command"].clone())
+                .unwrap_or_else(|_| panic!("{probe}: tcpSocket or exec: {p}"));
+            assert!(
+                command.first().is_some_and(|c| c == "redis-cli")
+                    && command.iter().any(|a| a.eq_ignore_ascii_case("ping")),
+                "{probe}: {command:?}"
+            );
+        }
+    }
+}
+
+/// The fleet's corral.toml passes `check-config`, which prints its [fleet] section, and sets
+/// the limit the replicas share.
+#[test]
+fn fleet_config_passes_check_config_with_its_fleet_section() {
+    let Some(m) = fleet_manifests() else { return };
+    let (text, config) = sidecar_config(m);
+    let path = temp_config("fleet-check", &text);
+    let key = "sk-deploy-fleet-check";
+    let printed = check_config(&path, &[("OPENAI_API_KEY", key)]);
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        !printed.contains(key),
+        "check-config hides the key:\n{printed}"
+    );
+    assert!(
+        printed.contains("\n[fleet]\n"),
+        "check-config prints [fleet]:\n{printed}"
+    );
+    let effective: toml::Value = toml::from_str(&printed).expect("check-config prints TOML");
+    let fleet = effective.get("fleet").expect("[fleet]");
+    let redis = config["fleet"]
+        .get("redis")
+        .and_then(toml::Value::as_str)
+        .expect("[fleet] redis in the ConfigMap");
+    assert_eq!(
+        fleet.get("redis").and_then(toml::Value::as_str),
+        Some(redis)
+    );
+    assert_eq!(
+        fleet.get("name").and_then(toml::Value::as_str),
+        Some("llm-eval"),
+        "{printed}"
+    );
+    // The limit is set once, in the config every replica reads.
+    for up in effective["upstream"].as_array().expect("upstreams") {
+        for limit in ["rpm", "tpm"] {
+            assert!(
+                up["limits"]
+                    .get(limit)
+                    .and_then(toml::Value::as_integer)
+                    .is_some(),
+                "upstream {}: limits.{limit} for the fleet to share",
+                up["name"]
+            );
+        }
+    }
+}
+
+/// Run as the sidecar runs it, with the Redis it names unreachable: corral serves `/healthz`
+/// and `/readyz` at once, with the fleet configured, and a request goes through on the local
+/// share, corral reporting the fallback.
+#[tokio::test]
+async fn fleet_sidecar_serves_while_redis_is_unreachable() {
+    let Some(m) = fleet_manifests() else { return };
+    let (text, config) = sidecar_config(m);
+    let upstream = support::MockUpstream::start(|_| async {
+        support::json(
+            200,
+            serde_json::json!({"id": "chatcmpl-fleet", "object": "chat.completion", "choices": []}),
+        )
+    })
+    .await;
+    let base_url = config["upstream"][0]["base_url"].as_str().unwrap();
+    let text = text.replace(base_url, &upstream.url("/v1"));
+    let path = temp_config("fleet-run", &text);
+    let unreachable = "redis://127.0.0.1:1/0";
+    let args: Vec<String> = [
+        "--config",
+        path.to_str().unwrap(),
+        "--log-format",
+        "json",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--redis",
+        unreachable,
+    ]
+    .map(String::from)
+    .to_vec();
+    let key = "sk-deploy-fleet-run";
+    let env = [("OPENAI_API_KEY", key), ("CORRAL_LISTEN", "127.0.0.1:0")];
+    let started = std::time::Instant::now();
+    let corral = start(&args, &env, true).await;
+    let admin = corral.admin.expect("admin listener");
+    assert_eq!(corral.get(admin, "/healthz").await, (200, "ok\n".into()));
+    assert_eq!(corral.get(admin, "/readyz").await, (200, "ready\n".into()));
+    let ready = started.elapsed();
+    assert!(
+        ready < WITHOUT_REDIS,
+        "ready after {ready:?} with Redis unreachable"
+    );
+    let status = |body: String| -> Value { serde_json::from_str(&body).expect("/status JSON") };
+    let fleet = status(corral.get(admin, "/status").await.1)["fleet"].clone();
+    assert_eq!(fleet["redis"], unreachable, "--redis applies: {fleet}");
+    assert_eq!(fleet["name"], "llm-eval", "{fleet}");
+
+    let request = support::post(
+        &corral.url("/v1/chat/completions"),
+        r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    let (parts, _) =
+        tokio::time::timeout(WITHOUT_REDIS, support::send(&support::client(), request))
+            .await
+            .expect("a request is answered without Redis");
+    assert_eq!(parts.status, 200);
+    assert_eq!(
+        upstream.last().headers["authorization"],
+        format!("Bearer {key}").as_str()
+    );
+    let deadline = tokio::time::Instant::now() + WITHOUT_REDIS;
+    let mut mode = Value::Null;
+    while tokio::time::Instant::now() < deadline {
+        mode = status(corral.get(admin, "/status").await.1)["fleet"]["mode"].clone();
+        if mode == "fallback" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(mode, "fallback", "corral reports pacing on its own share");
     let _ = std::fs::remove_file(&path);
 }

@@ -22,6 +22,9 @@ fn quick(tasks: usize) -> Spec {
         limit_report: LimitReport::Capacity,
         scenario: None,
         replicas: 1,
+        redis: None,
+        uneven: false,
+        kill_redis: None,
         scale: 10.0,
     }
 }

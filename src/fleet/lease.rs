@@ -412,10 +412,9 @@ impl Lease {
             self.args(&mut s, true, Instant::now())
         };
         let total: f64 = args.kinds.iter().map(|k| k.give_back).sum();
-        if total > 0.0 || self.fleet.mode() == Mode::Shared {
-            if self.fleet.call(&args).await.is_err() {
-                return 0.0;
-            }
+        let worth_a_call = total > 0.0 || self.fleet.mode() == Mode::Shared;
+        if worth_a_call && self.fleet.call(&args).await.is_err() {
+            return 0.0;
         }
         total
     }
@@ -781,6 +780,6 @@ mod tests {
         assert_eq!(reply.kinds[0], (10.0, 4.5, 20.0, 50.0));
         assert_eq!((reply.pause_ms, reply.live), (1500, 4));
         assert!(parse(&r[..9]).is_none());
-        assert!(parse(&["x".to_string(); 10]).is_none());
+        assert!(parse(&vec!["x".to_string(); 10]).is_none());
     }
 }

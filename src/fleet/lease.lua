@@ -10,7 +10,8 @@
 -- 1 requests, 2 tokens, 3 both); then for requests at 6 and tokens at 13: units wanted, units
 -- returned, configured rate (units/s, 0: none) and burst, learned rate (0: none), burst and level
 -- (-1: none); ARGV[20] the fleet's channel: a pause this call sets is published there
--- ("PAUSE-KEY MS"), so every replica stops at once, not at its next lease.
+-- ("PAUSE-KEY MS"), so every replica stops at once, not at its next lease; ARGV[21] "1" when
+-- the replica fell back since its last answer (Redis may have lost the buckets).
 --
 -- Returns, per bucket (requests, then tokens): units granted, the level before the grant, the
 -- rate and the burst (rate "0": nothing known, the bucket does not gate); then the pause left
@@ -22,12 +23,17 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
 local throttled = tonumber(ARGV[5])
+local resync = ARGV[21] == '1'
 
 -- A learned burst is replaced by a larger one only when it is this old (ms): replicas that
 -- learned less (no 429 seen yet) do not undo what one learned.
 local LEARNED_KEEP = 30000
 -- Grants queue at most this far ahead (s of refill): beyond, nothing is granted.
 local MAX_AHEAD = 30
+
+-- Other replicas live (heartbeats within the TTL), before this call counts.
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - ttl)
+local others = redis.call('ZCARD', KEYS[4]) - (redis.call('ZSCORE', KEYS[4], ARGV[1]) and 1 or 0)
 
 local function bucket(key, base, refused)
   local want = tonumber(ARGV[base])
@@ -50,8 +56,20 @@ local function bucket(key, base, refused)
     return {want, want, 0, 0}
   end
   if level == nil or ts == nil then
-    -- A new bucket (or one Redis lost): what was reported, else full.
-    if l_level >= 0 then level = math.min(l_level, burst) else level = burst end
+    -- A new bucket (or one Redis lost). Configured: full (empty after a loss). Learned: what the report said if
+    -- this replica is alone; with others live, empty, since the report predates what they sent
+    -- meanwhile, which Redis never saw (a burst at most is lost: it refills at the rate).
+    if resync then
+      -- Recreated after a loss: the replicas paced at their shares meanwhile, so the
+      -- upstream's bucket is about as empty as under load.
+      level = 0
+    elseif cfg_rate > 0 or l_level < 0 then
+      level = burst
+    elseif others > 0 then
+      level = 0
+    else
+      level = math.min(l_level, burst)
+    end
     ts = now
   end
   level = math.min(burst, level + rate * math.max(0, now - ts) / 1000)

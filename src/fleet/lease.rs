@@ -42,8 +42,6 @@ const MAX_BLOCK_BURST: f64 = 0.5;
 pub const IDLE_RETURN: Duration = Duration::from_secs(2);
 /// Refill calls are at least this far apart.
 const MIN_SPACING: Duration = Duration::from_millis(5);
-/// A learned limit is shared again when it moves by more than this fraction.
-const REPUBLISH: f64 = 0.1;
 
 /// Which bucket.
 const REQUESTS: usize = 0;
@@ -181,11 +179,16 @@ struct State {
     /// After a call granted less than it asked (the shared bucket queued far ahead), no
     /// refill call before this.
     not_before: Option<Instant>,
+    /// Units held when the fleet fell back: the local share starts with them.
+    carried: [f64; 2],
+    /// Fell back since the last answer: a bucket Redis no longer has starts empty.
+    resync: bool,
 }
 
 /// The arguments of one lease call.
 pub(super) struct CallArgs {
     pub keys: [String; 4],
+    pub resync: bool,
     pub leaving: bool,
     pub pause_ms: u64,
     pub refused: u8,
@@ -279,6 +282,8 @@ impl Lease {
                 live: 1,
                 share: None,
                 not_before: None,
+                carried: [0.0; 2],
+                resync: false,
             }),
             wake: Notify::new(),
             granted: Notify::new(),
@@ -360,17 +365,15 @@ impl Lease {
     }
 
     /// What the pacers learned of bucket `kind` (0 requests, 1 tokens): shared with the next
-    /// call, at once if it is new or moved.
+    /// call, at once if it is the first.
     pub fn learned(&self, kind: usize, model: Option<(f64, f64, Option<f64>)>) {
         let Some(model) = model else { return };
         let mut s = lock(&self.state);
         let pool = &mut s.pools[kind];
         pool.learned = Some(model);
-        let moved = |a: f64, b: f64| (a - b).abs() > REPUBLISH * b.max(1e-9);
-        let news = pool
-            .published
-            .is_none_or(|(rate, burst)| moved(model.0, rate) || moved(model.1, burst));
-        if news && self.config[kind].is_none() {
+        // The first thing learned goes at once (the fleet may still be pacing blind); later
+        // changes ride with the next lease.
+        if pool.published.is_none() && self.config[kind].is_none() {
             s.urgent = true;
             drop(s);
             self.wake.notify_one();
@@ -392,10 +395,14 @@ impl Lease {
         let mut s = lock(&self.state);
         s.share = None;
         if self.fleet.mode() == Mode::Fallback {
-            // Units held may not be usable against a Redis that lost them: owed back.
-            for pool in &mut s.pools {
-                pool.give_back += pool.drain();
+            // What was held is usable upstream (it was paid for): the local share starts with
+            // it, and it is owed back to Redis, which counted it as taken.
+            for k in 0..2 {
+                let held = s.pools[k].drain();
+                s.pools[k].give_back += held;
+                s.carried[k] = held;
             }
+            s.resync = true;
         }
         drop(s);
         self.granted.notify_waiters();
@@ -463,6 +470,7 @@ impl Lease {
         let kinds = [kind(s, REQUESTS), kind(s, TOKENS)];
         CallArgs {
             keys: self.keys.clone(),
+            resync: s.resync,
             leaving,
             pause_ms: std::mem::take(&mut s.pause_ms),
             refused: std::mem::take(&mut s.refused),
@@ -569,6 +577,7 @@ impl Lease {
             }
         }
         s.not_before = not_before;
+        s.resync = false;
         s.live = reply.live;
         self.fleet.metrics.live_replicas.set(reply.live as i64);
         drop(s);
@@ -663,19 +672,26 @@ impl State {
             return Arc::clone(share);
         }
         let live = self.live.max(1) as f64;
-        let bucket = |p: &Pool| {
+        let bucket = |p: &Pool, carried: f64| {
             p.shared.map(|(rate, burst)| {
                 let per_minute = ((rate * 60.0 / live).round() as u32).max(1);
                 let burst = ((burst / live).round() as u32).max(1);
-                Bucket::per_minute(
+                let bucket = Bucket::per_minute(
                     NonZeroU32::new(per_minute).expect("at least 1"),
                     NonZeroU32::new(burst).expect("at least 1"),
-                )
+                );
+                // It starts with what this replica held, not full: the upstream's bucket was
+                // being spent at the shared rate.
+                let spent = burst.saturating_sub(carried.floor() as u32);
+                if spent > 0 {
+                    let _ = bucket.try_take(spent);
+                }
+                bucket
             })
         };
         let share = Arc::new(Share {
-            requests: bucket(&self.pools[REQUESTS]),
-            tokens: bucket(&self.pools[TOKENS]),
+            requests: bucket(&self.pools[REQUESTS], self.carried[REQUESTS]),
+            tokens: bucket(&self.pools[TOKENS], self.carried[TOKENS]),
         });
         self.share = Some(Arc::clone(&share));
         share

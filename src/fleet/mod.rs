@@ -285,7 +285,9 @@ impl Fleet {
                 .arg(kind.learned.map_or(0.0, |l| l.1))
                 .arg(kind.learned.and_then(|l| l.2).unwrap_or(-1.0));
         }
-        invocation.arg(&self.channel);
+        invocation
+            .arg(&self.channel)
+            .arg(if args.resync { "1" } else { "0" });
         let mut conn = self.conn.clone();
         let outcome = tokio::time::timeout(
             self.lease_timeout,

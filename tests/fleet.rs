@@ -237,9 +237,10 @@ async fn two_corrals_share_one_limit_leasing_in_blocks() {
             "{in_a_second} requests within 1 s of one another"
         );
     }
-    // One lease call per ten requests, plus each corral's first call and a heartbeat or two.
+    // One lease call per ten requests, plus for each corral its first call, a heartbeat or
+    // two, a block left over at the end and a NOSCRIPT retry: 10 in all.
     assert!(
-        calls <= 400 / 10 + 6,
+        calls <= 400 / 10 + 10,
         "{calls} lease calls for 400 requests: more than one per ten"
     );
     assert!(
@@ -276,10 +277,9 @@ async fn one_429_pauses_every_replica() {
     let toml = fleet_config(&upstream, &server.url(), "", "");
     let a = Corral::start(&toml).await;
     let b = Corral::start(&toml).await;
-    // Both have leased once (so both are live and subscribed).
-    assert_eq!(burst(&b, 1, 1).await, [200]);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    arrivals.lock().unwrap().clear();
+    // Both leases have called Redis (they start with their partitions) and both corrals
+    // listen for pauses.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let url = a.url("/v1/chat/completions");
     let first = tokio::spawn(async move { send(&client(), post(&url, "{}")).await.0.status });
     assert!(
@@ -291,7 +291,9 @@ async fn one_429_pauses_every_replica() {
         "corral A's request reached the upstream"
     );
     let refused_at = arrivals.lock().unwrap()[0];
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The pause travels: A's answer, its lease call, the script's PUBLISH, B's listener. A
+    // few milliseconds; 400 ms allowed.
+    tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(burst(&b, 1, 1).await, [200], "B's request went through");
     assert_eq!(
         first.await.unwrap(),
@@ -468,20 +470,22 @@ async fn under_fault(
     let toml = fleet_config(
         &upstream,
         &server.url(),
-        "lease_timeout = \"100ms\"",
+        "lease_timeout = \"500ms\"",
         "[upstream.limits]\nrpm = 6000\nburst = 10\n",
     );
     let corral = Corral::start(&toml).await;
     let load = Load::start(&corral, 8);
     assert!(wait_for_mode(&corral, "shared", Duration::from_secs(5)).await);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    fault.await;
-    if expect_fallback {
-        assert!(
-            wait_for_mode(&corral, "fallback", Duration::from_secs(5)).await,
-            "the fault was noticed"
-        );
-    }
+    // Watched while the fault lasts (a hung Redis is back by the time the fault returns).
+    let ((), noticed) = tokio::join!(
+        fault,
+        wait_for_mode(&corral, "fallback", Duration::from_secs(5))
+    );
+    assert_eq!(
+        noticed, expect_fallback,
+        "a fallback, if and only if expected"
+    );
     assert!(
         wait_for_mode(&corral, "shared", Duration::from_secs(15)).await,
         "corral leases from Redis again once it is back"
@@ -593,4 +597,70 @@ async fn a_herd_over_four_corrals_sharing_redis() {
             "{label}: {calls} Redis round trips for 500 requests"
         );
     }
+}
+
+/// A request that needs more tokens than a block (a large `max_tokens`) gets a lease of its
+/// size at once, instead of waiting for its deadline behind a block that cannot cover it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_larger_than_a_block_is_leased_what_it_needs() {
+    let Some(server) = redis() else { return };
+    let (upstream, _) = recording_upstream().await;
+    // 10,000 tokens a second, a burst of 50,000: each request below costs about 8,000.
+    let toml = fleet_config(
+        &upstream,
+        &server.url(),
+        "",
+        "[upstream.limits]\ntpm = 600000\ntoken_burst = 50000\n",
+    );
+    let corral = Corral::start(&toml).await;
+    let c = client();
+    let start = Instant::now();
+    for _ in 0..3 {
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":8000}"#;
+        let (parts, _) = send(&c, post(&corral.url("/v1/chat/completions"), body)).await;
+        assert_eq!(parts.status, 200);
+    }
+    // 24,000 tokens of a 50,000 burst: no wait at all; 5 s allowed.
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
+}
+
+/// A partition made after the fleet answered (here a new API key's, with nothing to pace it
+/// locally, so its requests take the fast path) still joins the fleet: it heartbeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_partition_joins_the_fleet_at_once() {
+    let Some(server) = redis() else { return };
+    let (upstream, _) = recording_upstream().await;
+    let toml = fleet_config(
+        &upstream,
+        &server.url(),
+        "",
+        "[upstream.limits]\npartition = \"api_key\"\n",
+    );
+    let corral = Corral::start(&toml).await;
+    assert!(wait_for_mode(&corral, "shared", Duration::from_secs(5)).await);
+    let req = Request::post(corral.url("/v1/chat/completions"))
+        .header("authorization", "Bearer sk-one")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    let (parts, _) = send(&client(), req).await;
+    assert_eq!(parts.status, 200);
+    let mut partitions = 0;
+    for _ in 0..100 {
+        partitions = match redis_cmd(&server, &["KEYS", "corral:*:replicas"]).await {
+            redis::Value::Array(keys) => keys.len(),
+            _ => 0,
+        };
+        if partitions == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        partitions, 2,
+        "the upstream's partition and the key's both heartbeat"
+    );
 }

@@ -92,7 +92,7 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// A Redis URL (`redis://[user:password@]host:port/db`, `rediss://` for TLS, `unix://`): its
+/// A Redis URL (`redis://[user:password@]host:port/db`, `unix:///path?pass=...`; no TLS): its
 /// password is never printed.
 #[derive(Clone, PartialEq, Eq)]
 pub struct RedisUrl(pub String);
@@ -100,37 +100,56 @@ string_value!(RedisUrl, parse_redis_url);
 
 /// A Redis URL, checked (not connected to).
 pub fn parse_redis_url(s: &str) -> Result<RedisUrl, String> {
-    let url = RedisUrl(s.to_owned());
+    if s.starts_with("rediss://") {
+        return Err(
+            "TLS Redis URLs (rediss://) are not supported by this build: use redis:// \
+                    (on a private network or through a TLS sidecar)"
+                .into(),
+        );
+    }
     match redis::Client::open(s) {
-        Ok(_) => Ok(url),
-        // redis' own message may quote the URL: say it without.
-        Err(_) => Err(format!(
-            "invalid Redis URL `{url}`: write redis://[user:password@]host:port/db"
-        )),
+        Ok(_) => Ok(RedisUrl(s.to_owned())),
+        // Never the URL itself: an invalid one may not mask its password.
+        Err(_) => Err(
+            "invalid Redis URL: write redis://[user:password@]host:port/db \
+             (or unix:///path/to/redis.sock)"
+                .into(),
+        ),
     }
 }
 impl fmt::Display for RedisUrl {
-    /// The URL with any password replaced by `*****`.
+    /// The URL with its user info's password (everything up to the last `@`: a password may
+    /// hold `/`, `?` or `#`) and any `pass`/`password` query value replaced by `*****`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.0;
         let Some(scheme_end) = s.find("://").map(|i| i + 3) else {
-            return f.write_str(s);
+            return f.write_str("*****");
         };
         let rest = &s[scheme_end..];
-        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-        match rest[..authority_end].rfind('@') {
-            Some(at) => {
-                let userinfo = &rest[..at];
-                let user = userinfo.split(':').next().unwrap_or_default();
-                let masked = if userinfo.contains(':') {
-                    format!("{user}:*****")
-                } else {
-                    "*****".to_owned()
-                };
-                write!(f, "{}{masked}{}", &s[..scheme_end], &rest[at..])
+        let (userinfo, after) = match rest.rfind('@') {
+            Some(at) => (Some(&rest[..at]), &rest[at..]),
+            None => (None, rest),
+        };
+        f.write_str(&s[..scheme_end])?;
+        if let Some(userinfo) = userinfo {
+            match userinfo.split_once(':') {
+                Some((user, _)) => write!(f, "{user}:*****")?,
+                None => f.write_str("*****")?,
             }
-            None => f.write_str(s),
         }
+        let (path, query) = after.split_once('?').unwrap_or((after, ""));
+        f.write_str(path)?;
+        if query.is_empty() {
+            return Ok(());
+        }
+        let masked: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((k, _)) if matches!(k, "pass" | "password") => format!("{k}=*****"),
+                _ => pair.to_owned(),
+            })
+            .collect();
+        write!(f, "?{}", masked.join("&"))
     }
 }
 impl fmt::Debug for RedisUrl {
@@ -358,10 +377,26 @@ mod tests {
             "redis://user:*****@redis:6379/0"
         );
         assert_eq!(show("redis://:hunter2@redis/0"), "redis://:*****@redis/0");
-        assert_eq!(show("rediss://token@redis"), "rediss://*****@redis");
+        assert_eq!(show("redis://token@redis"), "redis://*****@redis");
         assert_eq!(show("redis://redis:6379"), "redis://redis:6379");
-        let err = parse_redis_url("http://x:hunter2@redis").unwrap_err();
-        assert!(!err.contains("hunter2"), "{err}");
+        // A password with `/`, `?`, `#` or `@` in it.
+        assert_eq!(
+            show("redis://u:a/b?c#d@e@redis:6379/0"),
+            "redis://u:*****@redis:6379/0"
+        );
+        assert_eq!(
+            show("unix:///run/redis.sock?db=1&pass=hunter2"),
+            "unix:///run/redis.sock?db=1&pass=*****"
+        );
+        for bad in [
+            "http://x:hunter2@redis",
+            "redis://u:hunter2@[bad",
+            "hunter2",
+            "rediss://u:hunter2@redis",
+        ] {
+            let err = parse_redis_url(bad).unwrap_err();
+            assert!(!err.contains("hunter2"), "{err}");
+        }
         assert!(parse_redis_url("redis://127.0.0.1:6379/0").is_ok());
     }
 

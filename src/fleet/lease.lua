@@ -10,7 +10,8 @@
 -- 1 requests, 2 tokens, 3 both); then for requests at 6 and tokens at 13: units wanted, units
 -- returned, configured rate (units/s, 0: none) and burst, learned rate (0: none), burst and level
 -- (-1: none); ARGV[20] the fleet's channel: a pause this call sets is published there
--- ("PAUSE-KEY MS"), so every replica stops at once, not at its next lease; ARGV[21] "1" when
+-- ("PAUSE-KEY pause MS"), so every replica stops at once, not at its next lease, and so is a
+-- learned bucket it creates ("PAUSE-KEY learned"), so every replica leases from it; ARGV[21] "1" when
 -- the replica fell back since its last answer (Redis may have lost the buckets).
 --
 -- Returns, per bucket (requests, then tokens): units granted, the level before the grant, the
@@ -35,6 +36,9 @@ local MAX_AHEAD = 30
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - ttl)
 local others = redis.call('ZCARD', KEYS[4]) - (redis.call('ZSCORE', KEYS[4], ARGV[1]) and 1 or 0)
 
+-- A learned bucket was created by this call: the others are told to lease from it.
+local created = false
+
 local function bucket(key, base, refused)
   local want = tonumber(ARGV[base])
   local ret = tonumber(ARGV[base + 1])
@@ -56,20 +60,18 @@ local function bucket(key, base, refused)
     return {want, want, 0, 0}
   end
   if level == nil or ts == nil then
-    -- A new bucket (or one Redis lost). Configured: full (empty after a loss). Learned: what the report said if
-    -- this replica is alone; with others live, empty, since the report predates what they sent
-    -- meanwhile, which Redis never saw (a burst at most is lost: it refills at the rate).
+    -- A new bucket (or one Redis lost). Configured: full. Learned: what the report said,
+    -- split over the live replicas when there are others: the report predates what they sent
+    -- meanwhile, which Redis never saw. After a loss: empty, since the replicas spent the
+    -- upstream's bucket at their shares meanwhile. (At most a burst is lost: it refills.)
     if resync then
-      -- Recreated after a loss: the replicas paced at their shares meanwhile, so the
-      -- upstream's bucket is about as empty as under load.
       level = 0
     elseif cfg_rate > 0 or l_level < 0 then
       level = burst
-    elseif others > 0 then
-      level = 0
     else
-      level = math.min(l_level, burst)
+      level = math.min(l_level, burst) / (others + 1)
     end
+    if cfg_rate <= 0 then created = true end
     ts = now
   end
   level = math.min(burst, level + rate * math.max(0, now - ts) / 1000)
@@ -92,7 +94,10 @@ local until_ms = tonumber(redis.call('GET', KEYS[3]) or '0')
 if pause_ms > 0 and now + pause_ms > until_ms then
   until_ms = now + pause_ms
   redis.call('SET', KEYS[3], until_ms, 'PX', pause_ms)
-  redis.call('PUBLISH', ARGV[20], KEYS[3] .. ' ' .. pause_ms)
+  redis.call('PUBLISH', ARGV[20], KEYS[3] .. ' pause ' .. pause_ms)
+end
+if created then
+  redis.call('PUBLISH', ARGV[20], KEYS[3] .. ' learned')
 end
 
 if ARGV[3] == '1' then

@@ -181,6 +181,12 @@ struct State {
     not_before: Option<Instant>,
     /// Units held when the fleet fell back: the local share starts with them.
     carried: [f64; 2],
+    /// Back from a fallback: also keep to the local share until then, or until this many
+    /// replicas are live again.
+    rejoin: Option<(Instant, u64)>,
+    /// Units the waiting request needs beyond all that is held (a request larger than a
+    /// block): the next call asks for at least this much.
+    shortfall: [f64; 2],
     /// Fell back since the last answer: a bucket Redis no longer has starts empty.
     resync: bool,
 }
@@ -204,7 +210,8 @@ pub(super) struct KindArgs {
 
 /// Where a request stands.
 enum Step {
-    Taken,
+    /// Taken; also take from this share (rejoining after a fallback).
+    Taken(Option<Arc<Share>>),
     Fallback(Arc<Share>),
     /// Wait until then (`None`: for a grant), asking for a refill if `true`.
     Wait(Option<Instant>, bool),
@@ -283,6 +290,8 @@ impl Lease {
                 share: None,
                 not_before: None,
                 carried: [0.0; 2],
+                rejoin: None,
+                shortfall: [0.0; 2],
                 resync: false,
             }),
             wake: Notify::new(),
@@ -301,6 +310,12 @@ impl Lease {
     /// Another replica's 429 paused the partition until then.
     pub(super) fn pause_until(&self, until: Instant) {
         (self.on_pause)(until);
+    }
+
+    /// Call Redis now (another replica created the shared bucket).
+    pub(super) fn refresh(&self) {
+        lock(&self.state).urgent = true;
+        self.wake.notify_one();
     }
 
     /// Whether requests must go through [`acquire`](Self::acquire) (a shared bucket gates, or
@@ -334,8 +349,8 @@ impl Lease {
                 }
             };
             match step {
-                Step::Taken => return Ok(()),
-                Step::Fallback(share) => {
+                Step::Taken(None) => return Ok(()),
+                Step::Taken(Some(share)) | Step::Fallback(share) => {
                     if let Some(b) = &share.requests {
                         take(b, 1, deadline).await?;
                     }
@@ -393,16 +408,26 @@ impl Lease {
     /// The fleet moved between shared and fallback.
     pub(super) fn mode_changed(&self) {
         let mut s = lock(&self.state);
-        s.share = None;
-        if self.fleet.mode() == Mode::Fallback {
-            // What was held is usable upstream (it was paid for): the local share starts with
-            // it, and it is owed back to Redis, which counted it as taken.
-            for k in 0..2 {
-                let held = s.pools[k].drain();
-                s.pools[k].give_back += held;
-                s.carried[k] = held;
+        match self.fleet.mode() {
+            Mode::Fallback => {
+                // What was held was paid for (Redis counted it as taken): the local share
+                // starts with it instead. Never given back too: that would count it twice.
+                for k in 0..2 {
+                    s.carried[k] = s.pools[k].drain();
+                }
+                s.share = None;
+                s.resync = true;
+                s.rejoin = None;
             }
-            s.resync = true;
+            Mode::Shared if s.share.is_some() => {
+                // Back from a fallback: the others may still be pacing at their shares, and
+                // Redis (if it lost its data) does not know them. Until they are back (the live
+                // count is what it was) or a heartbeat TTL passes, this one keeps to its share
+                // as well as to the lease.
+                let until = Instant::now() + self.fleet.heartbeat_ttl;
+                s.rejoin = Some((until, s.live));
+            }
+            _ => {}
         }
         drop(s);
         self.granted.notify_waiters();
@@ -444,10 +469,15 @@ impl Lease {
         })
     }
 
-    fn start(self: &Arc<Self>) {
-        self.started.call_once(|| {
-            tokio::spawn(refill(Arc::downgrade(self)));
-        });
+    /// Start the refill task (on creation, with a runtime; else on the first request).
+    pub(super) fn start(self: &Arc<Self>) {
+        self.started
+            .call_once(|| match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(refill(Arc::downgrade(self)));
+                }
+                Err(_) => tracing::warn!("fleet: a lease without a runtime never calls Redis"),
+            });
     }
 
     /// The next call's arguments, taking what is to be shared and given back.
@@ -455,7 +485,7 @@ impl Lease {
         let kind = |s: &mut State, k: usize| {
             // A whole block, so that each call covers ten requests or more.
             let want = if !leaving && s.wants_more(k, now) {
-                s.block(k).ceil()
+                s.block(k).max(s.shortfall[k]).ceil()
             } else {
                 0.0
             };
@@ -487,12 +517,9 @@ impl Lease {
             Ok(()) => now,
             Err(at) => at,
         };
-        if s.urgent || s.last_call.is_none() {
-            return probe;
-        }
         // Never a busy loop: calls at least MIN_SPACING apart.
         let spaced = s.last_call.map_or(now, |at| at + MIN_SPACING).max(probe);
-        if s.idle_holding(now) {
+        if s.urgent || s.last_call.is_none() || s.idle_holding(now) {
             return spaced;
         }
         if (0..2).any(|k| s.wants_more(k, now)) {
@@ -534,12 +561,16 @@ impl Lease {
         let result = self.fleet.call(&args).await;
         let now = Instant::now();
         let mut s = lock(&self.state);
-        let reply = match result.map(|r| parse(&r)) {
-            Ok(Some(reply)) => reply,
-            _ => {
-                // Not delivered: share and give back with the next call.
-                for (pool, kind) in s.pools.iter_mut().zip(&args.kinds) {
-                    pool.give_back += kind.give_back;
+        let reply = match result {
+            Ok(reply) => reply,
+            Err(e) => {
+                // Not delivered: share with the next call. Units to give back too, unless the
+                // call timed out: Redis may still run it (a paused or stopped Redis does, later),
+                // and losing them is the safe way to be wrong.
+                if !matches!(e, super::CallError::Timeout) {
+                    for (pool, kind) in s.pools.iter_mut().zip(&args.kinds) {
+                        pool.give_back += kind.give_back;
+                    }
                 }
                 s.pause_ms = s.pause_ms.max(args.pause_ms);
                 s.refused |= args.refused;
@@ -614,7 +645,7 @@ impl State {
             .is_some_and(|at| now.saturating_duration_since(at) < IDLE_RETURN);
         self.pools[k].shared.is_some()
             && (self.waiting > 0 || recent)
-            && self.pools[k].held() < self.block(k) / 2.0
+            && (self.pools[k].held() < self.block(k) / 2.0 || self.shortfall[k] > 0.0)
     }
 
     /// Units held and no request for [`IDLE_RETURN`].
@@ -641,6 +672,7 @@ impl State {
         let short: Vec<usize> = (0..2)
             .filter(|&k| needs[k].is_some_and(|n| self.pools[k].available < n))
             .collect();
+        self.shortfall = [0.0; 2];
         if short.is_empty() {
             self.pools[REQUESTS].available -= needs[REQUESTS].map_or(0.0, |_| 1.0);
             self.pools[TOKENS].available -= needs[TOKENS].map_or(0.0, |_| cost);
@@ -649,11 +681,24 @@ impl State {
             if cost > 0.0 {
                 self.avg_cost = 0.9 * self.avg_cost + 0.1 * cost;
             }
-            return Step::Taken;
+            let rejoining = match self.rejoin {
+                Some((until, live)) if now < until && self.live < live => true,
+                _ => {
+                    self.rejoin = None;
+                    false
+                }
+            };
+            return Step::Taken(rejoining.then(|| self.share()));
         }
         let mut at = Some(now);
         for &k in &short {
-            let ready = needs[k].and_then(|n| self.pools[k].ready_at(n));
+            let need = needs[k].unwrap_or(0.0);
+            let ready = self.pools[k].ready_at(need);
+            if ready.is_none() {
+                let held = self.pools[k].available
+                    + self.pools[k].drips.iter().map(Drip::left).sum::<f64>();
+                self.shortfall[k] = (need - held).max(0.0);
+            }
             at = match (at, ready) {
                 (Some(a), Some(r)) => Some(a.max(r)),
                 _ => None,
@@ -661,7 +706,7 @@ impl State {
         }
         let refill = short
             .iter()
-            .any(|&k| self.pools[k].held() < self.block(k) / 2.0)
+            .any(|&k| self.pools[k].held() < self.block(k) / 2.0 || self.shortfall[k] > 0.0)
             || self.last_call.is_none();
         Step::Wait(at, refill)
     }
@@ -699,14 +744,14 @@ impl State {
 }
 
 /// The lease script's answer.
-struct Reply {
+pub(super) struct Reply {
     /// Per bucket: granted, level before, rate, burst.
     kinds: [(f64, f64, f64, f64); 2],
     pause_ms: u64,
     live: u64,
 }
 
-fn parse(r: &[String]) -> Option<Reply> {
+pub(super) fn parse(r: &[String]) -> Option<Reply> {
     let n: Vec<f64> = r.iter().map(|s| s.parse().ok()).collect::<Option<_>>()?;
     (n.len() == 10).then(|| Reply {
         kinds: [(n[0], n[1], n[2], n[3]), (n[4], n[5], n[6], n[7])],

@@ -27,6 +27,7 @@ use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 pub use self::lease::Lease;
@@ -104,6 +105,15 @@ pub struct Fleet {
     leases: Mutex<Vec<Weak<Lease>>>,
     /// Where pauses are published (`corral:fleet:NAME:pauses`).
     channel: String,
+    /// Wakes the pause listener: resubscribe (back from a fallback: its connection may be a
+    /// dead one nobody noticed), or stop (the fleet is gone).
+    listener: Arc<Notify>,
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        self.listener.notify_one();
+    }
 }
 
 impl std::fmt::Debug for Fleet {
@@ -179,10 +189,12 @@ impl Fleet {
             metrics,
             leases: Mutex::default(),
             channel: format!("corral:fleet:{}:pauses", config.name.0),
+            listener: Arc::new(Notify::new()),
         });
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                runtime.spawn(listen(Arc::downgrade(&fleet), client));
+                let wake = Arc::clone(&fleet.listener);
+                runtime.spawn(listen(Arc::downgrade(&fleet), client, wake));
             }
             Err(_) => {
                 tracing::warn!("fleet: no runtime; pauses reach this corral with its leases only")
@@ -191,24 +203,32 @@ impl Fleet {
         Some(fleet)
     }
 
-    /// A pause another replica shared: "PAUSE-KEY MS".
-    fn paused(&self, message: &str) {
-        let Some((key, ms)) = message.split_once(' ') else {
+    /// A message on the fleet's channel: "PAUSE-KEY pause MS" (another replica's 429 paused
+    /// the partition) or "PAUSE-KEY learned" (a shared bucket now paces it: lease from it).
+    fn on_message(&self, message: &str) {
+        let mut words = message.split(' ');
+        let (Some(key), Some(what)) = (words.next(), words.next()) else {
             return;
         };
-        let Ok(ms) = ms.parse::<u64>() else { return };
-        let until = Instant::now() + Duration::from_millis(ms);
+        let pause = match (what, words.next().map(str::parse::<u64>)) {
+            ("pause", Some(Ok(ms))) => Some(Instant::now() + Duration::from_millis(ms)),
+            ("learned", None) => None,
+            _ => return,
+        };
         for lease in self.live_leases() {
             if lease.pause_key() == key {
-                lease.pause_until(until);
+                match pause {
+                    Some(until) => lease.pause_until(until),
+                    None => lease.refresh(),
+                }
             }
         }
     }
 
     /// A lease for one partition of `upstream`: `credential` is the partition's credential
-    /// (`None`: the upstream's own, from its configured headers).
-    /// `on_pause` is given the end of each pause another replica shared; `queued` counts the
-    /// partition's waiting requests (the demand).
+    /// (`None`: the upstream's own, from its configured headers). `on_pause` is given the end
+    /// of each pause another replica shared; `queued` counts the partition's waiting requests
+    /// (the demand).
     pub fn lease(
         self: &Arc<Self>,
         upstream: &UpstreamConfig,
@@ -218,6 +238,11 @@ impl Fleet {
     ) -> Arc<Lease> {
         let key = self.bucket_key(upstream, credential);
         let lease = Lease::new(Arc::clone(self), key, upstream, on_pause, queued);
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // At once: a partition whose requests take the fast path still heartbeats, learns
+            // the shared bucket and shares its 429s.
+            lease.start();
+        }
         let mut leases = lock(&self.leases);
         leases.retain(|l| l.strong_count() > 0);
         leases.push(Arc::downgrade(&lease));
@@ -225,19 +250,29 @@ impl Fleet {
     }
 
     /// The hash tag of a partition's keys: a digest of the fleet's name, the upstream's host and
-    /// the credential's fingerprint. Never the credential itself.
+    /// name, and the credential's fingerprint. Never the credential itself.
     fn bucket_key(&self, upstream: &UpstreamConfig, credential: Option<&[u8]>) -> String {
         let base = &upstream.base_url.0;
         let host = base.authority().map(|a| a.as_str()).unwrap_or_default();
+        // Header names are case-insensitive; the config's table keeps them as written.
         let own = ["authorization", "x-api-key", "api-key"]
             .iter()
-            .find_map(|h| upstream.headers.get(*h))
-            .map(|s| s.0.as_bytes());
+            .find_map(|h| {
+                upstream
+                    .headers
+                    .iter()
+                    .find(|(name, _)| name.eq_ignore_ascii_case(h))
+                    .map(|(_, value)| value.0.as_bytes())
+            });
         let credential = credential.or(own).unwrap_or_default();
         let mut digest = sha1_smol::Sha1::new();
         digest.update(self.name.as_bytes());
         digest.update(b"\0");
         digest.update(host.as_bytes());
+        digest.update(b"\0");
+        // Two upstreams of one config on one host and key keep apart (their limits may
+        // differ); the replicas of a fleet run one config, so theirs meet.
+        digest.update(upstream.name().as_bytes());
         digest.update(b"\0");
         digest.update(
             sha1_smol::Sha1::from(credential)
@@ -264,7 +299,7 @@ impl Fleet {
     }
 
     /// Run the lease script: one round trip.
-    async fn call(&self, args: &lease::CallArgs) -> Result<Vec<String>, CallError> {
+    async fn call(&self, args: &lease::CallArgs) -> Result<lease::Reply, CallError> {
         let mut invocation = self.script.prepare_invoke();
         for key in &args.keys {
             invocation.key(key);
@@ -295,7 +330,8 @@ impl Fleet {
         )
         .await;
         let result = match outcome {
-            Ok(Ok(reply)) => Ok(reply),
+            Ok(Ok(reply)) => lease::parse(&reply)
+                .ok_or_else(|| CallError::Redis(format!("the lease script answered {reply:?}"))),
             Ok(Err(e)) => Err(CallError::Redis(redact(&e.to_string(), &self.url))),
             Err(_) => Err(CallError::Timeout),
         };
@@ -304,7 +340,7 @@ impl Fleet {
     }
 
     /// Count the call and move between shared and fallback.
-    fn record(&self, result: &Result<Vec<String>, CallError>) {
+    fn record<T>(&self, result: &Result<T, CallError>) {
         let outcome = match result {
             Ok(_) => "ok",
             Err(CallError::Timeout) => "timeout",
@@ -319,8 +355,9 @@ impl Fleet {
                 h.probes = 0;
                 h.mode = Mode::Shared;
                 h.last_error = None;
-                if before != Mode::Shared {
+                if before == Mode::Fallback {
                     tracing::info!(redis = %self.url, "fleet: leases from Redis again; pacing to the shared limit");
+                    self.listener.notify_one();
                 }
             }
             Err(e) => {
@@ -378,16 +415,22 @@ impl Fleet {
     /// Give back every lease's unused tokens and leave the live set: on shutdown, after the
     /// drain. Bounded by `lease_timeout` per partition.
     pub async fn shutdown(&self) {
-        let leases = self.live_leases();
-        let mut returned = 0.0;
-        for lease in &leases {
-            returned += lease.give_back().await;
+        if self.mode() != Mode::Shared {
+            tracing::info!("fleet: Redis is not answering; unused leases are not returned");
+            return;
         }
-        tracing::info!(
-            partitions = leases.len(),
-            units_returned = returned,
-            "fleet: unused leases returned"
-        );
+        let leases = self.live_leases();
+        // All at once, within twice the lease timeout in all: a shutdown never waits on Redis
+        // for long.
+        let returns = futures_util::future::join_all(leases.iter().map(|l| l.give_back()));
+        match tokio::time::timeout(self.lease_timeout * 2, returns).await {
+            Ok(returned) => tracing::info!(
+                partitions = leases.len(),
+                units_returned = returned.iter().sum::<f64>(),
+                "fleet: unused leases returned"
+            ),
+            Err(_) => tracing::warn!("fleet: Redis did not take the unused leases back in time"),
+        }
     }
 
     /// A JSON view for `/status`.
@@ -412,7 +455,7 @@ impl Fleet {
 
 /// Subscribe to the fleet's pauses and apply each, reconnecting with jittered backoff, for as
 /// long as the fleet lives.
-async fn listen(fleet: Weak<Fleet>, client: redis::Client) {
+async fn listen(fleet: Weak<Fleet>, client: redis::Client, wake: Arc<Notify>) {
     use futures_util::StreamExt;
     let mut attempt: u32 = 0;
     loop {
@@ -431,12 +474,20 @@ async fn listen(fleet: Weak<Fleet>, client: redis::Client) {
         if let Ok(Ok(mut pubsub)) = subscribed {
             attempt = 0;
             let mut messages = pubsub.on_message();
-            while let Some(msg) = messages.next().await {
+            loop {
+                let msg = tokio::select! {
+                    msg = messages.next() => msg,
+                    () = wake.notified() => None,
+                };
+                let Some(msg) = msg else { break };
                 let Some(fleet) = fleet.upgrade() else { return };
                 if let Ok(text) = msg.get_payload::<String>() {
-                    fleet.paused(&text);
+                    fleet.on_message(&text);
                 }
             }
+        }
+        if fleet.strong_count() == 0 {
+            return;
         }
         let ceiling = PROBE_BASE
             .saturating_mul(1 << attempt.min(10))
@@ -449,22 +500,65 @@ async fn listen(fleet: Weak<Fleet>, client: redis::Client) {
 
 /// `message` with the URL's password, if any, replaced.
 fn redact(message: &str, url: &RedisUrl) -> String {
-    let password = url
-        .0
-        .split_once("://")
-        .and_then(|(_, rest)| rest.split(['/', '?', '#']).next())
-        .and_then(|authority| authority.rsplit_once('@'))
-        .map(|(userinfo, _)| userinfo.split_once(':').map_or(userinfo, |(_, p)| p))
-        .filter(|p| !p.is_empty());
-    match password {
-        Some(p) => message.replace(p, "*****"),
-        None => message.to_owned(),
+    let rest = url.0.split_once("://").map_or("", |(_, rest)| rest);
+    // The user info runs to the last `@` (a password may hold `/`, `?`, `#`); a unix socket's
+    // password is its `pass` query value.
+    let userinfo = rest
+        .rsplit_once('@')
+        .map(|(userinfo, _)| userinfo.split_once(':').map_or(userinfo, |(_, p)| p));
+    let query = rest.split_once('?').map_or("", |(_, q)| q);
+    let pass = query.split('&').find_map(|kv| {
+        kv.strip_prefix("pass=")
+            .or_else(|| kv.strip_prefix("password="))
+    });
+    let mut out = message.to_owned();
+    for secret in [userinfo, pass].into_iter().flatten() {
+        if !secret.is_empty() {
+            out = out.replace(secret, "*****");
+        }
     }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn bucket_keys_are_digests_of_host_name_and_credential() {
+        use crate::config::types::parse_base_url;
+        let config = FleetConfig {
+            redis: Some(RedisUrl("redis://127.0.0.1:1/0".into())),
+            ..FleetConfig::default()
+        };
+        let fleet = Fleet::new(&config, crate::metrics::Metrics::new().fleet()).unwrap();
+        let upstream = |name: &str, header: &str, key: &str| {
+            let base = parse_base_url("https://api.openai.com/v1").unwrap();
+            let mut u = UpstreamConfig::new(name, "/v1", base);
+            u.headers
+                .insert(header.into(), crate::config::Secret(key.into()));
+            u
+        };
+        let a = fleet.bucket_key(&upstream("openai", "Authorization", "Bearer sk-a"), None);
+        let same = fleet.bucket_key(&upstream("openai", "authorization", "Bearer sk-a"), None);
+        let other = fleet.bucket_key(&upstream("openai", "Authorization", "Bearer sk-b"), None);
+        let elsewhere = fleet.bucket_key(&upstream("mirror", "Authorization", "Bearer sk-a"), None);
+        assert_eq!(a, same, "header names are case-insensitive");
+        assert_ne!(a, other, "another key, another bucket");
+        assert_ne!(a, elsewhere, "another upstream, another bucket");
+        assert!(a.starts_with("corral:{") && a.ends_with('}'), "{a}");
+        assert!(!a.contains("sk-a"));
+        let by_request = fleet.bucket_key(&upstream("openai", "x", "y"), Some(b"Bearer sk-c"));
+        assert_ne!(
+            by_request, a,
+            "a request's credential keys its own partition"
+        );
+        let same_key = fleet.bucket_key(&upstream("openai", "x", "y"), Some(b"Bearer sk-a"));
+        assert_eq!(
+            same_key, a,
+            "the same credential, from the config or a request"
+        );
+    }
 
     #[test]
     fn errors_never_carry_the_password() {
@@ -475,5 +569,9 @@ mod tests {
         );
         let bare = RedisUrl("redis://redis:6379".into());
         assert_eq!(redact("refused", &bare), "refused");
+        let slashed = RedisUrl("redis://u:a/b#c@redis:6379/0".into());
+        assert_eq!(redact("no auth a/b#c", &slashed), "no auth *****");
+        let unix = RedisUrl("unix:///run/redis.sock?db=1&pass=hunter2".into());
+        assert_eq!(redact("bad hunter2", &unix), "bad *****");
     }
 }

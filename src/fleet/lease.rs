@@ -210,8 +210,9 @@ pub(super) struct KindArgs {
 
 /// Where a request stands.
 enum Step {
-    /// Taken; also take from this share (rejoining after a fallback).
-    Taken(Option<Arc<Share>>),
+    /// Taken; also take from this share (rejoining after a fallback); wake the refill task
+    /// if `true` (the lease runs low).
+    Taken(Option<Arc<Share>>, bool),
     Fallback(Arc<Share>),
     /// Wait until then (`None`: for a grant), asking for a refill if `true`.
     Wait(Option<Instant>, bool),
@@ -349,8 +350,20 @@ impl Lease {
                 }
             };
             match step {
-                Step::Taken(None) => return Ok(()),
-                Step::Taken(Some(share)) | Step::Fallback(share) => {
+                Step::Taken(share, low) => {
+                    if low {
+                        self.wake.notify_one();
+                    }
+                    let Some(share) = share else { return Ok(()) };
+                    if let Some(b) = &share.requests {
+                        take(b, 1, deadline).await?;
+                    }
+                    if let Some(b) = &share.tokens {
+                        take(b, cost.ceil() as u32, deadline).await?;
+                    }
+                    return Ok(());
+                }
+                Step::Fallback(share) => {
                     if let Some(b) = &share.requests {
                         take(b, 1, deadline).await?;
                     }
@@ -526,19 +539,24 @@ impl Lease {
             // None while the shared bucket is queued beyond what it would grant.
             return spaced.max(s.not_before.unwrap_or(now));
         }
-        let beat = s.last_call.map_or(now, |at| at + heartbeat);
+        // Heartbeats and probes only while requests draw on a shared bucket: the live count is
+        // the replicas that use it, and idle partitions (thousands, with `api_key`) cost Redis
+        // nothing. A request wakes the task again when its lease runs low.
+        let active = s.waiting > 0
+            || s.last_take
+                .is_some_and(|at| now.saturating_duration_since(at) < self.fleet.heartbeat_ttl);
+        let gated = s.pools.iter().any(|p| p.shared.is_some());
+        let beat = (active && gated).then(|| s.last_call.map_or(now, |at| at + heartbeat));
         let idle = s
             .last_take
             .filter(|_| s.waiting == 0 && s.pools.iter().any(|p| p.held() > 0.0))
             .map(|at| at + IDLE_RETURN);
-        // Demand soon after the last take (it may want a refill then).
-        let soon = s.last_take.map(|at| at + IDLE_RETURN);
-        let fallback = (self.fleet.mode() == Mode::Fallback).then_some(probe);
-        [Some(beat), idle, soon.filter(|t| *t > now), fallback]
+        let fallback = (self.fleet.mode() == Mode::Fallback && active).then_some(probe);
+        [beat, idle, fallback]
             .into_iter()
             .flatten()
             .min()
-            .unwrap_or(beat)
+            .unwrap_or(now + Duration::from_secs(3600))
             .max(spaced)
     }
 
@@ -688,7 +706,8 @@ impl State {
                     false
                 }
             };
-            return Step::Taken(rejoining.then(|| self.share()));
+            let low = (0..2).any(|k| self.wants_more(k, now));
+            return Step::Taken(rejoining.then(|| self.share()), low);
         }
         let mut at = Some(now);
         for &k in &short {

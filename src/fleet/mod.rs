@@ -140,7 +140,8 @@ impl Fleet {
         let lease_timeout = config.lease_timeout.0;
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(lease_timeout.max(Duration::from_millis(100))))
-            .set_response_timeout(Some(lease_timeout))
+            // A backstop: the lease's own timeout (`call`) fires first.
+            .set_response_timeout(Some(lease_timeout * 2))
             .set_number_of_retries(1)
             .set_min_delay(PROBE_BASE)
             .set_max_delay(PROBE_CAP);
@@ -332,6 +333,8 @@ impl Fleet {
         let result = match outcome {
             Ok(Ok(reply)) => lease::parse(&reply)
                 .ok_or_else(|| CallError::Redis(format!("the lease script answered {reply:?}"))),
+            // redis' own response timeout (a backstop behind ours) is a slow lease too.
+            Ok(Err(e)) if e.is_timeout() => Err(CallError::Timeout),
             Ok(Err(e)) => Err(CallError::Redis(redact(&e.to_string(), &self.url))),
             Err(_) => Err(CallError::Timeout),
         };

@@ -179,6 +179,15 @@ impl Metrics {
         for result in ["applied", "refused"] {
             m.config_reloads.with_label_values(&[result]);
         }
+        for outcome in ["ok", "error", "timeout"] {
+            m.fleet.round_trips.with_label_values(&[outcome]);
+        }
+        for kind in ["requests", "tokens"] {
+            m.fleet.leased.with_label_values(&[kind]);
+        }
+        for mode in crate::fleet::Mode::ALL {
+            m.fleet.mode.with_label_values(&[mode.label()]);
+        }
         m
     }
 

@@ -84,7 +84,7 @@ impl Default for FleetConfig {
             name: Text("default".into()),
             lease_timeout: HumanDuration(Duration::from_millis(250)),
             max_failures: 3,
-            heartbeat_ttl: HumanDuration::from_secs(10),
+            heartbeat_ttl: HumanDuration::from_secs(30),
         }
     }
 }

@@ -9,7 +9,8 @@
 //!
 //! A block is ten requests' worth at least (one round trip per ten requests), one second of this
 //! replica's recent rate or the requests waiting if more, and at most half the burst or two
-//! seconds of the shared rate. What is not used within [`IDLE_RETURN`] of the last request, and
+//! seconds of the shared rate, over the live replicas. What is not used within three mean gaps between requests (a
+//! quarter second to [`IDLE_RETURN`]) of the last request, and
 //! everything on shutdown, goes back.
 //!
 //! Fallen back (Redis slow or down), requests pass local buckets of this replica's share of the
@@ -27,6 +28,7 @@ use tokio::time::Instant;
 
 use super::{Fleet, Mode};
 use crate::config::UpstreamConfig;
+use crate::provider::Kind;
 use crate::stack::layer::lock;
 use crate::stack::rate_limit::bucket::{take, Bucket};
 
@@ -39,7 +41,12 @@ const MAX_BLOCK_SPAN: f64 = 2.0;
 /// ...and at most this share of the burst.
 const MAX_BLOCK_BURST: f64 = 0.5;
 /// Units held this long after the last request go back to the shared bucket.
+/// (Three of this replica's mean gaps between requests, within these bounds: a lull in a busy
+/// partition gives back soon, so others lease what it no longer needs; a quiet one keeps its
+/// block between requests instead of asking for it again each time.)
 pub const IDLE_RETURN: Duration = Duration::from_secs(2);
+const IDLE_RETURN_MIN: Duration = Duration::from_millis(250);
+const IDLE_GAPS: f64 = 3.0;
 /// Refill calls are at least this far apart.
 const MIN_SPACING: Duration = Duration::from_millis(5);
 
@@ -144,6 +151,16 @@ struct Demand {
 }
 
 impl Demand {
+    /// The rate, decayed by a lull since the last sample.
+    fn current(&self, now: Instant) -> f64 {
+        let dt = now.saturating_duration_since(self.since).as_secs_f64();
+        if dt < 1.0 {
+            return self.rate;
+        }
+        let w = 0.5f64.powf(dt);
+        w * self.rate + (1.0 - w) * self.count / dt
+    }
+
     fn record(&mut self, now: Instant) {
         let dt = now.saturating_duration_since(self.since).as_secs_f64();
         if dt >= 1.0 {
@@ -164,6 +181,8 @@ struct Share {
 struct State {
     pools: [Pool; 2],
     demand: Demand,
+    /// Requests arriving at the partition (attempts), per second.
+    arrivals: Demand,
     last_take: Option<Instant>,
     /// Requests waiting on the partition.
     waiting: usize,
@@ -280,6 +299,11 @@ impl Lease {
                     count: 0.0,
                     rate: 0.0,
                 },
+                arrivals: Demand {
+                    since: now,
+                    count: 0.0,
+                    rate: 0.0,
+                },
                 last_take: None,
                 waiting: 0,
                 avg_cost: 1.0,
@@ -324,6 +348,21 @@ impl Lease {
     pub fn gates(&self) -> bool {
         self.fleet.mode() != Mode::Shared
             || lock(&self.state).pools.iter().any(|p| p.shared.is_some())
+    }
+
+    /// A request arrived at the partition (its demand).
+    pub fn arrived(&self) {
+        lock(&self.state).arrivals.record(Instant::now());
+    }
+
+    /// Whether the fleet's shared bucket of `kind` paces this partition now (Redis answers and
+    /// knows its rate).
+    pub fn paces(&self, kind: Kind) -> bool {
+        let k = match kind {
+            Kind::Requests => REQUESTS,
+            Kind::Tokens => TOKENS,
+        };
+        self.fleet.mode() == Mode::Shared && lock(&self.state).pools[k].shared.is_some()
     }
 
     /// Whether the shared tokens bucket gates (so requests need a token estimate).
@@ -497,8 +536,8 @@ impl Lease {
     fn args(&self, s: &mut State, leaving: bool, now: Instant) -> CallArgs {
         let kind = |s: &mut State, k: usize| {
             // A whole block, so that each call covers ten requests or more.
-            let want = if !leaving && s.wants_more(k, now) {
-                s.block(k).max(s.shortfall[k]).ceil()
+            let want = if !leaving && s.wants_more(k) {
+                s.want(k, now).max(s.shortfall[k]).ceil()
             } else {
                 0.0
             };
@@ -535,7 +574,7 @@ impl Lease {
         if s.urgent || s.last_call.is_none() || s.idle_holding(now) {
             return spaced;
         }
-        if (0..2).any(|k| s.wants_more(k, now)) {
+        if (0..2).any(|k| s.wants_more(k)) {
             // None while the shared bucket is queued beyond what it would grant.
             return spaced.max(s.not_before.unwrap_or(now));
         }
@@ -550,7 +589,7 @@ impl Lease {
         let idle = s
             .last_take
             .filter(|_| s.waiting == 0 && s.pools.iter().any(|p| p.held() > 0.0))
-            .map(|at| at + IDLE_RETURN);
+            .map(|at| at + s.idle_after());
         let fallback = (self.fleet.mode() == Mode::Fallback && active).then_some(probe);
         [beat, idle, fallback]
             .into_iter()
@@ -650,28 +689,48 @@ impl State {
         };
         let demand = (self.demand.rate * BLOCK_SPAN).max(self.waiting as f64) * unit;
         let min = MIN_BLOCK * unit;
-        let max = (burst * MAX_BLOCK_BURST)
-            .min(rate * MAX_BLOCK_SPAN)
+        // Split over the live replicas: what one holds ahead, the others wait behind, and
+        // what it holds when its work runs out is lost to them.
+        let max = ((burst * MAX_BLOCK_BURST).min(rate * MAX_BLOCK_SPAN) / self.live.max(1) as f64)
             .max(min);
         demand.clamp(min, max)
     }
 
-    /// Bucket `k` gates, holds less than half a block, and requests want more.
-    fn wants_more(&self, k: usize, now: Instant) -> bool {
-        let recent = self
-            .last_take
-            .is_some_and(|at| now.saturating_duration_since(at) < IDLE_RETURN);
+    /// What to ask for: a block, but no more than the requests waiting and a second of
+    /// arrivals need beyond what is held (a batch whose queue drains must not hold units the
+    /// other replicas wait behind).
+    fn want(&self, k: usize, now: Instant) -> f64 {
+        let unit = if k == TOKENS {
+            self.avg_cost.max(1.0)
+        } else {
+            1.0
+        };
+        let need = (self.waiting as f64 + self.arrivals.current(now) * BLOCK_SPAN) * unit;
+        self.block(k).min((need - self.pools[k].held()).max(unit))
+    }
+
+    /// Bucket `k` gates, holds less than half a block, and requests wait. (Never ahead of
+    /// demand when none waits: a batch that ends must not leave units queued ahead of the
+    /// replicas still working; a request that finds the lease empty waits one round trip.)
+    fn wants_more(&self, k: usize) -> bool {
         self.pools[k].shared.is_some()
-            && (self.waiting > 0 || recent)
+            && self.waiting > 0
             && (self.pools[k].held() < self.block(k) / 2.0 || self.shortfall[k] > 0.0)
     }
 
-    /// Units held and no request for [`IDLE_RETURN`].
+    /// After how long without a request units held go back: three mean gaps between
+    /// requests, between [`IDLE_RETURN_MIN`] and [`IDLE_RETURN`].
+    fn idle_after(&self) -> Duration {
+        let gaps = IDLE_GAPS / self.demand.rate.max(f64::MIN_POSITIVE);
+        Duration::from_secs_f64(gaps.min(IDLE_RETURN.as_secs_f64())).max(IDLE_RETURN_MIN)
+    }
+
+    /// Units held and no request for [`idle_after`](Self::idle_after).
     fn idle_holding(&self, now: Instant) -> bool {
         self.waiting == 0
             && self
                 .last_take
-                .is_some_and(|at| now.saturating_duration_since(at) >= IDLE_RETURN)
+                .is_some_and(|at| now.saturating_duration_since(at) >= self.idle_after())
             && self.pools.iter().any(|p| p.held() > 0.0)
     }
 
@@ -706,7 +765,9 @@ impl State {
                     false
                 }
             };
-            let low = (0..2).any(|k| self.wants_more(k, now));
+            // Others still waiting (this request is counted until it returns).
+            self.waiting = self.waiting.saturating_sub(1);
+            let low = (0..2).any(|k| self.wants_more(k));
             return Step::Taken(rejoining.then(|| self.share()), low);
         }
         let mut at = Some(now);

@@ -163,9 +163,6 @@ impl Fleet {
             std::process::id(),
             SmallRng::from_os_rng().random::<u32>()
         );
-        for mode in Mode::ALL {
-            metrics.mode.with_label_values(&[mode.label()]);
-        }
         metrics
             .mode
             .with_label_values(&[Mode::Connecting.label()])

@@ -9,7 +9,7 @@
 //!
 //! A block is ten requests' worth at least (one round trip per ten requests), one second of this
 //! replica's recent rate or the requests waiting if more, and at most half the burst or two
-//! seconds of the shared rate, over the live replicas. What is not used within three mean gaps between requests (a
+//! seconds of the shared rate. What is not used within three mean gaps between requests (a
 //! quarter second to [`IDLE_RETURN`]) of the last request, and
 //! everything on shutdown, goes back.
 //!
@@ -689,9 +689,8 @@ impl State {
         };
         let demand = (self.demand.rate * BLOCK_SPAN).max(self.waiting as f64) * unit;
         let min = MIN_BLOCK * unit;
-        // Split over the live replicas: what one holds ahead, the others wait behind, and
-        // what it holds when its work runs out is lost to them.
-        let max = ((burst * MAX_BLOCK_BURST).min(rate * MAX_BLOCK_SPAN) / self.live.max(1) as f64)
+        let max = (burst * MAX_BLOCK_BURST)
+            .min(rate * MAX_BLOCK_SPAN)
             .max(min);
         demand.clamp(min, max)
     }

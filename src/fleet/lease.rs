@@ -135,7 +135,8 @@ impl Pool {
 
     /// Everything held, emptied.
     fn drain(&mut self) -> f64 {
-        let held = self.held();
+        // A debt (a request larger than the burst took more than was usable) is paid first.
+        let held = (self.available + self.drips.iter().map(Drip::left).sum::<f64>()).max(0.0);
         self.available = 0.0;
         self.drips.clear();
         held
@@ -191,7 +192,9 @@ struct State {
     last_call: Option<Instant>,
     /// A call is wanted now (a 429 to share, a limit newly learned).
     urgent: bool,
-    pause_ms: u64,
+    /// The end of this replica's latest 429 pause, to share (what is left of it when the call
+    /// goes, not its length: a call that waits for Redis must not lengthen it).
+    pause_until: Option<Instant>,
     refused: u8,
     live: u64,
     share: Option<Arc<Share>>,
@@ -309,7 +312,7 @@ impl Lease {
                 avg_cost: 1.0,
                 last_call: None,
                 urgent: true,
-                pause_ms: 0,
+                pause_until: None,
                 refused: 0,
                 live: 1,
                 share: None,
@@ -383,6 +386,11 @@ impl Lease {
                 let mut s = lock(&self.state);
                 s.waiting = self.queued.load(Ordering::Acquire);
                 if self.fleet.mode() == Mode::Fallback {
+                    // Demand: the refill task probes Redis while requests come.
+                    s.last_take = Some(now);
+                    if self.fleet.may_call(now).is_ok() {
+                        self.wake.notify_one();
+                    }
                     Step::Fallback(s.share())
                 } else {
                     s.try_take(cost, now)
@@ -450,7 +458,8 @@ impl Lease {
     /// A 429: share its pause (and which buckets refused) with the fleet now.
     pub fn throttled(&self, pause: Duration, requests: bool, tokens: bool) {
         let mut s = lock(&self.state);
-        s.pause_ms = s.pause_ms.max(pause.as_millis() as u64);
+        let until = Instant::now() + pause;
+        s.pause_until = Some(s.pause_until.map_or(until, |u| u.max(until)));
         s.refused |= u8::from(requests) | (u8::from(tokens) << 1);
         s.urgent = true;
         drop(s);
@@ -462,10 +471,17 @@ impl Lease {
         let mut s = lock(&self.state);
         match self.fleet.mode() {
             Mode::Fallback => {
-                // What was held was paid for (Redis counted it as taken): the local share
-                // starts with it instead. Never given back too: that would count it twice.
+                // What was usable was paid for (Redis counted it as taken): the local share
+                // starts with it instead, never given back too (that would count it twice).
+                let now = Instant::now();
                 for k in 0..2 {
-                    s.carried[k] = s.pools[k].drain();
+                    let pool = &mut s.pools[k];
+                    pool.release(now);
+                    let usable = pool.available.max(0.0);
+                    let ahead = pool.drain() - usable;
+                    // Units not yet due go back to Redis when it answers again.
+                    pool.give_back += ahead.max(0.0);
+                    s.carried[k] = usable;
                 }
                 s.share = None;
                 s.resync = true;
@@ -534,9 +550,11 @@ impl Lease {
 
     /// The next call's arguments, taking what is to be shared and given back.
     fn args(&self, s: &mut State, leaving: bool, now: Instant) -> CallArgs {
+        let fallen = self.fleet.mode() == Mode::Fallback;
         let kind = |s: &mut State, k: usize| {
             // A whole block, so that each call covers ten requests or more.
-            let want = if !leaving && s.wants_more(k) {
+            // Probes while fallen back ask for nothing: one that times out may still run.
+            let want = if !leaving && !fallen && s.wants_more(k, now) {
                 s.want(k, now).max(s.shortfall[k]).ceil()
             } else {
                 0.0
@@ -550,12 +568,18 @@ impl Lease {
             }
         };
         let kinds = [kind(s, REQUESTS), kind(s, TOKENS)];
+        let pause_ms = s
+            .pause_until
+            .take()
+            .map_or(0, |u| u.saturating_duration_since(now).as_millis() as u64);
+        // A refusal whose pause has passed is old news.
+        let refused = std::mem::take(&mut s.refused);
         CallArgs {
             keys: self.keys.clone(),
             resync: s.resync,
             leaving,
-            pause_ms: std::mem::take(&mut s.pause_ms),
-            refused: std::mem::take(&mut s.refused),
+            pause_ms,
+            refused: if pause_ms > 0 { refused } else { 0 },
             kinds,
         }
     }
@@ -574,7 +598,7 @@ impl Lease {
         if s.urgent || s.last_call.is_none() || s.idle_holding(now) {
             return spaced;
         }
-        if (0..2).any(|k| s.wants_more(k)) {
+        if (0..2).any(|k| s.wants_more(k, now)) {
             // None while the shared bucket is queued beyond what it would grant.
             return spaced.max(s.not_before.unwrap_or(now));
         }
@@ -621,17 +645,22 @@ impl Lease {
         let reply = match result {
             Ok(reply) => reply,
             Err(e) => {
-                // Not delivered: share with the next call. Units to give back too, unless the
-                // call timed out: Redis may still run it (a paused or stopped Redis does, later),
-                // and losing them is the safe way to be wrong.
-                if !matches!(e, super::CallError::Timeout) {
+                // Not delivered: share with the next call. Units to give back only if the
+                // connection was refused: a call that timed out or broke may still have run (a
+                // paused or stopped Redis runs it later), and losing them is the safe way to be
+                // wrong.
+                if matches!(e, super::CallError::Refused(_)) {
                     for (pool, kind) in s.pools.iter_mut().zip(&args.kinds) {
                         pool.give_back += kind.give_back;
                     }
                 }
-                s.pause_ms = s.pause_ms.max(args.pause_ms);
-                s.refused |= args.refused;
-                if args.pause_ms > 0 || idle {
+                if args.pause_ms > 0 {
+                    let until = sent + Duration::from_millis(args.pause_ms);
+                    s.pause_until = Some(s.pause_until.map_or(until, |u| u.max(until)));
+                    s.refused |= args.refused;
+                    s.urgent = true;
+                }
+                if idle {
                     s.urgent = true;
                 }
                 return;
@@ -704,17 +733,28 @@ impl State {
         } else {
             1.0
         };
-        let need = (self.waiting as f64 + self.arrivals.current(now) * BLOCK_SPAN) * unit;
-        self.block(k).min((need - self.pools[k].held()).max(unit))
+        self.block(k)
+            .min((self.need(k, now) - self.pools[k].held()).max(unit))
     }
 
     /// Bucket `k` gates, holds less than half a block, and requests wait. (Never ahead of
     /// demand when none waits: a batch that ends must not leave units queued ahead of the
     /// replicas still working; a request that finds the lease empty waits one round trip.)
-    fn wants_more(&self, k: usize) -> bool {
+    fn wants_more(&self, k: usize, now: Instant) -> bool {
+        let held = self.pools[k].held();
         self.pools[k].shared.is_some()
             && self.waiting > 0
-            && (self.pools[k].held() < self.block(k) / 2.0 || self.shortfall[k] > 0.0)
+            && ((held < self.block(k) / 2.0 && self.need(k, now) > held) || self.shortfall[k] > 0.0)
+    }
+
+    /// Units the requests waiting and a second of arrivals need.
+    fn need(&self, k: usize, now: Instant) -> f64 {
+        let unit = if k == TOKENS {
+            self.avg_cost.max(1.0)
+        } else {
+            1.0
+        };
+        (self.waiting as f64 + self.arrivals.current(now) * BLOCK_SPAN) * unit
     }
 
     /// After how long without a request units held go back: three mean gaps between
@@ -764,9 +804,11 @@ impl State {
                     false
                 }
             };
-            // Others still waiting (this request is counted until it returns).
+            // Others still waiting (this request is counted until it returns). With none, the
+            // refill task is woken too, to give back what is held after a lull.
             self.waiting = self.waiting.saturating_sub(1);
-            let low = (0..2).any(|k| self.wants_more(k));
+            let low = (0..2).any(|k| self.wants_more(k, now))
+                || (self.waiting == 0 && self.pools.iter().any(|p| p.held() > 0.0));
             return Step::Taken(rejoining.then(|| self.share()), low);
         }
         let mut at = Some(now);

@@ -129,6 +129,8 @@ impl std::fmt::Debug for Fleet {
 #[derive(Debug)]
 pub enum CallError {
     Timeout,
+    /// The connection was refused: the call never reached Redis.
+    Refused(String),
     Redis(String),
 }
 
@@ -332,6 +334,9 @@ impl Fleet {
                 .ok_or_else(|| CallError::Redis(format!("the lease script answered {reply:?}"))),
             // redis' own response timeout (a backstop behind ours) is a slow lease too.
             Ok(Err(e)) if e.is_timeout() => Err(CallError::Timeout),
+            Ok(Err(e)) if e.is_connection_refusal() => {
+                Err(CallError::Refused(redact(&e.to_string(), &self.url)))
+            }
             Ok(Err(e)) => Err(CallError::Redis(redact(&e.to_string(), &self.url))),
             Err(_) => Err(CallError::Timeout),
         };
@@ -344,7 +349,7 @@ impl Fleet {
         let outcome = match result {
             Ok(_) => "ok",
             Err(CallError::Timeout) => "timeout",
-            Err(CallError::Redis(_)) => "error",
+            Err(CallError::Redis(_) | CallError::Refused(_)) => "error",
         };
         self.metrics.round_trips.with_label_values(&[outcome]).inc();
         let mut h = lock(&self.health);
@@ -367,7 +372,7 @@ impl Fleet {
                         "a lease took longer than lease_timeout ({:?})",
                         self.lease_timeout
                     ),
-                    CallError::Redis(msg) => msg.clone(),
+                    CallError::Redis(msg) | CallError::Refused(msg) => msg.clone(),
                 };
                 h.last_error = Some(why.clone());
                 // A slow lease falls back at once: waiting on it is what hurts.

@@ -27,6 +27,7 @@ use support::*;
 /// Label names corral may use; each has a bounded set of values.
 const LABELS: &[&str] = &[
     "upstream", "method", "code", "outcome", "reason", "why", "to", "source", "kind", "cause",
+    "mode",
 ];
 /// Upstream names in the scrape's config, plus the label of requests that matched no route.
 const UPSTREAMS: &[&str] = &["openai", "flaky", "strict", "(none)"];

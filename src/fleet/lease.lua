@@ -73,6 +73,8 @@ local function bucket(key, base, refused)
     end
     if cfg_rate <= 0 then created = true end
     ts = now
+    -- Units handed back belong to the bucket that was lost, not to this one.
+    ret = 0
   end
   level = math.min(burst, level + rate * math.max(0, now - ts) / 1000)
   level = math.min(burst, level + ret)

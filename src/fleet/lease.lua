@@ -12,10 +12,13 @@
 -- (-1: none); ARGV[20] the fleet's channel: a pause this call sets is published there
 -- ("PAUSE-KEY pause MS"), so every replica stops at once, not at its next lease, and so is a
 -- learned bucket it creates ("PAUSE-KEY learned"), so every replica leases from it; ARGV[21] "1" when
--- the replica fell back since its last answer (Redis may have lost the buckets).
+-- the replica fell back since its last answer (Redis may have lost the buckets); ARGV[22] and
+-- ARGV[23] the requests and tokens buckets' epochs the returned units came from: units of
+-- another epoch (a bucket Redis lost) are not taken back.
 --
 -- Returns, per bucket (requests, then tokens): units granted, the level before the grant, the
--- rate and the burst (rate "0": nothing known, the bucket does not gate); then the pause left
+-- rate, the burst (rate "0": nothing known, the bucket does not gate) and its epoch (set when
+-- it is created); then the pause left
 -- (ms) and the live replicas. A grant may take the level below zero: its units are usable as the
 -- level refills (unit k of a grant from level L at rate r after (k - L) / r seconds), so grants
 -- queue in the order they were asked for, a block each, instead of polling.
@@ -39,15 +42,16 @@ local others = redis.call('ZCARD', KEYS[4]) - (redis.call('ZSCORE', KEYS[4], ARG
 -- A learned bucket was created by this call: the others are told to lease from it.
 local created = false
 
-local function bucket(key, base, refused)
+local function bucket(key, base, refused, epoch_arg)
   local want = tonumber(ARGV[base])
   local ret = tonumber(ARGV[base + 1])
   local cfg_rate, cfg_burst = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
   local l_rate, l_burst, l_level =
     tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6])
-  local b = redis.call('HMGET', key, 'rate', 'burst', 'level', 'ts', 'set')
+  local b = redis.call('HMGET', key, 'rate', 'burst', 'level', 'ts', 'set', 'epoch')
   local rate, burst, level, ts, set =
     tonumber(b[1]), tonumber(b[2]), tonumber(b[3]), tonumber(b[4]), tonumber(b[5])
+  local epoch = b[6]
   if cfg_rate > 0 then
     rate, burst, set = cfg_rate, cfg_burst, now
   elseif l_rate > 0 then
@@ -57,7 +61,7 @@ local function bucket(key, base, refused)
     rate = l_rate
   end
   if rate == nil or rate <= 0 then
-    return {want, want, 0, 0}
+    return {want, want, 0, 0, '-'}
   end
   if level == nil or ts == nil then
     -- A new bucket (or one Redis lost). Configured: full. Learned: what the report said,
@@ -73,23 +77,28 @@ local function bucket(key, base, refused)
     end
     if cfg_rate <= 0 then created = true end
     ts = now
-    -- Units handed back belong to the bucket that was lost, not to this one.
-    ret = 0
+    epoch = nil
   end
+  if not epoch then
+    epoch = now .. ':' .. ARGV[1]
+  end
+  -- Units handed back from a bucket that was lost do not belong to this one.
+  if ARGV[epoch_arg] ~= epoch then ret = 0 end
   level = math.min(burst, level + rate * math.max(0, now - ts) / 1000)
   level = math.min(burst, level + ret)
   if refused then level = math.min(level, 0) end
   local before = level
   local grant = math.max(0, math.min(want, level + rate * MAX_AHEAD))
   level = level - grant
-  redis.call('HSET', key, 'rate', rate, 'burst', burst, 'level', level, 'ts', now, 'set', set)
+  redis.call('HSET', key, 'rate', rate, 'burst', burst, 'level', level, 'ts', now, 'set', set,
+    'epoch', epoch)
   -- Kept until it would have refilled (and a minute more): then a new one starts full.
   redis.call('PEXPIRE', key, 60000 + math.ceil((burst - level) / rate * 1000))
-  return {grant, before, rate, burst}
+  return {grant, before, rate, burst, epoch}
 end
 
-local req = bucket(KEYS[1], 6, throttled == 1 or throttled == 3)
-local tok = bucket(KEYS[2], 13, throttled == 2 or throttled == 3)
+local req = bucket(KEYS[1], 6, throttled == 1 or throttled == 3, 22)
+local tok = bucket(KEYS[2], 13, throttled == 2 or throttled == 3, 23)
 
 local pause_ms = tonumber(ARGV[4])
 local until_ms = tonumber(redis.call('GET', KEYS[3]) or '0')

@@ -104,6 +104,8 @@ struct Pool {
     drips: VecDeque<Drip>,
     /// Units to give back with the next call.
     give_back: f64,
+    /// The shared bucket's epoch, as Redis last said (a new one after Redis lost it).
+    epoch: Option<String>,
     /// What the pacers learned, to share; and what was last shared.
     learned: Option<(f64, f64, Option<f64>)>,
     published: Option<(f64, f64)>,
@@ -226,6 +228,8 @@ pub(super) struct CallArgs {
 pub(super) struct KindArgs {
     pub want: f64,
     pub give_back: f64,
+    /// The epoch of the bucket the units given back came from.
+    pub epoch: Option<String>,
     pub config: Option<(f64, f64)>,
     pub learned: Option<(f64, f64, Option<f64>)>,
 }
@@ -562,6 +566,7 @@ impl Lease {
             let pool = &mut s.pools[k];
             KindArgs {
                 want,
+                epoch: pool.epoch.clone(),
                 give_back: std::mem::take(&mut pool.give_back),
                 config: self.config[k],
                 learned: pool.learned,
@@ -669,6 +674,7 @@ impl Lease {
         let mut not_before: Option<Instant> = None;
         for (k, pool) in s.pools.iter_mut().enumerate() {
             let (grant, before, rate, burst) = reply.kinds[k];
+            pool.epoch = Some(reply.epochs[k].clone());
             if rate > 0.0 && grant < args.kinds[k].want {
                 let wait = ((args.kinds[k].want - grant) / rate).clamp(0.01, 1.0);
                 let until = now + Duration::from_secs_f64(wait);
@@ -868,16 +874,23 @@ impl State {
 pub(super) struct Reply {
     /// Per bucket: granted, level before, rate, burst.
     kinds: [(f64, f64, f64, f64); 2],
+    /// Per bucket: its epoch.
+    epochs: [String; 2],
     pause_ms: u64,
     live: u64,
 }
 
 pub(super) fn parse(r: &[String]) -> Option<Reply> {
-    let n: Vec<f64> = r.iter().map(|s| s.parse().ok()).collect::<Option<_>>()?;
-    (n.len() == 10).then(|| Reply {
-        kinds: [(n[0], n[1], n[2], n[3]), (n[4], n[5], n[6], n[7])],
-        pause_ms: n[8].max(0.0) as u64,
-        live: n[9].max(1.0) as u64,
+    if r.len() != 12 {
+        return None;
+    }
+    let n = |i: usize| r[i].parse::<f64>().ok();
+    let kind = |b: usize| Some((n(b)?, n(b + 1)?, n(b + 2)?, n(b + 3)?));
+    Some(Reply {
+        kinds: [kind(0)?, kind(5)?],
+        epochs: [r[4].clone(), r[9].clone()],
+        pause_ms: n(10)?.max(0.0) as u64,
+        live: n(11)?.max(1.0) as u64,
     })
 }
 
@@ -955,13 +968,16 @@ mod tests {
 
     #[test]
     fn replies_parse_or_are_refused() {
-        let r: Vec<String> = ["10", "4.5", "20", "50", "0", "0", "0", "0", "1500", "4"]
-            .map(String::from)
-            .to_vec();
+        let r: Vec<String> = [
+            "10", "4.5", "20", "50", "7:a", "0", "0", "0", "0", "-", "1500", "4",
+        ]
+        .map(String::from)
+        .to_vec();
         let reply = parse(&r).unwrap();
         assert_eq!(reply.kinds[0], (10.0, 4.5, 20.0, 50.0));
+        assert_eq!(reply.epochs[0], "7:a");
         assert_eq!((reply.pause_ms, reply.live), (1500, 4));
-        assert!(parse(&r[..9]).is_none());
-        assert!(parse(&vec!["x".to_string(); 10]).is_none());
+        assert!(parse(&r[..11]).is_none());
+        assert!(parse(&vec!["x".to_string(); 12]).is_none());
     }
 }

@@ -323,6 +323,9 @@ impl Fleet {
         invocation
             .arg(&self.channel)
             .arg(if args.resync { "1" } else { "0" });
+        for kind in &args.kinds {
+            invocation.arg(kind.epoch.as_deref().unwrap_or("-"));
+        }
         let mut conn = self.conn.clone();
         let outcome = tokio::time::timeout(
             self.lease_timeout,

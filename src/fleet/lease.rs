@@ -28,7 +28,6 @@ use tokio::time::Instant;
 
 use super::{Fleet, Mode};
 use crate::config::UpstreamConfig;
-use crate::provider::Kind;
 use crate::stack::layer::lock;
 use crate::stack::rate_limit::bucket::{take, Bucket};
 
@@ -360,16 +359,6 @@ impl Lease {
     /// A request arrived at the partition (its demand).
     pub fn arrived(&self) {
         lock(&self.state).arrivals.record(Instant::now());
-    }
-
-    /// Whether the fleet's shared bucket of `kind` paces this partition now (Redis answers and
-    /// knows its rate).
-    pub fn paces(&self, kind: Kind) -> bool {
-        let k = match kind {
-            Kind::Requests => REQUESTS,
-            Kind::Tokens => TOKENS,
-        };
-        self.fleet.mode() == Mode::Shared && lock(&self.state).pools[k].shared.is_some()
     }
 
     /// Whether the shared tokens bucket gates (so requests need a token estimate).

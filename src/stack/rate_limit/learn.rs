@@ -424,13 +424,6 @@ impl Pacer {
         }
     }
 
-    /// Admit `cost` units without gating: something else paces them (a fleet's shared bucket),
-    /// and the pacer still learns from their answers.
-    pub fn admit_ungated(&mut self, cost: f64, now: Instant) -> Ticket {
-        self.refill(now);
-        self.admit(cost, now)
-    }
-
     fn admit(&mut self, cost: f64, now: Instant) -> Ticket {
         self.sent += cost;
         self.meter.record(now, cost.max(1.0));

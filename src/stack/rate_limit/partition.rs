@@ -289,22 +289,12 @@ impl Partition {
         let Some(pacers) = &self.pacers else {
             return self.wait_pause(deadline, false).await.map(|()| None);
         };
-        // A bucket the fleet's shared one paces is not paced again here: this corral's own
-        // estimate of its share (from 429 windows) would only hold it back when the others
-        // are done. Its pacer still learns from the answers.
-        let paced = |kind| self.lease.as_ref().is_some_and(|l| l.paces(kind));
-        let admit = |kind: Kind, units: f64| async move {
-            if paced(kind) {
-                self.wait_pause(deadline, false).await?;
-                Ok(lock(pacers)
-                    .get_mut(kind)
-                    .admit_ungated(units, Instant::now()))
-            } else {
-                self.wait_pacer(pacers, kind, units, deadline).await
-            }
-        };
-        let requests = admit(Kind::Requests, 1.0).await?;
-        let tokens = admit(Kind::Tokens, f64::from(cost)).await?;
+        let requests = self
+            .wait_pacer(pacers, Kind::Requests, 1.0, deadline)
+            .await?;
+        let tokens = self
+            .wait_pacer(pacers, Kind::Tokens, f64::from(cost), deadline)
+            .await?;
         Ok(Some(Tickets { requests, tokens }))
     }
 

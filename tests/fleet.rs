@@ -590,9 +590,11 @@ async fn a_flushed_script_is_loaded_again() {
     under_fault(fault, false, &server).await;
 }
 
-/// The herd (quick scale: bucket 50 refilled at 200/s) split unevenly over four corrals that
-/// share the whole limit through Redis: every client succeeds, near the bound, with few 429s
-/// and few Redis round trips. Bounds are generous for a busy two-core machine.
+/// The herd (at a fifth of its time scale: bucket 50 refilled at 100/s, bound 4.5 s) split
+/// unevenly over four corrals that share the whole limit through Redis: every client
+/// succeeds, near the bound, with few 429s and few Redis round trips. Bounds are generous
+/// for a busy two-core machine running a debug build. (At the quick scale, 10x, timer slack
+/// alone made 2-5% of requests 429s with the limit set.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_herd_over_four_corrals_sharing_redis() {
     use corral::herd::{run_one, Spec, Strategy};
@@ -600,10 +602,10 @@ async fn a_herd_over_four_corrals_sharing_redis() {
     let spec = Spec {
         tasks: 500,
         capacity: 50,
-        refill: 200.0,
-        service: Duration::from_millis(20),
-        base: Duration::from_millis(100),
-        cap: Duration::from_secs(3),
+        refill: 100.0,
+        service: Duration::from_millis(40),
+        base: Duration::from_millis(200),
+        cap: Duration::from_secs(6),
         max_retries: 6,
         limit_report: corral::simulate::LimitReport::Capacity,
         scenario: None,
@@ -611,13 +613,13 @@ async fn a_herd_over_four_corrals_sharing_redis() {
         redis: Some(server.url()),
         uneven: true,
         kill_redis: None,
-        scale: 10.0,
+        scale: 5.0,
     };
     for strategy in [Strategy::CorralConfigured, Strategy::CorralAuto] {
         let r = run_one(&spec, strategy).await.unwrap();
         let label = strategy.label();
         assert_eq!(r.failed, 0, "{label}: no client failed");
-        // Bound 2.25 s; allow 2x.
+        // Bound 4.5 s; allow 2x.
         assert!(r.makespan < r.bound * 2, "{label}: {:?}", r.makespan);
         // At most 5% 429s (the benchmark's target is 1% with the limit set, 2% unconfigured).
         assert!(
@@ -625,10 +627,17 @@ async fn a_herd_over_four_corrals_sharing_redis() {
             "{label}: {} upstream 429s",
             r.upstream_429
         );
+        // The steady-state ratio (one per ten) is asserted by
+        // `two_corrals_share_one_limit_leasing_in_blocks`. A whole 5-second run adds each
+        // corral's first calls and smaller asks, a pause per 429, the give-backs at the end
+        // (and on a loaded machine, a lease over `lease_timeout` and its probes): 0.2 a
+        // request in all; typically 0.07-0.09 here.
         let calls = r.redis_calls.expect("counted");
         assert!(
-            calls as f64 <= 0.15 * 500.0,
-            "{label}: {calls} Redis round trips for 500 requests"
+            calls as f64 <= 0.2 * 500.0,
+            "{label}: {calls} Redis round trips for 500 requests ({} upstream 429s, {:?})",
+            r.upstream_429,
+            r.makespan
         );
     }
 }

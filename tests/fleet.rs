@@ -600,20 +600,10 @@ async fn a_herd_over_four_corrals_sharing_redis() {
     use corral::herd::{run_one, Spec, Strategy};
     let Some(server) = redis() else { return };
     let spec = Spec {
-        tasks: 500,
-        capacity: 50,
-        refill: 100.0,
-        service: Duration::from_millis(40),
-        base: Duration::from_millis(200),
-        cap: Duration::from_secs(6),
-        max_retries: 6,
-        limit_report: corral::simulate::LimitReport::Capacity,
-        scenario: None,
         replicas: 4,
         redis: Some(server.url()),
         uneven: true,
-        kill_redis: None,
-        scale: 5.0,
+        ..Spec::reference(500, 5.0)
     };
     for strategy in [Strategy::CorralConfigured, Strategy::CorralAuto] {
         let r = run_one(&spec, strategy).await.unwrap();

@@ -146,18 +146,32 @@ impl Spec {
     pub fn from_args(a: &HerdArgs) -> Self {
         let scale = if a.quick { 10.0 } else { 1.0 };
         Self {
-            tasks: a.tasks,
             capacity: a.capacity,
             refill: a.refill * scale,
+            limit_report: a.limit_report,
+            replicas: a.replicas.max(1),
+            uneven: a.uneven,
+            ..Self::reference(a.tasks, scale)
+        }
+    }
+
+    /// The reference experiment with `tasks` clients, one corral, at `scale` (rates x scale,
+    /// times / scale): a bucket of 50 refilled at 20/s reporting its capacity, 200 ms of
+    /// service, clients' backoff from 1 s up to 30 s over 6 retries.
+    pub fn reference(tasks: usize, scale: f64) -> Self {
+        Self {
+            tasks,
+            capacity: 50,
+            refill: 20.0 * scale,
             service: Duration::from_millis(200).div_f64(scale),
             base: Duration::from_secs(1).div_f64(scale),
             cap: Duration::from_secs(30).div_f64(scale),
             max_retries: 6,
-            limit_report: a.limit_report,
+            limit_report: LimitReport::Capacity,
             scenario: None,
-            replicas: a.replicas.max(1),
+            replicas: 1,
             redis: None,
-            uneven: a.uneven,
+            uneven: false,
             kill_redis: None,
             scale,
         }

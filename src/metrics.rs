@@ -201,7 +201,8 @@ impl Metrics {
     }
 
     /// Handles for one upstream, with its label values bound once, and every labelled family
-    /// given a zero series for each value it can take (see `Metrics::init_labels`).
+    /// given a zero series for each value it can take (see `Metrics::init_labels`). A request
+    /// then counts without hashing a label or taking a lock: known values are indexes.
     pub fn upstream(&self, name: &str) -> UpstreamMetrics {
         self.init_labels(name);
         let v = &[name];
@@ -211,9 +212,20 @@ impl Metrics {
             remaining: self.reported_remaining.with_label_values(&[name, k]),
             sources: SOURCES.map(|s| self.limit_source.with_label_values(&[name, k, s])),
         };
+        let bound = |family: &IntCounterVec, values| Bound::new(family, name, values);
         UpstreamMetrics(Arc::new(Handles {
             kinds: [kind("requests"), kind("tokens")],
             name: name.to_owned(),
+            requests: (0..METHODS.len() * CODES)
+                .map(|_| OnceLock::new())
+                .collect(),
+            attempts: bound(&self.attempts, OUTCOMES),
+            retries: bound(&self.retries, RETRY_REASONS),
+            gave_up: bound(&self.gave_up, GAVE_UP),
+            breaker_transitions: bound(&self.breaker_transitions, BREAKER_PHASES),
+            upstream_throttles: bound(&self.upstream_throttles, THROTTLE_CODES),
+            client_throttles: bound(&self.client_throttles, THROTTLE_SOURCES),
+            corral_errors: bound(&self.corral_errors, CAUSES),
             family: self.clone(),
             request_duration: self.request_duration.with_label_values(v),
             upstream_duration: self.upstream_duration.with_label_values(v),
@@ -414,6 +426,60 @@ pub fn method_label(method: &Method) -> &'static str {
     crate::forward::proxied_method(method).unwrap_or("other")
 }
 
+/// Every `method` label, in the order of [`method_index`].
+const METHODS: [&str; 8] = [
+    "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "other",
+];
+
+/// The place of `method`'s label in [`METHODS`].
+fn method_index(method: &Method) -> usize {
+    match *method {
+        Method::GET => 0,
+        Method::HEAD => 1,
+        Method::POST => 2,
+        Method::PUT => 3,
+        Method::PATCH => 4,
+        Method::DELETE => 5,
+        Method::OPTIONS => 6,
+        _ => 7,
+    }
+}
+
+/// Status codes 100-599 (http's `StatusCode` allows no others): one slot each per method.
+const CODES: usize = 500;
+
+/// One upstream's series of a counter family labelled `upstream` and one more label, bound
+/// once for each value the label is known to take (the zero series of `init_labels`): a count
+/// is a short scan of static strings and an atomic add, where `with_label_values` hashes the
+/// labels and takes the family's lock. A value outside the set still counts, through the
+/// family.
+struct Bound {
+    values: &'static [&'static str],
+    series: Box<[IntCounter]>,
+    family: IntCounterVec,
+}
+
+impl Bound {
+    fn new(family: &IntCounterVec, upstream: &str, values: &'static [&'static str]) -> Self {
+        let series = values
+            .iter()
+            .map(|v| family.with_label_values(&[upstream, v]))
+            .collect();
+        Self {
+            values,
+            series,
+            family: family.clone(),
+        }
+    }
+
+    fn inc(&self, upstream: &str, value: &str) {
+        match self.values.iter().position(|v| *v == value) {
+            Some(i) => self.series[i].inc(),
+            None => self.family.with_label_values(&[upstream, value]).inc(),
+        }
+    }
+}
+
 /// Sources of a pacing limit, in the order of [`KindGauges::sources`].
 const SOURCES: [&str; 6] = [
     "config",
@@ -447,6 +513,16 @@ pub struct KindGauges {
 pub struct Handles {
     name: String,
     kinds: [KindGauges; 2],
+    /// `corral_requests_total` by method and code: [`METHODS`] x [`CODES`] slots, each bound
+    /// on its first request (a series appears when its first request is counted, as before).
+    requests: Box<[OnceLock<IntCounter>]>,
+    attempts: Bound,
+    retries: Bound,
+    gave_up: Bound,
+    breaker_transitions: Bound,
+    upstream_throttles: Bound,
+    client_throttles: Bound,
+    corral_errors: Bound,
     family: Metrics,
     pub request_duration: Histogram,
     pub upstream_duration: Histogram,
@@ -479,11 +555,22 @@ impl Handles {
         &self.name
     }
     pub fn request(&self, method: &Method, code: u16) {
-        let code = code.to_string();
-        self.family
-            .requests
-            .with_label_values(&[&self.name, method_label(method), code.as_str()])
-            .inc();
+        let m = method_index(method);
+        let Some(slot) = usize::from(code)
+            .checked_sub(100)
+            .filter(|c| *c < CODES)
+            .map(|c| &self.requests[m * CODES + c])
+        else {
+            let code = code.to_string();
+            let labels = [self.name.as_str(), METHODS[m], code.as_str()];
+            return self.family.requests.with_label_values(&labels).inc();
+        };
+        slot.get_or_init(|| {
+            let code = code.to_string();
+            let labels = [self.name.as_str(), METHODS[m], code.as_str()];
+            self.family.requests.with_label_values(&labels)
+        })
+        .inc();
     }
     /// A response body cut by one of corral's clocks.
     pub fn stream_timeout(&self, kind: TimeoutKind) {
@@ -493,60 +580,51 @@ impl Handles {
         }
     }
     pub fn attempt(&self, outcome: &str) {
-        self.family
-            .attempts
-            .with_label_values(&[&self.name, outcome])
-            .inc();
+        self.attempts.inc(&self.name, outcome);
     }
     pub fn retry(&self, reason: &str) {
-        self.family
-            .retries
-            .with_label_values(&[&self.name, reason])
-            .inc();
+        self.retries.inc(&self.name, reason);
     }
     pub fn gave_up(&self, why: &str) {
-        self.family
-            .gave_up
-            .with_label_values(&[&self.name, why])
-            .inc();
+        self.gave_up.inc(&self.name, why);
     }
     pub fn breaker_transition(&self, to: &str) {
-        self.family
-            .breaker_transitions
-            .with_label_values(&[&self.name, to])
-            .inc();
+        self.breaker_transitions.inc(&self.name, to);
     }
     pub fn upstream_throttle(&self, code: u16) {
-        let code = code.to_string();
-        self.family
-            .upstream_throttles
-            .with_label_values(&[&self.name, code.as_str()])
-            .inc();
+        match code {
+            429 => self.upstream_throttles.inc(&self.name, "429"),
+            529 => self.upstream_throttles.inc(&self.name, "529"),
+            other => self.upstream_throttles.inc(&self.name, &other.to_string()),
+        }
     }
     pub fn client_throttle(&self, source: &str) {
-        self.family
-            .client_throttles
-            .with_label_values(&[&self.name, source])
-            .inc();
+        self.client_throttles.inc(&self.name, source);
     }
     pub fn corral_error(&self, cause: &str) {
-        self.family
-            .corral_errors
-            .with_label_values(&[&self.name, cause])
-            .inc();
+        self.corral_errors.inc(&self.name, cause);
     }
     pub fn learned(&self, kind: &str, rate: f64, burst: f64) {
         let k = self.kind(kind);
-        k.rate.set(rate);
-        k.burst.set(burst);
+        set_if_changed(&k.rate, rate);
+        set_if_changed(&k.burst, burst);
     }
     pub fn remaining(&self, kind: &str, remaining: f64) {
-        self.kind(kind).remaining.set(remaining);
+        set_if_changed(&self.kind(kind).remaining, remaining);
     }
     pub fn limit_source(&self, kind: &str, source: &str) {
         for (gauge, s) in self.kind(kind).sources.iter().zip(SOURCES) {
-            gauge.set(if s == source { 1.0 } else { 0.0 });
+            set_if_changed(gauge, if s == source { 1.0 } else { 0.0 });
         }
+    }
+}
+
+/// Set `gauge` to `value` unless it holds it already. Every answer reports the pacers'
+/// state, which rarely moves: a read leaves the gauge's cache line shared between the
+/// workers, where a store would take it from the others each time.
+fn set_if_changed(gauge: &Gauge, value: f64) {
+    if gauge.get().to_bits() != value.to_bits() {
+        gauge.set(value);
     }
 }
 

@@ -81,7 +81,8 @@ impl Outcome {
 
 /// The upstream's `x-should-retry: true|false`, which overrides the status rule.
 pub fn should_retry_header(headers: &HeaderMap) -> Option<bool> {
-    match headers.get("x-should-retry")?.to_str().ok()?.trim() {
+    const SHOULD_RETRY: http::HeaderName = http::HeaderName::from_static("x-should-retry");
+    match headers.get(SHOULD_RETRY)?.to_str().ok()?.trim() {
         "true" => Some(true),
         "false" => Some(false),
         _ => None,

@@ -22,9 +22,11 @@ use crate::forward::{strip_hop_by_hop, ProxyRequest};
 type HyperClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// Sends one attempt upstream and returns the response head with its body still streaming.
+/// A clone (the stack below each layer is cloned per call) is two reference counts: hyper's
+/// `Client` clones its connector, pool, executor and timers one by one.
 #[derive(Clone)]
 pub struct UpstreamClient {
-    client: HyperClient,
+    client: Arc<HyperClient>,
     upstream: Arc<str>,
 }
 
@@ -47,7 +49,7 @@ impl UpstreamClient {
             .pool_max_idle_per_host(1024)
             .build(https);
         Self {
-            client,
+            client: Arc::new(client),
             upstream: upstream.into(),
         }
     }

@@ -118,7 +118,7 @@ impl Metrics {
             breaker_state: gauge(&r, "corral_breaker_state", "Circuit breaker state: 0 closed (traffic flows), 1 half-open, 2 open (traffic held).", up),
             breaker_transitions: counter(&r, "corral_breaker_transitions_total", "Circuit breaker state changes, by new state.", &["upstream", "to"]),
             queue_depth: gauge(&r, "corral_queue_depth", "Requests waiting for a concurrency slot.", up),
-            queue_wait: histogram(&r, "corral_queue_wait_seconds", "Time spent waiting for a concurrency slot.", up, WAIT_BUCKETS),
+            queue_wait: histogram(&r, "corral_queue_wait_seconds", "Time spent waiting for a concurrency slot, by requests that found none free.", up, WAIT_BUCKETS),
             rate_wait: histogram(&r, "corral_rate_limit_wait_seconds", "Time each attempt waited for the client-side rate limit.", up, WAIT_BUCKETS),
             tokens_charged: counter(&r, "corral_tokens_charged_total", "Estimated tokens charged to the client-side token bucket.", up),
             upstream_throttles: counter(&r, "corral_upstream_throttled_total", "Throttling answers (429, 529) received from the upstream.", &["upstream", "code"]),

@@ -135,12 +135,13 @@ pub fn upstream_headers(
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
     headers.remove(DEADLINE_HEADER);
-    let forwarded = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+    const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+    let forwarded = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
         Some(prior) if !prior.trim().is_empty() => format!("{prior}, {peer}"),
         _ => peer.to_string(),
     };
     if let Ok(value) = HeaderValue::from_str(&forwarded) {
-        headers.insert("x-forwarded-for", value);
+        headers.insert(X_FORWARDED_FOR, value);
     }
     for (name, value) in inject {
         if mode == HeaderMode::Always || !headers.contains_key(name) {

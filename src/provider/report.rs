@@ -4,7 +4,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 
 use super::hints::{parse_go_duration, parse_rfc3339_until};
 use super::Kind;
@@ -23,14 +23,17 @@ pub struct Report {
 /// Parse the report for `kind` from any provider's header family; `None` when absent or
 /// nonsensical (Azure's `-1`, remaining above limit, garbage).
 pub fn report(headers: &HeaderMap, kind: Kind, now_wall: SystemTime) -> Option<Report> {
-    let get = |name: &str| headers.get(name)?.to_str().ok().map(str::trim);
-    let num = |name: &str| {
+    let get = |name: &HeaderName| headers.get(name)?.to_str().ok().map(str::trim);
+    let num = |name: &HeaderName| {
         get(name)?
             .parse::<f64>()
             .ok()
             .filter(|n| n.is_finite() && *n >= 0.0)
     };
-    let [limit_h, remaining_h, reset_h, a_limit, a_remaining, a_reset] = names(kind);
+    let [limit_h, remaining_h, reset_h, a_limit, a_remaining, a_reset] = match kind {
+        Kind::Requests => &REQUESTS,
+        Kind::Tokens => &TOKENS,
+    };
     let (limit, remaining, reset) = if let Some(limit) = num(limit_h) {
         let reset = get(reset_h).and_then(parse_go_duration);
         (limit, num(remaining_h)?, reset)
@@ -45,27 +48,24 @@ pub fn report(headers: &HeaderMap, kind: Kind, now_wall: SystemTime) -> Option<R
     })
 }
 
-/// The header names of one kind: OpenAI's limit, remaining, reset, then Anthropic's.
-fn names(kind: Kind) -> [&'static str; 6] {
-    match kind {
-        Kind::Requests => [
-            "x-ratelimit-limit-requests",
-            "x-ratelimit-remaining-requests",
-            "x-ratelimit-reset-requests",
-            "anthropic-ratelimit-requests-limit",
-            "anthropic-ratelimit-requests-remaining",
-            "anthropic-ratelimit-requests-reset",
-        ],
-        Kind::Tokens => [
-            "x-ratelimit-limit-tokens",
-            "x-ratelimit-remaining-tokens",
-            "x-ratelimit-reset-tokens",
-            "anthropic-ratelimit-tokens-limit",
-            "anthropic-ratelimit-tokens-remaining",
-            "anthropic-ratelimit-tokens-reset",
-        ],
-    }
-}
+/// The header names of one kind: OpenAI's limit, remaining, reset, then Anthropic's. Made once
+/// (a `&str` key is parsed into a name at every lookup, and every answer is read for them).
+const REQUESTS: [HeaderName; 6] = [
+    HeaderName::from_static("x-ratelimit-limit-requests"),
+    HeaderName::from_static("x-ratelimit-remaining-requests"),
+    HeaderName::from_static("x-ratelimit-reset-requests"),
+    HeaderName::from_static("anthropic-ratelimit-requests-limit"),
+    HeaderName::from_static("anthropic-ratelimit-requests-remaining"),
+    HeaderName::from_static("anthropic-ratelimit-requests-reset"),
+];
+const TOKENS: [HeaderName; 6] = [
+    HeaderName::from_static("x-ratelimit-limit-tokens"),
+    HeaderName::from_static("x-ratelimit-remaining-tokens"),
+    HeaderName::from_static("x-ratelimit-reset-tokens"),
+    HeaderName::from_static("anthropic-ratelimit-tokens-limit"),
+    HeaderName::from_static("anthropic-ratelimit-tokens-remaining"),
+    HeaderName::from_static("anthropic-ratelimit-tokens-reset"),
+];
 
 #[cfg(test)]
 mod tests {

@@ -166,7 +166,7 @@ impl Window {
     async fn acquire(self: &Arc<Self>, deadline: Instant) -> Result<Slot, ProxyError> {
         let upstream = || self.metrics.name().to_owned();
         if let Ok(permit) = Arc::clone(&self.semaphore).try_acquire_owned() {
-            self.metrics.queue_wait.observe(0.0);
+            // No wait, and nothing observed: the histogram is of the waits that happened.
             return Ok(Slot::new(self, permit));
         }
         let waiting = self.waiting.fetch_add(1, Ordering::AcqRel);

@@ -87,10 +87,13 @@ impl Middleware for RecordMetrics {
     }
 }
 
+const STAINLESS_RETRY_COUNT: http::HeaderName =
+    http::HeaderName::from_static("x-stainless-retry-count");
+
 /// The official SDKs' `x-stainless-retry-count`: how many times the client has retried.
 fn client_retry_count(req: &ProxyRequest) -> u32 {
     req.headers
-        .get("x-stainless-retry-count")
+        .get(STAINLESS_RETRY_COUNT)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0)

@@ -36,6 +36,7 @@
 
 pub mod state;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -66,12 +67,14 @@ pub fn health(outcome: Outcome, count_throttles: bool) -> Option<bool> {
 
 /// One upstream's breaker, shared by all its requests.
 pub struct BreakerShared {
-    /// The state machine.
-    state: Mutex<Breaker>,
+    /// The state machine, and the jitter for its cool-downs and releases.
+    state: Mutex<(Breaker, SmallRng)>,
+    /// Whether the phase is closed, stored under the lock at every change. A new request then
+    /// passes without taking the lock: a closed breaker holds only requests it held while
+    /// open, and a new one was never held.
+    closed: AtomicBool,
     /// Wakes waiting requests when the phase changes or a probe slot frees up.
     changed: Notify,
-    /// Jitter for cool-downs and releases.
-    rng: Mutex<SmallRng>,
     /// Wait or reject while traffic is held.
     on_open: OnOpen,
     /// Whether 429s count as failures.
@@ -84,9 +87,9 @@ impl BreakerShared {
     pub fn new(config: &BreakerConfig, metrics: UpstreamMetrics) -> Arc<Self> {
         metrics.breaker_state.set(0);
         Arc::new(Self {
-            state: Mutex::new(Breaker::new(config.clone())),
+            state: Mutex::new((Breaker::new(config.clone()), SmallRng::from_os_rng())),
+            closed: AtomicBool::new(true),
             changed: Notify::new(),
-            rng: Mutex::new(SmallRng::from_os_rng()),
             on_open: config.on_open,
             count_throttles: config.count_throttles,
             metrics,
@@ -94,11 +97,13 @@ impl BreakerShared {
     }
 
     pub fn phase(&self) -> Phase {
-        lock(&self.state).phase()
+        lock(&self.state).0.phase()
     }
 
-    fn jitter(&self) -> f64 {
-        lock(&self.rng).random::<f64>()
+    /// Keep [`Self::closed`] in step with `breaker` (called with the lock held).
+    fn mirror(&self, breaker: &Breaker) {
+        let closed = breaker.phase() == Phase::Closed;
+        self.closed.store(closed, Ordering::Release);
     }
 
     fn transitioned(&self, phase: Phase) {
@@ -114,12 +119,18 @@ impl BreakerShared {
 
     /// Wait until admitted (as a probe or not) or the deadline passes.
     async fn admit(&self, deadline: Instant) -> Result<Option<Probe>, ProxyError> {
-        let mut ticket = Ticket::new(self.jitter());
+        if self.closed.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        let mut ticket: Option<Ticket> = None;
         loop {
             let notified = self.changed.notified();
             let (verdict, changed, phase) = {
-                let mut state = lock(&self.state);
-                let (verdict, changed) = state.admit(Instant::now(), &mut ticket);
+                let mut guard = lock(&self.state);
+                let (state, rng) = &mut *guard;
+                let ticket = ticket.get_or_insert_with(|| Ticket::new(rng.random()));
+                let (verdict, changed) = state.admit(Instant::now(), ticket);
+                self.mirror(state);
                 (verdict, changed, state.phase())
             };
             if changed {
@@ -153,11 +164,13 @@ impl BreakerShared {
             }
             return;
         };
-        let jitter = self.jitter();
-        let mut state = lock(&self.state);
+        let mut guard = lock(&self.state);
+        let (state, rng) = &mut *guard;
+        let jitter = rng.random();
         let changed = state.record(failed, probe, Instant::now(), jitter);
+        self.mirror(state);
         let phase = state.phase();
-        drop(state);
+        drop(guard);
         if changed {
             self.transitioned(phase);
         }
@@ -165,7 +178,7 @@ impl BreakerShared {
 
     /// A probe slot is free again: wake the waiters so one of them takes it.
     fn release_probe(&self, probe: Probe) {
-        lock(&self.state).release_probe(probe);
+        lock(&self.state).0.release_probe(probe);
         self.changed.notify_waiters();
     }
 }
@@ -209,7 +222,6 @@ impl BreakerShared {
     /// Poison every std mutex this holds (tests of [`crate::stack::layer::lock`]).
     pub(crate) fn poison_locks(&self) {
         crate::stack::layer::poison(&self.state);
-        crate::stack::layer::poison(&self.rng);
     }
 }
 

@@ -337,10 +337,18 @@ fn log_end(peer: SocketAddr, result: Result<(), Box<dyn std::error::Error + Send
 
 /// Requests in progress on one connection, and since when none has been; and, per response,
 /// since when a frame waits for the client to take it.
-struct Activity(
-    watch::Sender<(usize, Instant)>,
-    std::sync::Mutex<Vec<std::sync::Weak<Handed>>>,
-);
+///
+/// Counted in atomics the connection's own watchers read when their timers fire: a request
+/// beginning or ending wakes nothing (a channel here re-polled the whole connection twice per
+/// request).
+struct Activity {
+    origin: Instant,
+    /// Requests in progress.
+    in_progress: AtomicUsize,
+    /// When the last request ended (nanoseconds after `origin`).
+    idle_since: AtomicU64,
+    handed: std::sync::Mutex<Vec<std::sync::Weak<Handed>>>,
+}
 
 /// When a response's last frame went to hyper and hyper has not asked for the next one since
 /// (nanoseconds after `origin`, plus one; 0: the client has taken everything handed so far).
@@ -356,23 +364,30 @@ impl Handed {
     }
 }
 
+/// Nanoseconds from `origin` to now.
+fn nanos_since(origin: Instant) -> u64 {
+    u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX - 1)
+}
+
 impl Activity {
     fn new() -> Self {
-        Self(
-            watch::Sender::new((0, Instant::now())),
-            std::sync::Mutex::default(),
-        )
+        Self {
+            origin: Instant::now(),
+            in_progress: AtomicUsize::new(0),
+            idle_since: AtomicU64::new(0),
+            handed: std::sync::Mutex::default(),
+        }
     }
 
     /// A request has begun; it ends when the returned guard drops.
     fn begin(self: &Arc<Self>) -> InFlight {
-        self.0.send_modify(|(n, _)| *n += 1);
+        self.in_progress.fetch_add(1, Ordering::AcqRel);
         let handed = Arc::new(Handed {
-            origin: Instant::now(),
+            origin: self.origin,
             at: AtomicU64::new(0),
         });
         let mut all = self
-            .1
+            .handed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         all.retain(|h| h.strong_count() > 0);
@@ -389,7 +404,7 @@ impl Activity {
             tokio::time::sleep(tick).await;
             let now = Instant::now();
             let all = self
-                .1
+                .handed
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             let stalled = all
@@ -403,20 +418,26 @@ impl Activity {
         }
     }
 
-    /// Resolves once no request has been in progress for `limit`.
+    /// Resolves once no request has been in progress for `limit`. Looks when its timer fires:
+    /// at the end of `limit` after the last request ended, or `limit` after a look that found
+    /// one in progress (which then ends no earlier than it did).
     async fn idle_for(&self, limit: Duration) {
-        let mut rx = self.0.subscribe();
         loop {
-            let (in_progress, since) = *rx.borrow_and_update();
-            if in_progress > 0 {
-                // The sender lives in `self`: `changed` cannot fail here.
-                let _ = rx.changed().await;
-                continue;
-            }
-            tokio::select! {
-                () = tokio::time::sleep_until(since + limit) => return,
-                _ = rx.changed() => {}
-            }
+            let wake = if self.in_progress.load(Ordering::Acquire) > 0 {
+                Instant::now() + limit
+            } else {
+                let since = self.idle_since.load(Ordering::Acquire);
+                let due = self.origin + Duration::from_nanos(since) + limit;
+                // Read again: a request that began and ended meanwhile moved `since`.
+                if Instant::now() >= due
+                    && self.in_progress.load(Ordering::Acquire) == 0
+                    && self.idle_since.load(Ordering::Acquire) == since
+                {
+                    return;
+                }
+                due
+            };
+            tokio::time::sleep_until(wake).await;
         }
     }
 }
@@ -427,9 +448,9 @@ struct InFlight(Arc<Activity>, Arc<Handed>);
 
 impl Guard for InFlight {
     fn on_data(&mut self, _len: usize) {
-        let nanos = self.1.origin.elapsed().as_nanos();
-        let nanos = u64::try_from(nanos).unwrap_or(u64::MAX - 1) + 1;
-        self.1.at.store(nanos, Ordering::Relaxed);
+        self.1
+            .at
+            .store(nanos_since(self.1.origin) + 1, Ordering::Relaxed);
     }
 
     fn on_poll(&mut self) {
@@ -439,11 +460,10 @@ impl Guard for InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0 .0.send_modify(|(n, since)| {
-            *n -= 1;
-            if *n == 0 {
-                *since = Instant::now();
-            }
-        });
+        let activity = &self.0;
+        // Stored before the count drops: a watcher that sees none in progress sees this end.
+        let now = nanos_since(activity.origin);
+        activity.idle_since.fetch_max(now, Ordering::AcqRel);
+        activity.in_progress.fetch_sub(1, Ordering::AcqRel);
     }
 }

@@ -11,7 +11,8 @@
 #   direct                    wrk -> nginx
 #   haproxy                   wrk -> haproxy (retries 3, retry-on all-retryable-errors) -> nginx
 #   corral (RUST_LOG=warn)    wrk -> corral --upstream http://nginx/v1 (default stack) -> nginx
-#   corral (default logging)  the same, with corral's default `info` log (one line per request)
+#   corral (default logging)  the same, with corral's default `info` log (`access_log =
+#                             "notable"`: no line for a plain 200; before it, one per request)
 #
 # Each case gets a 2 s warm-up, then a measured run; each proxy is started fresh for its case
 # and stopped after it. Per proxy: requests/s, p50 and p99 latency (wrk), CPU microseconds per

@@ -4,7 +4,7 @@
 //! - [`cli`]: the command line (clap) and logging; `main.rs` only runs it.
 //! - [`config`]: the TOML config, checked in one pass into validated types.
 //! - [`server`]: serving and draining, admin endpoints, config reload on SIGHUP; [`shutdown`]:
-//!   the signal future.
+//!   the signal future; [`access_log`]: which requests get a log line, and why.
 //! - [`accept`]: the accept loop of one listener: its connection cap, each connection's
 //!   first-byte, idle and HTTP/2 keep-alive limits, its part of the drain.
 //! - [`router`]: path prefix to upstream, each upstream owning one built stack.
@@ -23,6 +23,7 @@
 //! - [`herd`]: `corral bench herd`, the thundering-herd benchmark in several worlds.
 
 pub mod accept;
+pub mod access_log;
 pub mod body;
 pub mod classify;
 pub mod cli;

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use crate::accept::{self, Acceptor, ConnLimits, Handler};
+use crate::access_log::{self, Exchange};
 use crate::body::{self, Body, TimeoutKind};
 use crate::config::Config;
 use crate::error::ProxyError;
@@ -47,6 +48,18 @@ pub struct App {
     open_connections: Arc<AtomicUsize>,
     /// The fleet's Redis, with `[fleet] redis`.
     fleet: Option<Arc<Fleet>>,
+    /// Which requests get a `request` line: `access_log` and `slow_request`, read per request
+    /// without a lock, replaced by a reload.
+    access_log: access_log::Policy,
+}
+
+/// What the stack did with a request, for its log line.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
+    /// Attempts sent upstream.
+    attempts: u32,
+    /// See [`RequestCtx::held_until`].
+    held: Duration,
 }
 
 impl App {
@@ -69,6 +82,7 @@ impl App {
             drain_timeout: config.drain_timeout.0,
             config: ArcSwap::from_pointee(config.clone()),
             open_connections: Arc::default(),
+            access_log: access_log::Policy::new(config),
         })
     }
 
@@ -94,6 +108,7 @@ impl App {
         for warning in config.warnings() {
             tracing::warn!("{warning}");
         }
+        self.access_log.set(&config);
         self.config.store(Arc::new(config));
         self.metrics.config_reload(true);
         tracing::info!(
@@ -184,20 +199,33 @@ impl App {
             }
         };
         let result = self.forward(&upstream, req, peer, start).await;
-        let (response, attempts, detail) = match result {
-            Ok((response, attempts)) => (response, attempts, None),
-            Err((e, attempts)) => (e.into_response(), attempts, Some(e.to_string())),
+        let (response, tally, error) = match result {
+            Ok((response, tally)) => (response, tally, None),
+            Err((e, tally)) => (e.into_response(), tally, Some(e)),
         };
-        tracing::info!(
-            upstream = %upstream.name,
-            method,
-            status = response.status().as_u16(),
-            attempts,
-            duration_ms = start.elapsed().as_millis() as u64,
-            corral_error = response.headers().get(crate::error::CORRAL_ERROR_HEADER).and_then(|v| v.to_str().ok()),
-            detail,
-            "request"
-        );
+        let exchange = Exchange {
+            status: response.status().as_u16(),
+            corral_error: error.is_some(),
+            attempts: tally.attempts,
+            held: tally.held,
+            duration: start.elapsed(),
+        };
+        // A few comparisons; the fields are formatted only for a line that is written (and
+        // `RUST_LOG` above `info` skips even that).
+        if let Some(why) = self.access_log.why(&exchange) {
+            tracing::info!(
+                upstream = %upstream.name,
+                method,
+                status = exchange.status,
+                attempts = exchange.attempts,
+                duration_ms = exchange.duration.as_millis() as u64,
+                held_ms = exchange.held.as_millis() as u64,
+                corral_error = response.headers().get(crate::error::CORRAL_ERROR_HEADER).and_then(|v| v.to_str().ok()),
+                detail = error.as_ref().map(tracing::field::display),
+                why = why.label(),
+                "request"
+            );
+        }
         response
     }
 
@@ -239,12 +267,12 @@ impl App {
         req: Request<Incoming>,
         peer: SocketAddr,
         start: Instant,
-    ) -> Result<(Response<Body>, u32), (ProxyError, u32)> {
+    ) -> Result<(Response<Body>, Tally), (ProxyError, Tally)> {
         let (parts, incoming) = req.into_parts();
         let refuse = |e: ProxyError| {
             upstream.metrics.request(&parts.method, e.status().as_u16());
             upstream.metrics.corral_error(e.label());
-            (e, 0)
+            (e, Tally::default())
         };
         let uri = upstream
             .target(parts.uri.path(), parts.uri.query())
@@ -279,6 +307,11 @@ impl App {
         let result = upstream.stack.clone().oneshot(request).await;
         // The stack is done with the request body, every retry included: its room goes back.
         drop(held);
+        let tally = |ctx: &RequestCtx| Tally {
+            attempts: ctx.attempts(),
+            // The clock is read only for a request that never made an attempt.
+            held: ctx.held_until(Instant::now),
+        };
         match result {
             Ok(response) => {
                 let metrics = upstream.metrics.clone();
@@ -292,9 +325,9 @@ impl App {
                 };
                 let idle = upstream.stream_idle_timeout;
                 let response = response.map(|b| forward::time_response(b, idle, deadlines, cut));
-                Ok((response, ctx.attempts()))
+                Ok((response, tally(&ctx)))
             }
-            Err(e) => Err((e, ctx.attempts())),
+            Err(e) => Err((e, tally(&ctx))),
         }
     }
 

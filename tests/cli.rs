@@ -1,6 +1,7 @@
 //! The real `corral` binary: `check-config` accepts the example and rejects each mistake with
 //! `file:line: key: reason`; the `--upstream` quick start and the env overrides serve; SIGTERM
-//! drains in-flight requests and exits 0; no credential ever reaches the logs.
+//! drains in-flight requests and exits 0; no credential ever reaches the logs; the access log
+//! writes the lines `access_log` asks for, and follows a reload.
 
 mod support;
 
@@ -316,11 +317,100 @@ async fn quick_start_forwards_to_the_upstream_flag() {
     assert_eq!(parts.headers["x-corral-error"], "no_route");
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(json["error"]["code"], "no_route");
+    // By default a plain 200 gets no line; the 404 (refused before any upstream) does.
     assert!(
-        eventually(Duration::from_secs(5), || corral.log_has("status=200")).await,
-        "no request line logged"
+        eventually(Duration::from_secs(5), || corral.log_has("refused")).await,
+        "no refused line logged"
     );
-    assert!(corral.log_has("duration_ms="));
+    assert!(corral.log_has("status=404"));
+    for line in request_lines(&corral, 200) {
+        // Only a thread descheduled for 10 ms on a busy machine may make it `held`.
+        assert!(
+            line.contains("why=\"held\""),
+            "a plain 200 logged by default: {line}"
+        );
+    }
+}
+
+/// The `request` lines for `status` in text logs.
+fn request_lines(corral: &Running, status: u16) -> Vec<String> {
+    let status = format!(" status={status} ");
+    corral
+        .log()
+        .into_iter()
+        .filter(|l| l.contains(" request ") && l.contains(&status))
+        .collect()
+}
+
+/// `access_log`: by default a plain 200 gets no line and a 500 does (`why=error`); a reload to
+/// `access_log = "all"` logs the 200 too (`why=all`).
+#[tokio::test]
+async fn the_access_log_logs_errors_by_default_and_every_request_with_all() {
+    let upstream = MockUpstream::start(|seen| async move {
+        match seen.uri.path() {
+            "/v1/fail" => json(500, serde_json::json!({"error": "boom"})),
+            _ => json(200, serde_json::json!({})),
+        }
+    })
+    .await;
+    let config = |top: &str| {
+        format!(
+            "listen = \"127.0.0.1:0\"\ndrain_delay = \"0s\"\n{top}[[upstream]]\nname = \"mock\"\n\
+             route = \"/v1\"\nbase_url = \"{}\"\n[upstream.retry]\nmax_retries = 0\n",
+            upstream.url("/v1")
+        )
+    };
+    let file = TempConfig::new("access-log", &config(""));
+    let corral = Running::spawn(corral_command(["--config", file.path()]), false).await;
+    let c = client();
+    let (ok, _) = send(&c, post(&corral.url("/v1/ok"), "{}")).await;
+    assert_eq!(ok.status, 200);
+    let (failed, _) = send(&c, post(&corral.url("/v1/fail"), "{}")).await;
+    assert_eq!(failed.status, 500);
+    // Lines are written in order: once the 500's is there, the 200's would be too.
+    assert!(
+        eventually(Duration::from_secs(5), || !request_lines(&corral, 500)
+            .is_empty())
+        .await,
+        "the 500 was not logged: {:?}",
+        corral.log()
+    );
+    let line = &request_lines(&corral, 500)[0];
+    for field in [
+        "upstream=mock",
+        "attempts=1",
+        "why=\"error\"",
+        "held_ms=",
+        "duration_ms=",
+    ] {
+        assert!(line.contains(field), "no `{field}` in {line}");
+    }
+    // A thread descheduled for 10 ms on a busy machine would make the 200 `held`: nothing
+    // else may log it.
+    for line in request_lines(&corral, 200) {
+        assert!(
+            line.contains("why=\"held\""),
+            "a plain 200 logged by default: {line}"
+        );
+    }
+
+    std::fs::write(&file.0, config("access_log = \"all\"\n")).unwrap();
+    corral.signal("HUP");
+    assert!(
+        eventually(Duration::from_secs(5), || corral.log_has("config reloaded")).await,
+        "no reload: {:?}",
+        corral.log()
+    );
+    let (ok, _) = send(&c, post(&corral.url("/v1/ok"), "{}")).await;
+    assert_eq!(ok.status, 200);
+    assert!(
+        eventually(Duration::from_secs(5), || request_lines(&corral, 200)
+            .iter()
+            .any(|l| l.contains("why=\"all\"")))
+        .await,
+        "the 200 was not logged with access_log = \"all\": {:?}",
+        corral.log()
+    );
 }
 
 #[tokio::test]
@@ -409,7 +499,7 @@ async fn secrets_never_reach_the_logs() {
     let file = TempConfig::new(
         "secrets",
         &format!(
-            "listen = \"127.0.0.1:0\"\n[[upstream]]\nname = \"mock\"\nroute = \"/v1\"\nbase_url = \"{}\"\nbody_limit = \"1KiB\"\n[upstream.headers]\nAuthorization = \"Bearer ${{SECRET_VAR}}\"\n",
+            "listen = \"127.0.0.1:0\"\naccess_log = \"all\"\n[[upstream]]\nname = \"mock\"\nroute = \"/v1\"\nbase_url = \"{}\"\nbody_limit = \"1KiB\"\n[upstream.headers]\nAuthorization = \"Bearer ${{SECRET_VAR}}\"\n",
             upstream.url("/v1")
         ),
     );
@@ -456,10 +546,14 @@ async fn secrets_never_reach_the_logs() {
             continue;
         }
         assert_eq!(json["upstream"], "mock", "{line}");
-        for field in ["status", "attempts", "duration_ms"] {
+        for field in ["status", "attempts", "duration_ms", "held_ms"] {
             assert!(json[field].is_u64(), "`{field}` missing in {line}");
         }
-        statuses.push(json["status"].as_u64().unwrap());
+        let status = json["status"].as_u64().unwrap();
+        let why = if status == 413 { "error" } else { "all" };
+        // A 200 held 10 ms by a descheduled thread says so instead.
+        assert!(json["why"] == why || json["why"] == "held", "{line}");
+        statuses.push(status);
     }
     statuses.sort_unstable();
     assert_eq!(statuses, [200, 200, 413], "request lines:\n{all}");

@@ -174,3 +174,57 @@ fn key_at(text: &str, span: Range<usize>) -> String {
         (None, true) => "(document)".into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::AccessLog;
+
+    const UPSTREAM: &str =
+        "[[upstream]]\nname = \"openai\"\nroute = \"/v1\"\nbase_url = \"https://api.openai.com/v1\"\n";
+
+    fn load(top: &str) -> Result<Config, String> {
+        load_str("corral.toml", &format!("{top}{UPSTREAM}")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn access_log_defaults_to_notable_past_30s() {
+        let config = load("").unwrap();
+        assert_eq!(config.access_log, AccessLog::Notable);
+        assert_eq!(config.slow_request.0, Duration::from_secs(30));
+        let config = load("access_log = \"all\"\nslow_request = \"2m\"\n").unwrap();
+        assert_eq!(config.access_log, AccessLog::All);
+        assert_eq!(config.slow_request.0, Duration::from_secs(120));
+        assert_eq!(
+            load("access_log = \"off\"\n").unwrap().access_log,
+            AccessLog::Off
+        );
+    }
+
+    #[test]
+    fn an_unknown_access_log_is_refused_with_the_allowed_values() {
+        let err = load("listen = \"127.0.0.1:0\"\naccess_log = \"some\"\n").unwrap_err();
+        assert_eq!(
+            err,
+            "corral.toml:2: access_log: unknown variant `some`, expected one of `notable`, `all`, \
+             `off`"
+        );
+    }
+
+    #[test]
+    fn slow_request_must_be_a_duration_above_zero() {
+        let err = load("slow_request = \"0s\"\n").unwrap_err();
+        assert_eq!(
+            err,
+            "corral.toml:1: slow_request: `slow_request` must be above zero; to log every \
+             request, set `access_log = \"all\"`"
+        );
+        let err = load("\nslow_request = \"soon\"\n").unwrap_err();
+        assert!(
+            err.starts_with("corral.toml:2: slow_request: invalid duration `soon`"),
+            "{err}"
+        );
+    }
+}

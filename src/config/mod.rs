@@ -53,6 +53,12 @@ pub struct Config {
     /// wait briefly, then get a 503 with Retry-After. Unset: a quarter of the container's memory
     /// limit when known, else 256 MiB.
     pub max_buffered_bytes: Option<ByteSize>,
+    /// Which requests get a `request` log line: `notable` (errors, retries, requests corral
+    /// held, slow ones), `all` or `off`. Applied on reload.
+    pub access_log: AccessLog,
+    /// With `access_log = "notable"`: a request whose response head took longer than this is
+    /// logged. Applied on reload.
+    pub slow_request: HumanDuration,
     /// Share rate limits with other corrals on one key, through Redis.
     pub fleet: FleetConfig,
     /// The upstreams, each behind a route.
@@ -102,10 +108,37 @@ impl Default for Config {
             drain_delay: HumanDuration::from_secs(5),
             drain_timeout: HumanDuration::from_secs(20),
             max_buffered_bytes: None,
+            access_log: AccessLog::Notable,
+            slow_request: default_slow_request(),
             fleet: FleetConfig::default(),
             upstreams: Vec::new(),
         }
     }
+}
+
+/// Thirty seconds. The line is written when the response head is ready: for a stream that is
+/// within a few seconds, for a complete answer when the whole of it is generated, ordinarily a
+/// few seconds to a few tens of them. Half a minute is past both, so ordinary multi-second calls
+/// stay unlogged while the long tail (a long generation, a backend queueing) gets a line, and it
+/// is half the 60 s idle timeout of common load balancers, in front of which such a request is
+/// at risk.
+fn default_slow_request() -> HumanDuration {
+    HumanDuration::from_secs(30)
+}
+
+/// `access_log`: which requests get a `request` log line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AccessLog {
+    /// An error answer (status 400 or above, corral's own included), a request retried, one
+    /// corral held 10 ms or more (queued, paced or held by the breaker) before its first
+    /// attempt, or one whose head came after `slow_request`.
+    #[default]
+    Notable,
+    /// Every request.
+    All,
+    /// None (corral's other log lines stay).
+    Off,
 }
 
 /// Kubernetes' default `terminationGracePeriodSeconds`: SIGTERM to SIGKILL. The drain should

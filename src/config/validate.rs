@@ -228,7 +228,8 @@ pub(super) fn validate(config: &Config) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// The top-level connection and drain settings: timeouts above zero, every one at most an hour.
+/// The top-level connection and drain settings: timeouts above zero, every one at most an hour;
+/// `slow_request` above zero.
 fn validate_server(config: &Config) -> Result<(), Invalid> {
     let durations = [
         ("first_byte_timeout", config.first_byte_timeout, false),
@@ -254,6 +255,15 @@ fn validate_server(config: &Config) -> Result<(), Invalid> {
             span: None,
             key: key.into(),
             reason,
+        });
+    }
+    if config.slow_request.0.is_zero() {
+        return Err(Invalid {
+            span: None,
+            key: "slow_request".into(),
+            reason: "`slow_request` must be above zero; to log every request, set \
+                     `access_log = \"all\"`"
+                .into(),
         });
     }
     Ok(())

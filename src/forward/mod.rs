@@ -10,7 +10,7 @@
 pub mod buffer;
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -74,7 +74,16 @@ pub struct RequestCtx {
     pub deadline: Instant,
     /// Attempts sent upstream so far.
     attempts: AtomicU32,
+    /// When the request entered its upstream's stack, in microseconds after `start` (the body
+    /// has been read by then).
+    entered: AtomicU64,
+    /// When its first attempt went out, past every gate, in microseconds after `start`;
+    /// [`NOT_SENT`] until then.
+    first_sent: AtomicU64,
 }
+
+/// [`RequestCtx::first_sent`] before the first attempt.
+const NOT_SENT: u64 = u64::MAX;
 
 impl RequestCtx {
     pub fn new(start: Instant, deadline: Instant) -> Self {
@@ -82,6 +91,8 @@ impl RequestCtx {
             start,
             deadline,
             attempts: AtomicU32::new(0),
+            entered: AtomicU64::new(0),
+            first_sent: AtomicU64::new(NOT_SENT),
         }
     }
     pub fn attempts(&self) -> u32 {
@@ -89,6 +100,30 @@ impl RequestCtx {
     }
     pub fn count_attempt(&self) -> u32 {
         self.attempts.fetch_add(1, Ordering::Relaxed) + 1
+    }
+    /// Micros from `start` to `at`.
+    fn offset(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.start).as_micros() as u64
+    }
+    /// The request enters its upstream's stack at `at` (the stack's outermost layer says so).
+    pub fn entered_stack(&self, at: Instant) {
+        self.entered.store(self.offset(at), Ordering::Relaxed);
+    }
+    /// The first attempt leaves for the upstream at `at`, past every gate (the innermost layer
+    /// says so).
+    pub fn first_attempt_sent(&self, at: Instant) {
+        self.first_sent.store(self.offset(at), Ordering::Relaxed);
+    }
+    /// Time corral held the request in its upstream's stack before the first attempt went out:
+    /// the concurrency queue, the breaker, the rate limiter. For a request that never made an
+    /// attempt (refused, or given up while held), its whole time in the stack until `now()`,
+    /// which is called only then.
+    pub fn held_until(&self, now: impl FnOnce() -> Instant) -> Duration {
+        let sent = match self.first_sent.load(Ordering::Relaxed) {
+            NOT_SENT => self.offset(now()),
+            sent => sent,
+        };
+        Duration::from_micros(sent.saturating_sub(self.entered.load(Ordering::Relaxed)))
     }
     /// Time left before the deadline (zero once it has passed).
     pub fn remaining(&self) -> Duration {

@@ -55,6 +55,8 @@ impl Middleware for RecordMetrics {
         }
         let method = req.method.clone();
         let start = Instant::now();
+        // Where the time corral holds the request (`RequestCtx::held_until`) starts.
+        req.ctx.entered_stack(start);
         let fut = next.oneshot(req);
         // Made before the wait, so a request cancelled before its head (client gone) still
         // lowers the gauge when its future is dropped.

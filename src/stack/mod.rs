@@ -5,7 +5,8 @@
 //! 0. [`CatchPanicLayer`]: outside everything, so a panic in any layer below, or in the client,
 //!    is answered with a 500 `internal` (and counted) instead of a closed connection with no
 //!    reply. A panic in a response body already streaming is not caught: its head has gone.
-//! 1. [`metrics`]: one call per client request: counts, duration, in-flight until the body ends.
+//! 1. [`metrics`]: one call per client request: counts, duration, in-flight until the body ends;
+//!    marks when the request entered the stack (the start of its `held` time in the log line).
 //! 2. [`concurrency`]: the window and its bounded FIFO queue. Outside Retry, so a request keeps
 //!    its slot across its retries (a retry never queues behind newer requests), and the slot
 //!    moves into the response body: a stream is in flight until its last byte.
@@ -19,7 +20,8 @@
 //! 5. [`rate_limit`]: configured ceilings and learned pacing, taken by every attempt, first and
 //!    retries alike; it learns from every attempt's answer, and a 429 pauses its partition
 //!    until the hint passes. It owns throttles; the retry budget and the breaker own failures.
-//! 6. [`timeout`]: per-try time to response head (bounded by the deadline), attempt metrics.
+//! 6. [`timeout`]: per-try time to response head (bounded by the deadline), attempt metrics;
+//!    marks when the first attempt got past every gate (the end of its `held` time).
 //!
 //! The innermost service is the pooled [`UpstreamClient`](crate::client::UpstreamClient).
 //!
@@ -149,6 +151,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
+    use futures_util::FutureExt;
     use http::{HeaderValue, StatusCode};
     use http_body_util::BodyExt;
     use tower::ServiceExt;
@@ -221,6 +224,48 @@ mod tests {
             assert_eq!(metrics.in_flight.get(), 0);
             let (status, _, body) = send(&stack, "sk-a").await;
             assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"));
+        }
+    }
+
+    /// `held`: from entering the stack to the first attempt, past the concurrency queue and the
+    /// rate limiter; zero for a request that waited for neither.
+    #[tokio::test(start_paused = true)]
+    async fn held_is_the_time_spent_in_the_gates_before_the_first_attempt() {
+        let queued = {
+            let mut config = config();
+            config.limits.max_concurrency = std::num::NonZeroU32::new(1).unwrap();
+            config
+        };
+        let paced = {
+            let mut config = config();
+            config.limits.rpm = std::num::NonZeroU32::new(60);
+            config.limits.burst = std::num::NonZeroU32::new(1);
+            config
+        };
+        for (gate, config) in [("queue", queued), ("rate limit", paced)] {
+            let slow = tower::service_fn(|_req: ProxyRequest| async {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                Ok::<_, ProxyError>(ok())
+            });
+            let metrics = Metrics::new().upstream("t");
+            let (stack, _) = build_on(slow, &config, &metrics, None);
+            let (first, second) = (request("sk-a"), request("sk-a"));
+            let (first_ctx, second_ctx) = (Arc::clone(&first.ctx), Arc::clone(&second.ctx));
+            // Each response is dropped at once: a held slot goes back with its body.
+            let a = tokio::spawn(stack.clone().oneshot(first).map(|r| r.map(drop)));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let b = tokio::spawn(stack.clone().oneshot(second).map(|r| r.map(drop)));
+            a.await.unwrap().unwrap();
+            b.await.unwrap().unwrap();
+            let never = || -> tokio::time::Instant { unreachable!("both made an attempt") };
+            assert_eq!(first_ctx.held_until(never), Duration::ZERO, "{gate}");
+            let held = second_ctx.held_until(never);
+            // Queue: until the first is answered (1.5 s); rate limit: a token a second.
+            let want = if gate == "queue" { 1400 } else { 900 };
+            assert!(
+                (want..want + 10).contains(&(held.as_millis() as u64)),
+                "{gate}: held {held:?}"
+            );
         }
     }
 

@@ -1,6 +1,6 @@
 //! Innermost layer before the client: one call per attempt. Bounds the wait for a response head
 //! by the per-try timeout and the request's deadline, and records what every attempt came to
-//! (count, latency to head, outcome, throttles).
+//! (count, latency to head, outcome, throttles) and when the first one went out.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,10 +37,14 @@ impl Middleware for TryTimeout {
         if remaining.is_zero() {
             return Box::pin(async { Err(ProxyError::DeadlineExceeded) });
         }
-        ctx.count_attempt();
+        // The first attempt tells the request when it got past every gate (its `held` time).
+        let first = (ctx.count_attempt() == 1).then_some(ctx);
         let fut = next.oneshot(req);
         Box::pin(async move {
             let start = Instant::now();
+            if let Some(ctx) = first {
+                ctx.first_attempt_sent(start);
+            }
             let result = match tokio::time::timeout(per_try.min(remaining), fut).await {
                 Ok(result) => result,
                 Err(_) if per_try <= remaining => Err(ProxyError::TryTimeout {

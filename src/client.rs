@@ -65,10 +65,11 @@ impl tower::Service<ProxyRequest> for UpstreamClient {
     }
 
     fn call(&mut self, req: ProxyRequest) -> Self::Future {
-        let mut out = Request::new(Full::new(req.body.clone()));
-        *out.method_mut() = req.method.clone();
-        *out.uri_mut() = req.uri.clone();
-        *out.headers_mut() = req.headers.clone();
+        let mut out = Request::new(Full::new(req.body));
+        *out.method_mut() = req.method;
+        *out.uri_mut() = req.uri;
+        // The one copy of the headers an attempt costs (none when no retry holds them).
+        *out.headers_mut() = Arc::try_unwrap(req.headers).unwrap_or_else(|h| (*h).clone());
         let fut = self.client.request(out);
         let upstream = Arc::clone(&self.upstream);
         Box::pin(async move {

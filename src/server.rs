@@ -300,7 +300,7 @@ impl App {
         let request = ProxyRequest {
             method: parts.method,
             uri,
-            headers,
+            headers: Arc::new(headers),
             body,
             ctx: Arc::clone(&ctx),
         };

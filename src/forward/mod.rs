@@ -40,12 +40,13 @@ pub fn proxied_method(method: &Method) -> Option<&'static str> {
     })
 }
 
-/// A request on its way upstream; cheap to clone for each attempt (the body is shared).
+/// A request on its way upstream; cheap to clone for each attempt (the body and the headers
+/// are shared: the client copies the headers once into the request it sends).
 #[derive(Clone, Debug)]
 pub struct ProxyRequest {
     pub method: Method,
     pub uri: Uri,
-    pub headers: HeaderMap,
+    pub headers: Arc<HeaderMap>,
     pub body: Bytes,
     pub ctx: Arc<RequestCtx>,
 }
@@ -58,7 +59,7 @@ impl ProxyRequest {
         Self {
             method: Method::POST,
             uri: uri.parse().expect("a test URI"),
-            headers: HeaderMap::new(),
+            headers: Arc::default(),
             body: Bytes::new(),
             ctx: Arc::new(RequestCtx::new(now, now + deadline)),
         }

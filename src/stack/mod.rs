@@ -168,7 +168,7 @@ mod tests {
     fn request(key: &str) -> ProxyRequest {
         let mut req = ProxyRequest::for_test("http://127.0.0.1:1/v1/x", Duration::from_secs(60));
         let value = HeaderValue::from_str(&format!("Bearer {key}")).unwrap();
-        req.headers.insert("authorization", value);
+        Arc::make_mut(&mut req.headers).insert("authorization", value);
         req
     }
 

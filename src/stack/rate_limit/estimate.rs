@@ -25,7 +25,9 @@ const TEXT_KEYS: [&str; 2] = ["content", "text"];
 /// Estimated tokens a request will use.
 pub fn estimate_tokens(body: &[u8], default_max_tokens: u32) -> u32 {
     let Ok(counts) = read_body(body) else {
-        return (body.len() / 4) as u32 + default_max_tokens;
+        return u32::try_from(body.len() / 4)
+            .unwrap_or(u32::MAX)
+            .saturating_add(default_max_tokens);
     };
     let chars: usize = counts.prompt.iter().sum();
     let completion = counts

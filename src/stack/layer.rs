@@ -29,6 +29,7 @@ pub trait Next:
     tower::Service<ProxyRequest, Response = Response<Body>, Error = ProxyError, Future: Send>
     + Clone
     + Send
+    + Sync
     + 'static
 {
 }
@@ -37,6 +38,7 @@ impl<S> Next for S where
     S: tower::Service<ProxyRequest, Response = Response<Body>, Error = ProxyError, Future: Send>
         + Clone
         + Send
+        + Sync
         + 'static
 {
 }
@@ -70,7 +72,7 @@ impl<M, S> tower::Layer<S> for Shared<M> {
     type Service = Wrapped<M, S>;
     fn layer(&self, inner: S) -> Wrapped<M, S> {
         Wrapped {
-            inner,
+            inner: Arc::new(inner),
             shared: Arc::clone(&self.shared),
         }
     }
@@ -78,15 +80,19 @@ impl<M, S> tower::Layer<S> for Shared<M> {
 
 /// Middleware `M` in front of `inner`. Always ready: waiting happens inside the call, bounded
 /// by the request's deadline.
+///
+/// The rest of the stack sits behind an `Arc`: each call hands the middleware a clone of it,
+/// which is then two reference counts, not a copy of every layer below (that made a request
+/// through six layers clone and drop the stack's handles some twenty times over).
 pub struct Wrapped<M, S> {
-    inner: S,
+    inner: Arc<S>,
     shared: Arc<M>,
 }
 
-impl<M, S: Clone> Clone for Wrapped<M, S> {
+impl<M, S> Clone for Wrapped<M, S> {
     fn clone(&self) -> Self {
         Self {
-            inner: self.inner.clone(),
+            inner: Arc::clone(&self.inner),
             shared: Arc::clone(&self.shared),
         }
     }
@@ -102,7 +108,7 @@ impl<M: Middleware, S: Next> tower::Service<ProxyRequest> for Wrapped<M, S> {
     }
 
     fn call(&mut self, req: ProxyRequest) -> BoxFuture {
-        Arc::clone(&self.shared).call(self.inner.clone(), req)
+        Arc::clone(&self.shared).call(S::clone(&self.inner), req)
     }
 }
 

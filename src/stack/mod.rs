@@ -91,7 +91,7 @@ fn build_on<C>(
     fleet: Option<&Arc<Fleet>>,
 ) -> (Stack, StackState)
 where
-    C: layer::Next + Sync,
+    C: layer::Next,
 {
     let limits = &config.limits;
     let a = &config.adaptive;
@@ -178,7 +178,7 @@ mod tests {
 
     /// Answers 200, except that call number `panic_on` (0-based) panics: in `call` itself when
     /// `in_call`, else inside its future.
-    fn upstream(panic_on: usize, in_call: bool) -> impl layer::Next + Sync {
+    fn upstream(panic_on: usize, in_call: bool) -> impl layer::Next {
         let calls = Arc::new(AtomicUsize::new(0));
         tower::service_fn(move |_req: ProxyRequest| {
             let n = calls.fetch_add(1, Ordering::SeqCst);

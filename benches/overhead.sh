@@ -13,6 +13,7 @@
 #   corral (RUST_LOG=warn)    wrk -> corral --upstream http://nginx/v1 (default stack) -> nginx
 #   corral (default logging)  the same, with corral's default `info` log (`access_log =
 #                             "notable"`: no line for a plain 200; before it, one per request)
+#   corral (access_log = all) the same, with a line for every request
 #
 # Each case gets a 2 s warm-up, then a measured run; each proxy is started fresh for its case
 # and stopped after it. Per proxy: requests/s, p50 and p99 latency (wrk), CPU microseconds per
@@ -30,9 +31,13 @@
 # all) for other processes to leave the machine mostly idle, and the notes give each case's load
 # average and the CPU share other processes took during it, with a warning above 10%.
 #
-# Environment: CORRAL_BIN (skip the build and use this binary), CARGO_TARGET_DIR, DURATION (10s),
-# WARMUP (2s), CONNECTIONS (64), THREADS (2), QUIET_WAIT (20), OUT (bench-out/overhead.md).
-# Takes about 55 s after the build.
+# Environment: CORRAL_BIN (skip the build and use this binary), CORRAL_BEFORE_BIN (an older
+# corral, measured too, as "before: ...", for a before/after in one run of the machine),
+# ROUNDS (1: every case runs once per round, rounds one after another, and the table gives
+# each case's median; this machine's speed drifts from minute to minute, so compare within one
+# run, with ROUNDS=3 or more), CARGO_TARGET_DIR, DURATION (10s), WARMUP (2s), CONNECTIONS (64),
+# THREADS (2), QUIET_WAIT (20), OUT (bench-out/overhead.md).
+# Takes about 70 s after the build.
 # Needs: apt-get install wrk nginx-light haproxy curl. Everything listens on 127.0.0.1 only.
 set -euo pipefail
 
@@ -45,6 +50,7 @@ WARMUP=${WARMUP:-2s}
 CONNECTIONS=${CONNECTIONS:-64}
 THREADS=${THREADS:-2}
 OUT=${OUT:-bench-out/overhead.md}
+ROUNDS=${ROUNDS:-1}
 
 die() {
     echo "overhead.sh: $*" >&2
@@ -94,6 +100,12 @@ PIDS=()
 cp "$CORRAL" "$TMP/corral"
 CORRAL_SRC=$CORRAL
 CORRAL=$TMP/corral
+BEFORE=""
+if [[ -n ${CORRAL_BEFORE_BIN:-} ]]; then
+    [[ -x $CORRAL_BEFORE_BIN ]] || die "CORRAL_BEFORE_BIN: no binary at $CORRAL_BEFORE_BIN"
+    cp "$CORRAL_BEFORE_BIN" "$TMP/corral-before"
+    BEFORE=$TMP/corral-before
+fi
 
 alive() { # pid: running (not gone, not a zombie waiting to be reaped)
     local stat
@@ -219,8 +231,9 @@ CASES=()
 
 # measure name url proxy-pid|"" : warm up, then the measured run; fills the arrays above.
 measure() {
-    local name=$1 url=$2 pid=$3 out="$TMP/wrk-${#CASES[@]}.txt"
-    CASES+=("$name")
+    local name=$1 url=$2 pid=$3 out="$TMP/wrk-$ROUND-${#CASES[@]}.txt" c seen=""
+    for c in "${CASES[@]}"; do [[ $c == "$name" ]] && seen=1; done
+    [[ -n $seen ]] || CASES+=("$name")
     check_answer "$url" "$name"
     wait_quiet
     run_wrk "$WARMUP" "$url" "$TMP/warmup.txt"
@@ -236,28 +249,54 @@ measure() {
     [[ -n $pid ]] && c1=$(cpu_ticks "$pid")
     reqs=$(awk '/ requests in / { print $1 }' "$out")
     [[ -n $reqs && $reqs -gt 0 ]] || { cat "$out" >&2; die "$name: wrk completed no requests"; }
-    RPS[$name]=$(awk '/^Requests\/sec:/ { print $2 }' "$out")
-    P50[$name]=$(to_ms "$(awk '$1 == "50%" { print $2 }' "$out")")
-    P99[$name]=$(to_ms "$(awk '$1 == "99%" { print $2 }' "$out")")
-    ERR[$name]=$(awk '/Non-2xx or 3xx responses:/ { n += $NF }
-        /Socket errors:/ { gsub(/,/, ""); n += $4 + $6 + $8 + $10 } END { print n + 0 }' "$out")
+    # One value per round, space-separated; `summarize` takes the medians.
+    RPS[$name]+="$(awk '/^Requests\/sec:/ { print $2 }' "$out") "
+    P50[$name]+="$(to_ms "$(awk '$1 == "50%" { print $2 }' "$out")") "
+    P99[$name]+="$(to_ms "$(awk '$1 == "99%" { print $2 }' "$out")") "
+    ERR[$name]+="$(awk '/Non-2xx or 3xx responses:/ { n += $NF }
+        /Socket errors:/ { gsub(/,/, ""); n += $4 + $6 + $8 + $10 } END { print n + 0 }' "$out") "
     BUSY[$name]=$(awk -v a="$h0" -v b="$h1" 'BEGIN { split(a, x, " "); split(b, y, " ");
         printf "%.0f", 100 * (y[1] - x[1]) / (y[2] - x[2]) }')
     # CPU the rest of the machine (not wrk, nginx or the proxy) used during the run, as a share
     # of all cores: other work competing with this case.
-    FOREIGN[$name]=$(awk -v a="$h0" -v b="$h1" -v ours=$((n1 - n0 + c1 - ${c0:-0})) \
+    FOREIGN[$name]+="$(awk -v a="$h0" -v b="$h1" -v ours=$((n1 - n0 + c1 - ${c0:-0})) \
         -v wrk="$(cat "$TMP/wrk-time.txt")" -v hz="$CLK_TCK" 'BEGIN { split(a, x, " ");
         split(b, y, " "); split(wrk, w, " "); f = (y[1] - x[1]) - ours - (w[1] + w[2]) * hz;
-        printf "%.0f", f < 0 ? 0 : 100 * f / (y[2] - x[2]) }')
-    NGINX_CPU[$name]=$(awk -v d=$((n1 - n0)) -v r="$reqs" -v hz="$CLK_TCK" \
-        'BEGIN { printf "%.1f", d / hz * 1e6 / r }')
+        printf "%.0f", f < 0 ? 0 : 100 * f / (y[2] - x[2]) }') "
+    NGINX_CPU[$name]+="$(awk -v d=$((n1 - n0)) -v r="$reqs" -v hz="$CLK_TCK" \
+        'BEGIN { printf "%.1f", d / hz * 1e6 / r }') "
     if [[ -n $pid ]]; then
-        CPU[$name]=$(awk -v d=$((c1 - c0)) -v r="$reqs" -v hz="$CLK_TCK" \
-            'BEGIN { printf "%.1f", d / hz * 1e6 / r }')
-        RSS[$name]=$(awk -v k="$(hwm_kib "$pid")" 'BEGIN { printf "%.1f", k / 1024 }')
+        CPU[$name]+="$(awk -v d=$((c1 - c0)) -v r="$reqs" -v hz="$CLK_TCK" \
+            'BEGIN { printf "%.1f", d / hz * 1e6 / r }') "
+        RSS[$name]+="$(awk -v k="$(hwm_kib "$pid")" 'BEGIN { printf "%.1f", k / 1024 }') "
         THR[$name]=$(threads_of "$pid")
     fi
-    echo "  $name: ${RPS[$name]} req/s, p50 ${P50[$name]} ms, p99 ${P99[$name]} ms" >&2
+    echo "  round $ROUND, $name: $(awk '/^Requests\/sec:/ { print $2 }' "$out") req/s" >&2
+}
+
+median() { tr ' ' '\n' <<<"$1" | awk 'NF' | sort -g | awk '{ v[NR] = $1 } END {
+    if (NR == 0) print ""; else if (NR % 2) print v[(NR + 1) / 2];
+    else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+maximum() { tr ' ' '\n' <<<"$1" | awk 'NF' | sort -g | tail -1; }
+total() { tr ' ' '\n' <<<"$1" | awk '{ n += $1 } END { print n + 0 }'; }
+
+# Each case's rounds to one figure: medians of rate, latency and CPU (the machine's speed
+# varies from one minute to the next), the peak RSS, the share of other work at its highest,
+# the errors summed. The rounds themselves stay in ROUNDS_RPS for the notes.
+declare -A ROUNDS_RPS
+summarize() {
+    local n
+    for n in "${CASES[@]}"; do
+        ROUNDS_RPS[$n]=${RPS[$n]}
+        RPS[$n]=$(median "${RPS[$n]}")
+        P50[$n]=$(median "${P50[$n]}")
+        P99[$n]=$(median "${P99[$n]}")
+        NGINX_CPU[$n]=$(median "${NGINX_CPU[$n]}")
+        [[ -z ${CPU[$n]:-} ]] || CPU[$n]=$(median "${CPU[$n]}")
+        [[ -z ${RSS[$n]:-} ]] || RSS[$n]=$(maximum "${RSS[$n]}")
+        FOREIGN[$n]=$(maximum "${FOREIGN[$n]}")
+        ERR[$n]=$(total "${ERR[$n]}")
+    done
 }
 
 # What corral's own metrics say about the run: was the learned limit still pacing?
@@ -284,7 +323,6 @@ corral_notes() { # name port log
 pick_port NGINX_PORT
 pick_port HAPROXY_PORT
 pick_port CORRAL_PORT
-pick_port CORRAL_PORT2
 
 user_line=""
 [[ $(id -u) == 0 ]] && user_line="user $(id -un) $(id -gn);" # workers keep our user
@@ -311,32 +349,47 @@ echo "overhead: wrk -t$THREADS -c$CONNECTIONS -d$DURATION (after a $WARMUP warm-
 start "$TMP/nginx.log" "$NGINX" -e "$TMP/nginx-error.log" -p "$TMP" -c "$TMP/nginx.conf"
 NGINX_PID=$STARTED
 wait_listening "$NGINX_PORT" "$NGINX_PID" nginx "$TMP/nginx-error.log"
-measure direct "http://127.0.0.1:$NGINX_PORT/v1/chat/completions" ""
+
+# A corral case: start `binary` (name, log, port, binary, args...), measure, stop.
+corral_case() {
+    local name=$1 log=$2 port=$3
+    start "$log" "${@:4}"
+    pid=$STARTED
+    wait_listening "$port" "$pid" corral "$log"
+    measure "$name" "http://127.0.0.1:$port/v1/chat/completions" "$pid"
+    corral_notes "$name" "$port" "$log"
+    stop_pid "$pid"
+}
+
+run_round() {
+    measure direct "http://127.0.0.1:$NGINX_PORT/v1/chat/completions" ""
+
+    start "$TMP/haproxy.log" "$HAPROXY" -db -f "$TMP/haproxy.cfg"
+    pid=$STARTED
+    wait_listening "$HAPROXY_PORT" "$pid" haproxy "$TMP/haproxy.log"
+    measure haproxy "http://127.0.0.1:$HAPROXY_PORT/v1/chat/completions" "$pid"
+    stop_pid "$pid"
+
+    local upstream="http://127.0.0.1:$NGINX_PORT/v1" listen="127.0.0.1:$CORRAL_PORT"
+    corral_case "corral (RUST_LOG=warn)" "$TMP/corral-warn.log" "$CORRAL_PORT" \
+        env RUST_LOG=warn "$CORRAL" --listen "$listen" --upstream "$upstream"
+    corral_case "corral (default logging)" "$TMP/corral-info.log" "$CORRAL_PORT" \
+        env -u RUST_LOG "$CORRAL" --listen "$listen" --upstream "$upstream"
+    printf 'listen = "%s"\naccess_log = "all"\n[[upstream]]\nname = "nginx"\nroute = "/v1"\nbase_url = "%s"\n' \
+        "$listen" "$upstream" >"$TMP/corral-all.toml"
+    corral_case "corral (access_log = all)" "$TMP/corral-all.log" "$CORRAL_PORT" \
+        env -u RUST_LOG "$CORRAL" --config "$TMP/corral-all.toml"
+    if [[ -n $BEFORE ]]; then
+        corral_case "before: corral (RUST_LOG=warn)" "$TMP/before-warn.log" "$CORRAL_PORT" \
+            env RUST_LOG=warn "$BEFORE" --listen "$listen" --upstream "$upstream"
+        corral_case "before: corral (default logging)" "$TMP/before-info.log" "$CORRAL_PORT" \
+            env -u RUST_LOG "$BEFORE" --listen "$listen" --upstream "$upstream"
+    fi
+}
+
+for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do run_round; done
 RSS_NGINX=$(awk -v k="$(hwm_kib "$NGINX_PID")" 'BEGIN { printf "%.1f", k / 1024 }')
-
-start "$TMP/haproxy.log" "$HAPROXY" -db -f "$TMP/haproxy.cfg"
-pid=$STARTED
-wait_listening "$HAPROXY_PORT" "$pid" haproxy "$TMP/haproxy.log"
-measure haproxy "http://127.0.0.1:$HAPROXY_PORT/v1/chat/completions" "$pid"
-stop_pid "$pid"
-
-upstream="http://127.0.0.1:$NGINX_PORT/v1"
-start "$TMP/corral-warn.log" env RUST_LOG=warn "$CORRAL" --listen "127.0.0.1:$CORRAL_PORT" \
-    --upstream "$upstream"
-pid=$STARTED
-wait_listening "$CORRAL_PORT" "$pid" corral "$TMP/corral-warn.log"
-measure "corral (RUST_LOG=warn)" "http://127.0.0.1:$CORRAL_PORT/v1/chat/completions" "$pid"
-corral_notes "corral (RUST_LOG=warn)" "$CORRAL_PORT" "$TMP/corral-warn.log"
-stop_pid "$pid"
-
-start "$TMP/corral-info.log" env -u RUST_LOG "$CORRAL" --listen "127.0.0.1:$CORRAL_PORT2" \
-    --upstream "$upstream"
-pid=$STARTED
-wait_listening "$CORRAL_PORT2" "$pid" corral "$TMP/corral-info.log"
-measure "corral (default logging)" "http://127.0.0.1:$CORRAL_PORT2/v1/chat/completions" "$pid"
-corral_notes "corral (default logging)" "$CORRAL_PORT2" "$TMP/corral-info.log"
-stop_pid "$pid"
-
+summarize
 uptime_after=$(uptime)
 
 # ----- report -----
@@ -358,6 +411,7 @@ report() {
             [[ -z $(git status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null) ]] ||
                 echo ", src/ with uncommitted changes"))"
     echo "- load: before \`$(sed 's/^ *//' <<<"$uptime_before")\`; after \`$(sed 's/^ *//' <<<"$uptime_after")\`"
+    echo "- rounds: $ROUNDS (figures are each case's median; req/s per round in the notes)"
     echo "- workload: wrk -t$THREADS -c$CONNECTIONS -d$DURATION --latency after a $WARMUP warm-up," \
         "POST $(($(wc -c <"$here/overhead/payload.json") - 1)) B JSON to /v1/chat/completions;" \
         "nginx answers a static $(sed -n "s/.*return 200 '\(.*\)';/\1/p" "$here/overhead/nginx.conf.in" |
@@ -388,6 +442,7 @@ report() {
         [[ -n ${THR[$n]:-} ]] && printf ', %s threads' "${THR[$n]}"
         [[ $n == direct ]] && printf ', nginx peak RSS %s MiB (one process, one worker loop)' "$RSS_NGINX"
         [[ -n ${EXTRA[$n]:-} ]] && printf '; %s' "${EXTRA[$n]}"
+        ((ROUNDS == 1)) || printf '; req/s by round: %s' "$(xargs <<<"${ROUNDS_RPS[$n]}")"
         echo
     done
     echo
@@ -398,16 +453,18 @@ report() {
     done
     ((QUIET_WAITED == 0)) || warnings+="Waited ${QUIET_WAITED} s in all for other work to quiet down."$'\n'
     [[ -z $warnings ]] || printf '%s\n' "$warnings"
-    echo "Targets (corral against haproxy, this run):"
+    echo "Targets (corral against haproxy, this run; issue 12):"
     echo
     for n in "corral (RUST_LOG=warn)" "corral (default logging)"; do
-        local thr p99d
-        thr=$(awk -v a="${RPS[$n]}" -v b="${RPS[haproxy]}" 'BEGIN { print (a >= 0.9 * b) }')
-        p99d=$(awk -v a="${P99[$n]}" -v b="${P99[haproxy]}" 'BEGIN { print (a - b <= 0.5) }')
-        echo "- $n: throughput $(ratio "${RPS[$n]}" "${RPS[haproxy]}") of haproxy's (>= 90%:" \
+        local thr p99d cpu
+        thr=$(awk -v a="${RPS[$n]}" -v b="${RPS[haproxy]}" 'BEGIN { print (a >= b) }')
+        p99d=$(awk -v a="${P99[$n]}" -v b="${P99[haproxy]}" 'BEGIN { print (a - b <= 0.2) }')
+        cpu=$(awk -v a="${CPU[$n]}" -v b="${CPU[haproxy]}" 'BEGIN { print (a <= b) }')
+        echo "- $n: throughput $(ratio "${RPS[$n]}" "${RPS[haproxy]}") of haproxy's (>= 100%:" \
             "$(verdict "$thr")); p99 $(minus "${P99[$n]}" "${P99[haproxy]}") ms vs haproxy's" \
-            "(<= +0.5 ms: $(verdict "$p99d")); peak RSS ${RSS[$n]} MiB (< 32 MiB:" \
-            "$(verdict "$(awk -v r="${RSS[$n]}" 'BEGIN { print (r < 32) }')"))"
+            "(<= +0.2 ms: $(verdict "$p99d")); CPU ${CPU[$n]} µs/req vs haproxy's ${CPU[haproxy]}" \
+            "(<=: $(verdict "$cpu")); peak RSS ${RSS[$n]} MiB (< 20 MiB:" \
+            "$(verdict "$(awk -v r="${RSS[$n]}" 'BEGIN { print (r < 20) }')"))"
     done
 }
 

@@ -10,7 +10,8 @@
 #
 #   direct                    wrk -> nginx
 #   haproxy                   wrk -> haproxy (retries 3, retry-on all-retryable-errors) -> nginx
-#   corral (RUST_LOG=warn)    wrk -> corral --upstream http://nginx/v1 (default stack) -> nginx
+#   corral (RUST_LOG=warn)    wrk -> corral (default stack; the config `--upstream http://nginx/v1`
+#                             makes, with drain_delay = "0s" to stop at once) -> nginx
 #   corral (default logging)  the same, with corral's default `info` log (`access_log =
 #                             "notable"`: no line for a plain 200; before it, one per request)
 #   corral (access_log = all) the same, with a line for every request
@@ -37,7 +38,7 @@
 # each case's median; this machine's speed drifts from minute to minute, so compare within one
 # run, with ROUNDS=3 or more), CARGO_TARGET_DIR, DURATION (10s), WARMUP (2s), CONNECTIONS (64),
 # THREADS (2), QUIET_WAIT (20), OUT (bench-out/overhead.md).
-# Takes about 70 s after the build.
+# Takes about 70 s a round after the build (90 s with CORRAL_BEFORE_BIN).
 # Needs: apt-get install wrk nginx-light haproxy curl. Everything listens on 127.0.0.1 only.
 set -euo pipefail
 
@@ -51,6 +52,7 @@ CONNECTIONS=${CONNECTIONS:-64}
 THREADS=${THREADS:-2}
 OUT=${OUT:-bench-out/overhead.md}
 ROUNDS=${ROUNDS:-1}
+[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "overhead.sh: ROUNDS must be a whole number >= 1" >&2; exit 1; }
 
 die() {
     echo "overhead.sh: $*" >&2
@@ -124,6 +126,10 @@ stop_pid() { # pid: TERM, up to 2 s, then KILL
         if alive "$pid"; then kill -KILL "$pid" 2>/dev/null || true; fi
     fi
     wait "$pid" 2>/dev/null || true
+    # Reaped: forget it, so the exit trap never signals a PID the system has since reused.
+    local kept=() p
+    for p in "${PIDS[@]}"; do [[ $p == "$pid" ]] || kept+=("$p"); done
+    PIDS=("${kept[@]}")
 }
 cleanup() {
     local pid
@@ -231,9 +237,10 @@ CASES=()
 
 # measure name url proxy-pid|"" : warm up, then the measured run; fills the arrays above.
 measure() {
-    local name=$1 url=$2 pid=$3 out="$TMP/wrk-$ROUND-${#CASES[@]}.txt" c seen=""
-    for c in "${CASES[@]}"; do [[ $c == "$name" ]] && seen=1; done
+    local name=$1 url=$2 pid=$3 out c seen="" i=0
+    for c in "${CASES[@]}"; do [[ $c == "$name" ]] && seen=1 && break; ((i += 1)); done
     [[ -n $seen ]] || CASES+=("$name")
+    out="$TMP/wrk-$ROUND-$i.txt"
     check_answer "$url" "$name"
     wait_quiet
     run_wrk "$WARMUP" "$url" "$TMP/warmup.txt"
@@ -370,20 +377,23 @@ run_round() {
     measure haproxy "http://127.0.0.1:$HAPROXY_PORT/v1/chat/completions" "$pid"
     stop_pid "$pid"
 
-    local upstream="http://127.0.0.1:$NGINX_PORT/v1" listen="127.0.0.1:$CORRAL_PORT"
+    # What `corral --upstream URL` runs, plus `drain_delay = "0s"`: stopped by SIGTERM at once
+    # instead of serving on for the 5 s a load balancer needs (and being killed).
+    local plain="$TMP/corral.toml" all="$TMP/corral-all.toml"
+    printf 'listen = "127.0.0.1:%s"\ndrain_delay = "0s"\n[[upstream]]\nname = "openai"\nroute = "/v1"\nbase_url = "http://127.0.0.1:%s/v1"\n' \
+        "$CORRAL_PORT" "$NGINX_PORT" >"$plain"
+    { echo 'access_log = "all"'; cat "$plain"; } >"$all"
     corral_case "corral (RUST_LOG=warn)" "$TMP/corral-warn.log" "$CORRAL_PORT" \
-        env RUST_LOG=warn "$CORRAL" --listen "$listen" --upstream "$upstream"
+        env RUST_LOG=warn "$CORRAL" --config "$plain"
     corral_case "corral (default logging)" "$TMP/corral-info.log" "$CORRAL_PORT" \
-        env -u RUST_LOG "$CORRAL" --listen "$listen" --upstream "$upstream"
-    printf 'listen = "%s"\naccess_log = "all"\n[[upstream]]\nname = "nginx"\nroute = "/v1"\nbase_url = "%s"\n' \
-        "$listen" "$upstream" >"$TMP/corral-all.toml"
+        env -u RUST_LOG "$CORRAL" --config "$plain"
     corral_case "corral (access_log = all)" "$TMP/corral-all.log" "$CORRAL_PORT" \
-        env -u RUST_LOG "$CORRAL" --config "$TMP/corral-all.toml"
+        env -u RUST_LOG "$CORRAL" --config "$all"
     if [[ -n $BEFORE ]]; then
         corral_case "before: corral (RUST_LOG=warn)" "$TMP/before-warn.log" "$CORRAL_PORT" \
-            env RUST_LOG=warn "$BEFORE" --listen "$listen" --upstream "$upstream"
+            env RUST_LOG=warn "$BEFORE" --config "$plain"
         corral_case "before: corral (default logging)" "$TMP/before-info.log" "$CORRAL_PORT" \
-            env -u RUST_LOG "$BEFORE" --listen "$listen" --upstream "$upstream"
+            env -u RUST_LOG "$BEFORE" --config "$plain"
     fi
 }
 
@@ -431,7 +441,7 @@ report() {
         "(haproxy runs without a master, corral is one process); direct has no proxy, nginx's" \
         "figures are in the notes. errors: non-2xx answers plus wrk socket errors."
     echo
-    echo "Notes per case: 1/5/15-min load average at the start of the measured run; host CPU" \
+    echo "Notes per case (load, host CPU and threads from the last round): 1/5/15-min load average at the start of the measured run; host CPU" \
         "busy over all cores during it, and the part of it used by other processes than wrk," \
         "nginx and the proxy (other work competing with this case); nginx's own CPU per request" \
         "(the same work in every case; it rises when nginx idles between requests):"

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{HeaderMap, Request, Response};
 use http_body_util::Full;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -68,8 +68,8 @@ impl tower::Service<ProxyRequest> for UpstreamClient {
         let mut out = Request::new(Full::new(req.body));
         *out.method_mut() = req.method;
         *out.uri_mut() = req.uri;
-        // The one copy of the headers an attempt costs (none when no retry holds them).
-        *out.headers_mut() = Arc::try_unwrap(req.headers).unwrap_or_else(|h| (*h).clone());
+        // The one copy of the headers an attempt costs: the retry layer holds them for the next.
+        *out.headers_mut() = HeaderMap::clone(&req.headers);
         let fut = self.client.request(out);
         let upstream = Arc::clone(&self.upstream);
         Box::pin(async move {

@@ -201,7 +201,7 @@ impl Metrics {
     }
 
     /// Handles for one upstream, with its label values bound once, and every labelled family
-    /// given a zero series for each value it can take (see `Metrics::init_labels`). A request
+    /// given a zero series for each value it can take (see [`Metrics::init_labels`]). A request
     /// then counts without hashing a label or taking a lock: known values are indexes.
     pub fn upstream(&self, name: &str) -> UpstreamMetrics {
         self.init_labels(name);
@@ -255,21 +255,10 @@ impl Metrics {
 
     /// A zero series for each known value of each bounded label of `upstream`, so a fresh
     /// corral's first scrape already has every family a dashboard panel queries ("No data"
-    /// otherwise, until the first sample). Families labelled by `upstream` alone get theirs
-    /// when [`Metrics::upstream`] binds them. `corral_requests_total` gets one: `POST`, `200`.
+    /// otherwise, until the first sample). Binding them ([`Bound::new`]) makes them; families
+    /// labelled by `upstream` alone get theirs from their handles. `corral_requests_total`
+    /// gets one: `POST`, `200`.
     fn init_labels(&self, upstream: &str) {
-        let init = |family: &IntCounterVec, values: &[&str]| {
-            for value in values {
-                family.with_label_values(&[upstream, value]);
-            }
-        };
-        init(&self.attempts, OUTCOMES);
-        init(&self.retries, RETRY_REASONS);
-        init(&self.gave_up, GAVE_UP);
-        init(&self.breaker_transitions, BREAKER_PHASES);
-        init(&self.upstream_throttles, THROTTLE_CODES);
-        init(&self.client_throttles, THROTTLE_SOURCES);
-        init(&self.corral_errors, CAUSES);
         self.requests.with_label_values(&[upstream, "POST", "200"]);
     }
 
@@ -445,7 +434,8 @@ fn method_index(method: &Method) -> usize {
     }
 }
 
-/// Status codes 100-599 (http's `StatusCode` allows no others): one slot each per method.
+/// Status codes 100-599: one slot each per method (4,000 slots, 64 KiB an upstream). A code
+/// outside (http's `StatusCode` allows up to 999) counts through the family.
 const CODES: usize = 500;
 
 /// One upstream's series of a counter family labelled `upstream` and one more label, bound
@@ -556,21 +546,15 @@ impl Handles {
     }
     pub fn request(&self, method: &Method, code: u16) {
         let m = method_index(method);
-        let Some(slot) = usize::from(code)
-            .checked_sub(100)
-            .filter(|c| *c < CODES)
-            .map(|c| &self.requests[m * CODES + c])
-        else {
-            let code = code.to_string();
-            let labels = [self.name.as_str(), METHODS[m], code.as_str()];
-            return self.family.requests.with_label_values(&labels).inc();
-        };
-        slot.get_or_init(|| {
+        let bind = || {
             let code = code.to_string();
             let labels = [self.name.as_str(), METHODS[m], code.as_str()];
             self.family.requests.with_label_values(&labels)
-        })
-        .inc();
+        };
+        match usize::from(code).checked_sub(100).filter(|c| *c < CODES) {
+            Some(c) => self.requests[m * CODES + c].get_or_init(bind).inc(),
+            None => bind().inc(),
+        }
     }
     /// A response body cut by one of corral's clocks.
     pub fn stream_timeout(&self, kind: TimeoutKind) {
@@ -621,7 +605,9 @@ impl Handles {
 
 /// Set `gauge` to `value` unless it holds it already. Every answer reports the pacers'
 /// state, which rarely moves: a read leaves the gauge's cache line shared between the
-/// workers, where a store would take it from the others each time.
+/// workers, where a store would take it from the others each time. Two answers racing may
+/// leave the older value shown until the next answer that differs from it, as two plain
+/// stores racing could.
 fn set_if_changed(gauge: &Gauge, value: f64) {
     if gauge.get().to_bits() != value.to_bits() {
         gauge.set(value);

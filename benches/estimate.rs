@@ -1,6 +1,6 @@
 //! Throughput of the token estimate (`corral::stack::rate_limit::estimate::estimate_tokens`),
 //! which runs on every attempt once a tokens-per-minute bucket exists, against the tree-based
-//! version it replaced (a whole `serde_json::Value` per body, kept below as the baseline).
+//! version it replaced (a whole `serde_json::Value` per body, kept in `estimate::reference`).
 //!
 //! Run: `cargo bench --bench estimate` (release build; about 7 s once built). It builds
 //! chat-completions bodies whose prompts total 10 KB, 100 KB and 1 MB of text in 8 KB messages
@@ -16,41 +16,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use corral::stack::rate_limit::estimate::estimate_tokens;
-use serde_json::{json, Value};
-
-/// BASELINE, not corral's code: the estimate as it was before it read bodies with visitors.
-fn estimate_tokens_tree(body: &[u8], default_max_tokens: u32) -> u32 {
-    let Ok(json) = serde_json::from_slice::<Value>(body) else {
-        return (body.len() / 4) as u32 + default_max_tokens;
-    };
-    let mut chars = 0usize;
-    for key in ["messages", "prompt", "input", "system", "instructions"] {
-        if let Some(v) = json.get(key) {
-            chars += text_chars(v);
-        }
-    }
-    let completion = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
-        .iter()
-        .find_map(|k| json.get(*k).and_then(Value::as_u64))
-        .map_or(default_max_tokens, |n| {
-            n.min(u64::from(u32::MAX / 2)) as u32
-        });
-    ((chars / 4) as u32).saturating_add(completion)
-}
-
-/// BASELINE: characters of text in a prompt value.
-fn text_chars(v: &Value) -> usize {
-    match v {
-        Value::String(s) => s.chars().count(),
-        Value::Array(items) => items.iter().map(text_chars).sum(),
-        Value::Object(map) => ["content", "text"]
-            .iter()
-            .filter_map(|k| map.get(*k))
-            .map(text_chars)
-            .sum(),
-        _ => 0,
-    }
-}
+use corral::stack::rate_limit::estimate::reference::estimate_tokens_tree;
+use serde_json::json;
 
 /// About `bytes` of prose from a fixed seed: words, a non-ASCII one in ~12, a newline in ~10,
 /// a quoted word in ~25.

@@ -271,14 +271,15 @@ impl<'de> Visitor<'de> for Uint {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
+/// The estimate as it was before it read bodies with visitors, from a whole `serde_json::Value`
+/// tree: the reference the tests check [`estimate_tokens`] against, and the baseline of
+/// `benches/estimate.rs`. Not used by corral itself.
+#[doc(hidden)]
+pub mod reference {
     use serde_json::Value;
 
     /// The estimate as it was, from a whole `Value` tree: the reference the visitors must match.
-    fn estimate_tokens_tree(body: &[u8], default_max_tokens: u32) -> u32 {
+    pub fn estimate_tokens_tree(body: &[u8], default_max_tokens: u32) -> u32 {
         let Ok(json) = serde_json::from_slice::<Value>(body) else {
             return (body.len() / 4) as u32 + default_max_tokens;
         };
@@ -309,6 +310,14 @@ mod tests {
             _ => 0,
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reference::estimate_tokens_tree;
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::Value;
 
     /// The estimate, checked against the reference.
     fn estimate(body: &[u8]) -> u32 {

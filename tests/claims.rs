@@ -149,3 +149,99 @@ async fn a_configured_tpm_charges_each_request_its_estimate() {
     let line = r#"corral_tokens_charged_total{upstream="mock"} 306"#;
     assert!(metrics.contains(line), "no `{line}` in\n{metrics}");
 }
+
+/// An upstream that always answers `status` with `body` (and `headers`), counting its calls.
+async fn always(
+    status: u16,
+    body: serde_json::Value,
+    headers: &'static [(&'static str, &'static str)],
+) -> MockUpstream {
+    MockUpstream::start(move |_| {
+        let body = body.clone();
+        async move {
+            let mut response = json(status, body);
+            for (name, value) in headers {
+                response.headers_mut().insert(*name, value.parse().unwrap());
+            }
+            response
+        }
+    })
+    .await
+}
+
+/// README, Stacked retries: when corral retried a failure and gives up (`max_retries`), the
+/// upstream's own answer reaches the client with `x-should-retry: false` added, so an SDK does
+/// not retry it again; `mark_given_up = false` leaves the answer as it came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_given_up_answer_is_marked_unless_marking_is_off() {
+    let error = serde_json::json!({"error": {"message": "overloaded", "type": "server_error"}});
+    for mark in [true, false] {
+        let upstream = always(503, error.clone(), &[]).await;
+        let retry = format!(
+            "[upstream.retry]\nmax_retries = 2\nbase = \"10ms\"\ncap = \"20ms\"\nmark_given_up = {mark}\n"
+        );
+        let corral = Corral::start(&one_upstream(&upstream, &retry)).await;
+        let (parts, body) = send(&client(), post(&corral.url("/v1/chat/completions"), BODY)).await;
+        assert_eq!(parts.status, 503, "mark_given_up = {mark}");
+        // The upstream's answer itself, not one of corral's.
+        assert!(parts
+            .headers
+            .get(corral::error::CORRAL_ERROR_HEADER)
+            .is_none());
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&body).unwrap(),
+            error
+        );
+        assert_eq!(
+            upstream.calls(),
+            3,
+            "one attempt and max_retries = 2 retries"
+        );
+        let marked = parts
+            .headers
+            .get("x-should-retry")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let want = mark.then(|| "false".to_owned());
+        assert_eq!(marked, want, "mark_given_up = {mark}");
+    }
+}
+
+/// README, permanent 429s: a 429 no wait can cure (OpenAI's `insufficient_quota`, Anthropic's
+/// `enforced_spend_limit_reached`, also under `error.details`) goes back to the client at once,
+/// untouched and never retried; a billing message that comes with a `retry-after` is a
+/// throttle, and is retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permanent_429_is_passed_on_at_once_and_a_hinted_one_is_retried() {
+    let permanent = [
+        serde_json::json!({"error": {"message": "You exceeded your current quota.", "type": "insufficient_quota", "code": "insufficient_quota"}}),
+        serde_json::json!({"type": "error", "error": {"type": "rate_limit_error", "message": "spend limit", "details": {"error_code": "enforced_spend_limit_reached"}}}),
+        serde_json::json!({"error": {"message": "x", "details": {"code": "enforced_spend_limit_reached"}}}),
+    ];
+    for body in permanent {
+        let upstream = always(429, body.clone(), &[]).await;
+        let corral = Corral::start(&one_upstream(&upstream, "")).await;
+        let (parts, got) = send(&client(), post(&corral.url("/v1/chat/completions"), BODY)).await;
+        assert_eq!(parts.status, 429, "{body}");
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&got).unwrap(),
+            body
+        );
+        assert_eq!(upstream.calls(), 1, "a permanent 429 was retried: {body}");
+    }
+    // Billing words, but a hint: a throttle. Retried once (max_throttle_retries = 1), then
+    // passed on, marked.
+    let billing = serde_json::json!({"error": {"message": "Your credit balance is too low", "type": "rate_limit_error"}});
+    // (`retry-after` as the README says; a billing message with only `retry-after-ms` is still
+    // taken as permanent today: see `is_permanent_429`.)
+    let upstream = always(429, billing.clone(), &[("retry-after", "0")]).await;
+    let retry = "[upstream.retry]\nmax_throttle_retries = 1\n";
+    let corral = Corral::start(&one_upstream(&upstream, retry)).await;
+    let (parts, got) = send(&client(), post(&corral.url("/v1/chat/completions"), BODY)).await;
+    assert_eq!(parts.status, 429);
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&got).unwrap(),
+        billing
+    );
+    assert_eq!(upstream.calls(), 2, "a hinted 429 is a throttle: retried");
+    assert_eq!(parts.headers["x-should-retry"], "false");
+}

@@ -37,6 +37,9 @@ fn redis() -> Option<RedisServer> {
     Some(RedisServer::start().expect("start redis-server"))
 }
 
+/// The limit most tests here set: 100 requests a second, a burst of 10.
+const AT_100_PER_SECOND: &str = "[upstream.limits]\nrpm = 6000\nburst = 10\n";
+
 /// A corral config fronting `upstream` at `/v1`, sharing its limits through `redis`.
 fn fleet_config(
     upstream: &MockUpstream,
@@ -215,12 +218,7 @@ async fn metrics(corral: &Corral) -> String {
 async fn two_corrals_share_one_limit_leasing_in_blocks() {
     let Some(server) = redis() else { return };
     let (upstream, arrivals) = recording_upstream().await;
-    let toml = fleet_config(
-        &upstream,
-        &server.url(),
-        "",
-        "[upstream.limits]\nrpm = 6000\nburst = 10\n",
-    );
+    let toml = fleet_config(&upstream, &server.url(), "", AT_100_PER_SECOND);
     let a = Corral::start(&toml).await;
     let b = Corral::start(&toml).await;
     let before = script_calls(&server.url()).await.unwrap();
@@ -452,12 +450,7 @@ async fn unused_leases_go_back_and_a_stopped_corral_leaves() {
 async fn an_unreachable_redis_never_blocks_startup_nor_fails_a_request() {
     let (upstream, _) = recording_upstream().await;
     let dead = "redis://user:hunter2@127.0.0.1:1/0";
-    let toml = fleet_config(
-        &upstream,
-        dead,
-        "",
-        "[upstream.limits]\nrpm = 6000\nburst = 10\n",
-    );
+    let toml = fleet_config(&upstream, dead, "", AT_100_PER_SECOND);
     let path = std::env::temp_dir().join(format!("corral-fleet-{}.toml", std::process::id()));
     std::fs::write(&path, &toml).unwrap();
     let mut cmd = corral_command([
@@ -505,7 +498,7 @@ async fn under_fault(
         &upstream,
         &server.url(),
         "lease_timeout = \"500ms\"",
-        "[upstream.limits]\nrpm = 6000\nburst = 10\n",
+        AT_100_PER_SECOND,
     );
     let corral = Corral::start(&toml).await;
     let load = Load::start(&corral, 8);
@@ -705,12 +698,7 @@ async fn a_redis_that_comes_up_later_is_found() {
     let Some(server) = redis() else { return };
     server.kill();
     let (upstream, _) = recording_upstream().await;
-    let toml = fleet_config(
-        &upstream,
-        &server.url(),
-        "",
-        "[upstream.limits]\nrpm = 6000\nburst = 10\n",
-    );
+    let toml = fleet_config(&upstream, &server.url(), "", AT_100_PER_SECOND);
     let corral = Corral::start(&toml).await;
     assert_eq!(burst(&corral, 1, 1).await, [200]);
     assert_eq!(fleet_mode(&corral).await, "fallback");

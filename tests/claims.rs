@@ -228,20 +228,185 @@ async fn a_permanent_429_is_passed_on_at_once_and_a_hinted_one_is_retried() {
         );
         assert_eq!(upstream.calls(), 1, "a permanent 429 was retried: {body}");
     }
-    // Billing words, but a hint: a throttle. Retried once (max_throttle_retries = 1), then
-    // passed on, marked.
+    // Billing words, but a wait named in any of the three headers: a throttle. Retried once
+    // (max_throttle_retries = 1), then passed on, marked.
     let billing = serde_json::json!({"error": {"message": "Your credit balance is too low", "type": "rate_limit_error"}});
-    // (`retry-after` as the README says; a billing message with only `retry-after-ms` is still
-    // taken as permanent today: see `is_permanent_429`.)
-    let upstream = always(429, billing.clone(), &[("retry-after", "0")]).await;
-    let retry = "[upstream.retry]\nmax_throttle_retries = 1\n";
+    let waits: [&'static [(&str, &str)]; 3] = [
+        &[("retry-after", "0")],
+        &[("retry-after-ms", "0")],
+        &[("x-ms-retry-after-ms", "0")],
+    ];
+    for wait in waits {
+        let upstream = always(429, billing.clone(), wait).await;
+        let retry = "[upstream.retry]\nmax_throttle_retries = 1\n";
+        let corral = Corral::start(&one_upstream(&upstream, retry)).await;
+        let (parts, got) = send(&client(), post(&corral.url("/v1/chat/completions"), BODY)).await;
+        assert_eq!(parts.status, 429, "{wait:?}");
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&got).unwrap(),
+            billing
+        );
+        assert_eq!(upstream.calls(), 2, "a hinted 429 is a throttle: {wait:?}");
+        assert_eq!(parts.headers["x-should-retry"], "false", "{wait:?}");
+    }
+}
+
+/// README, Stacked retries: the other two ways corral gives up on a failure, each marked. The
+/// retry budget refusing a retry (budget 0: not even a first retry) marks the first answer,
+/// since the client's own retries would add the load the budget holds back; the deadline
+/// passing between retries marks the last one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn giving_up_on_the_budget_or_the_deadline_is_marked() {
+    let error = serde_json::json!({"error": {"message": "unavailable", "type": "server_error"}});
+    let cases = [
+        (
+            "budget",
+            "max_retries = 5\nbudget_ratio = 0.0\nbudget_min_per_second = 0\n",
+        ),
+        (
+            "deadline",
+            "max_retries = 100\nbase = \"100ms\"\ncap = \"100ms\"\njitter = \"none\"\ndeadline = \"650ms\"\n",
+        ),
+    ];
+    for (why, retry) in cases {
+        let upstream = always(503, error.clone(), &[]).await;
+        let corral = Corral::start(&one_upstream(
+            &upstream,
+            &format!("[upstream.retry]\n{retry}"),
+        ))
+        .await;
+        let start = Instant::now();
+        let (parts, body) = send(&client(), post(&corral.url("/v1/chat/completions"), BODY)).await;
+        let took = start.elapsed();
+        assert_eq!(parts.status, 503, "{why}");
+        assert!(parts
+            .headers
+            .get(corral::error::CORRAL_ERROR_HEADER)
+            .is_none());
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&body).unwrap(),
+            error
+        );
+        assert_eq!(parts.headers["x-should-retry"], "false", "{why}");
+        let calls = upstream.calls();
+        match why {
+            "budget" => assert_eq!(calls, 1, "the empty budget allowed a retry"),
+            // 100 ms between attempts within 650 ms: about six; at least two on any machine,
+            // and the answer by the deadline plus 1 s of slack.
+            _ => {
+                assert!((2..=7).contains(&calls), "{calls} attempts");
+                assert!(took < Duration::from_millis(1650), "{took:?}");
+            }
+        }
+        let metrics = corral.app.metrics().render();
+        let line = format!(r#"corral_retry_gave_up_total{{upstream="mock",why="{why}"}} 1"#);
+        assert!(metrics.contains(&line), "no `{line}` in\n{metrics}");
+    }
+}
+
+/// README, The server's hint is a floor: a retried failure that names a wait (here a 503 with
+/// `retry-after: 1`) is resent after the hint plus U(0, floor_jitter), so eight clients told
+/// "1 s" come back over half a second, not at once. Each resend is at least 1 s after its first
+/// answer and at most 1 s + floor_jitter + 400 ms of scheduling slack; the eight resends span
+/// more than 50 ms (all eight draws of U(0, 500 ms) within 50 ms: p < 1e-5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hinted_failure_waits_the_hint_plus_the_floor_jitter() {
+    const CLIENTS: usize = 8;
+    let arrivals = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = std::sync::Arc::clone(&arrivals);
+    let upstream = MockUpstream::start(move |req| {
+        let seen = std::sync::Arc::clone(&seen);
+        async move {
+            let id = String::from_utf8_lossy(&req.body).into_owned();
+            let mut seen = seen.lock().unwrap();
+            seen.push((id.clone(), Instant::now()));
+            let first = seen.iter().filter(|(i, _)| *i == id).count() == 1;
+            drop(seen);
+            if first {
+                let mut r = json(503, serde_json::json!({"error": {"message": "busy"}}));
+                r.headers_mut().insert("retry-after", "1".parse().unwrap());
+                r
+            } else {
+                json(200, serde_json::json!({"ok": true}))
+            }
+        }
+    })
+    .await;
+    let retry = "rate_limit = \"off\"\n[upstream.retry]\nbase = \"10ms\"\ncap = \"10ms\"\nfloor_jitter = \"500ms\"\n";
     let corral = Corral::start(&one_upstream(&upstream, retry)).await;
-    let (parts, got) = send(&client(), post(&corral.url("/v1/chat/completions"), BODY)).await;
-    assert_eq!(parts.status, 429);
-    assert_eq!(
-        serde_json::from_slice::<serde_json::Value>(&got).unwrap(),
-        billing
+    let c = std::sync::Arc::new(client());
+    let tasks: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            let (c, url) = (
+                std::sync::Arc::clone(&c),
+                corral.url("/v1/chat/completions"),
+            );
+            tokio::spawn(async move {
+                send(&c, post(&url, &format!("{{\"id\":{i}}}")))
+                    .await
+                    .0
+                    .status
+            })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    let arrivals = arrivals.lock().unwrap().clone();
+    assert_eq!(arrivals.len(), 2 * CLIENTS);
+    let mut resends = Vec::new();
+    for i in 0..CLIENTS {
+        let id = format!("{{\"id\":{i}}}");
+        let times: Vec<Instant> = arrivals
+            .iter()
+            .filter(|(x, _)| *x == id)
+            .map(|(_, t)| *t)
+            .collect();
+        let gap = times[1] - times[0];
+        assert!(
+            gap >= Duration::from_secs(1) && gap <= Duration::from_millis(1900),
+            "resent {gap:?} after a 1 s hint"
+        );
+        resends.push(times[1]);
+    }
+    resends.sort();
+    let span = resends[CLIENTS - 1] - resends[0];
+    assert!(
+        span > Duration::from_millis(50),
+        "eight resends within {span:?}: no jitter on the hint"
     );
-    assert_eq!(upstream.calls(), 2, "a hinted 429 is a throttle: retried");
-    assert_eq!(parts.headers["x-should-retry"], "false");
+}
+
+/// README, Stacked retries: the one case marking exists for. The official `openai` SDK with its
+/// default retries ON (2) against an upstream that always answers 503: corral retries
+/// (`max_retries = 2`) and gives up marked, and the SDK obeys `x-should-retry: false`, so the
+/// upstream sees corral's 3 attempts and no more. With `mark_given_up = false` the SDK retries
+/// corral's answer twice more: 9 attempts (what the marking saves).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_sdk_with_its_retries_on_does_not_retry_a_given_up_answer() {
+    let Some(python) = support::python::python("the openai SDK") else {
+        return;
+    };
+    let error = serde_json::json!({"error": {"message": "unavailable", "type": "server_error", "code": null, "param": null}});
+    for (mark, want) in [(true, 3), (false, 9)] {
+        let upstream = always(503, error.clone(), &[]).await;
+        let retry = format!(
+            "rate_limit = \"off\"\n[upstream.retry]\nmax_retries = 2\nbase = \"10ms\"\ncap = \"20ms\"\nmark_given_up = {mark}\n"
+        );
+        let corral = Corral::start(&one_upstream(&upstream, &retry)).await;
+        let mut cmd = support::python::script(&python, "test_openai_retries.py");
+        cmd.env("OPENAI_BASE_URL", corral.url("/v1"))
+            .env("OPENAI_API_KEY", "sk-test");
+        let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
+            .await
+            .expect("the SDK script finished within 120 s")
+            .unwrap_or_else(|e| panic!("cannot run CORRAL_PYTHON=`{python}`: {e}"));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed, 0 failed"),
+            "mark_given_up = {mark}:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(upstream.calls(), want, "mark_given_up = {mark}");
+    }
 }

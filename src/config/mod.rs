@@ -352,7 +352,8 @@ pub struct RetryConfig {
     /// Error codes (the body's `error.code` or `error.type`) that make a 429 permanent, on top
     /// of `insufficient_quota` and Anthropic's spend limit.
     pub permanent_codes: Vec<String>,
-    /// Add `x-should-retry: false` to the upstream's answer when corral gives up after retrying.
+    /// Add `x-should-retry: false` to the upstream's answer when corral gives up after retrying
+    /// (or the budget refuses a retry).
     pub mark_given_up: bool,
     /// Retries may add at most this fraction of the recent request rate...
     pub budget_ratio: f64,

@@ -8,11 +8,11 @@
 //!   cannot amplify load. They are bounded by the request's deadline (the rate limiter refuses a
 //!   wait the deadline cannot cover) and by `max_throttle_retries`, the last guard.
 //! - **Failures are budgeted.** 5xx, connection failures and per-try timeouts are retried after
-//!   `max(server hint, jittered backoff) + U(0, floor_jitter)` (the jitter on top of a hint
-//!   only), while `max_retries`, the retry budget and the deadline allow.
+//!   `hint + U(0, floor_jitter)` when the server's hint is at least the jittered backoff, else
+//!   after the backoff, while `max_retries`, the retry budget and the deadline allow.
 //!
 //! Giving up passes the upstream's last answer through, with `x-should-retry: false` when corral
-//! did retry or when a throttle's wait is beyond the deadline (so the client's own loop does not
+//! did retry, when the budget refused a retry, or when a throttle's wait is beyond the deadline (so the client's own loop does not
 //! multiply the load again), and corral's `retry-after` (its limiter's wait, or the hint it read
 //! from a reset header) if the answer carried none.
 //!
@@ -216,7 +216,9 @@ where
             }
             if !shared.budget.withdraw() {
                 metrics.budget_exhausted.inc();
-                return give_up(last, attempts, "budget", None, &shared);
+                // Marked even on a first answer: the budget holds back the load an outage's
+                // retries would add, and the client's own retries would add it all the same.
+                return give_up(last, attempts + 1, "budget", None, &shared);
             }
             shared.sleep_for(retries, previous, hint)
         };
@@ -257,9 +259,9 @@ fn may_retry(response: &Response<Body>) -> bool {
         || crate::classify::should_retry_header(response.headers()) == Some(true)
 }
 
-/// Pass the last answer through. `attempts > 0` (corral retried, or a throttle's wait is beyond
-/// the deadline): mark it so the SDKs don't retry again; add `retry_after` if the answer has no
-/// Retry-After.
+/// Pass the last answer through. `attempts > 0` (corral retried, the budget refused a retry, or
+/// a throttle's wait is beyond the deadline): mark it so the SDKs don't retry again; add
+/// `retry_after` if the answer has no Retry-After.
 fn give_up(
     last: Last,
     attempts: u32,

@@ -37,8 +37,12 @@ pub fn judge_response(parts: &Parts, body: &[u8], config: &RetryConfig) -> Verdi
     }
 }
 
+/// The headers by which an upstream names a wait outright (`crate::provider::hints`).
+const WAIT_HEADERS: [&str; 3] = ["retry-after", "retry-after-ms", "x-ms-retry-after-ms"];
+
 /// A 429 no wait can cure: a billing code, a configured code, or Anthropic's spend-limit shape
-/// (no `retry-after`, a billing message).
+/// (a billing message and no wait named in any of [`WAIT_HEADERS`]: an upstream that says when
+/// to come back is throttling, whatever its message says).
 fn is_permanent_429(parts: &Parts, body: &[u8], config: &RetryConfig) -> bool {
     if parts.status != 429 {
         return false;
@@ -66,7 +70,7 @@ fn is_permanent_429(parts: &Parts, body: &[u8], config: &RetryConfig) -> bool {
     let billing = ["spend limit", "billing", "credit balance", "quota"]
         .iter()
         .any(|w| message.contains(w));
-    billing && !parts.headers.contains_key(http::header::RETRY_AFTER)
+    billing && !WAIT_HEADERS.iter().any(|h| parts.headers.contains_key(*h))
 }
 
 #[cfg(test)]
@@ -131,6 +135,14 @@ mod tests {
         );
         let spend = br#"{"type":"error","error":{"type":"rate_limit_error","message":"You have reached your specified API usage limits (spend limit)."}}"#;
         assert_eq!(judge_response(&parts(429, &[]), spend, &c), Verdict::Done);
+        // The same message with a named wait, in any of its headers, is a throttle.
+        for wait in WAIT_HEADERS {
+            assert_eq!(
+                judge_response(&parts(429, &[(wait, "1000")]), spend, &c),
+                Verdict::Retry("429"),
+                "{wait}"
+            );
+        }
         let configured = br#"{"error":{"code":"org_banned","message":"x"}}"#;
         assert_eq!(
             judge_response(&parts(429, &[]), configured, &c),

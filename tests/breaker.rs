@@ -254,3 +254,145 @@ fn a_zero_release_ramp_is_refused() {
         "{err}"
     );
 }
+
+/// What [`switchable`] answers: a 503, a 200, a 503 and a 200 in turn, or nothing for 30 s.
+const FAIL: u8 = 0;
+const OK: u8 = 1;
+const ALTERNATE: u8 = 2;
+const HANG: u8 = 3;
+
+/// An upstream whose answer the test switches as it goes.
+async fn switchable() -> (MockUpstream, Arc<std::sync::atomic::AtomicU8>) {
+    let mode = Arc::new(std::sync::atomic::AtomicU8::new(FAIL));
+    let turn = Arc::new(AtomicUsize::new(0));
+    let m = Arc::clone(&mode);
+    let upstream = MockUpstream::start(move |_| {
+        let (mode, turn) = (m.load(Ordering::SeqCst), Arc::clone(&turn));
+        async move {
+            let fail = match mode {
+                FAIL => true,
+                ALTERNATE => turn.fetch_add(1, Ordering::SeqCst) % 2 == 0,
+                HANG => {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    false
+                }
+                _ => false,
+            };
+            if fail {
+                json(503, serde_json::json!({"error": {"message": "down"}}))
+            } else {
+                json(200, serde_json::json!({"ok": true}))
+            }
+        }
+    })
+    .await;
+    (upstream, mode)
+}
+
+/// A request sent on a raw connection that is closed after `after`, unanswered.
+async fn send_and_leave(corral: &Corral, after: Duration) {
+    use tokio::io::AsyncWriteExt;
+    let addr = corral
+        .url("/")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let body = "{}";
+    let head = format!(
+        "POST /v1/x HTTP/1.1\r\nhost: corral\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(after).await;
+    drop(stream);
+}
+
+/// README, the breaker (`on_open = "reject"`) over HTTP, its whole lifecycle: failures open it;
+/// while open corral answers 503 itself (`x-corral-error`, `retry-after`) and sends nothing
+/// upstream; after the cool-down two probes go out, and one failing of two (with
+/// `close_error_rate = 0`) opens it again; two probes whose clients disconnect give their slots
+/// back, so the next requests probe, succeed and close it.
+#[tokio::test]
+async fn the_breakers_lifecycle_over_http_including_a_probe_whose_client_leaves() {
+    const COOL: Duration = Duration::from_millis(300);
+    let (upstream, mode) = switchable().await;
+    let config = format!(
+        "{TRICKLE}cooldown = \"300ms\"\nmax_cooldown = \"300ms\"\nhalf_open_probes = 2\nclose_error_rate = 0.0\n"
+    );
+    let corral = Corral::start(&one_upstream(&upstream, &config)).await;
+    let c = client();
+    let url = corral.url("/v1/x");
+
+    // 1. Failures open it; then corral answers for the upstream.
+    let mut rejected = None;
+    for _ in 0..40 {
+        let (parts, _) = send(&c, post(&url, "{}")).await;
+        if parts
+            .headers
+            .contains_key(corral::error::CORRAL_ERROR_HEADER)
+        {
+            rejected = Some(parts);
+            break;
+        }
+        assert_eq!(parts.status, 503, "the upstream's own 503");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let rejected = rejected.expect("40 failures in a row did not open the breaker");
+    assert_eq!(rejected.status, 503);
+    assert!(
+        rejected.headers.contains_key("retry-after"),
+        "{:?}",
+        rejected.headers
+    );
+    assert_eq!(transitions(&corral, "open").await, 1);
+    let calls = upstream.calls();
+    let (parts, _) = send(&c, post(&url, "{}")).await;
+    assert_eq!(parts.status, 503);
+    assert_eq!(
+        upstream.calls(),
+        calls,
+        "a rejected request reached the upstream"
+    );
+
+    // 2. After the cool-down (jittered to 75-100% of it), two probes; one fails: open again.
+    tokio::time::sleep(COOL + Duration::from_millis(100)).await;
+    mode.store(ALTERNATE, Ordering::SeqCst);
+    let (a, b) = tokio::join!(send(&c, post(&url, "{}")), send(&c, post(&url, "{}")));
+    let mut probes = [a.0.status.as_u16(), b.0.status.as_u16()];
+    probes.sort();
+    assert_eq!(probes, [200, 503], "one probe of two failed");
+    assert_eq!(upstream.calls(), calls + 2, "two probes went upstream");
+    assert_eq!(
+        transitions(&corral, "open").await,
+        2,
+        "a failed probe reopened it"
+    );
+    let (parts, _) = send(&c, post(&url, "{}")).await;
+    assert!(parts
+        .headers
+        .contains_key(corral::error::CORRAL_ERROR_HEADER));
+
+    // 3. Two probes whose clients leave before the (hanging) upstream answers.
+    tokio::time::sleep(COOL + Duration::from_millis(100)).await;
+    mode.store(HANG, Ordering::SeqCst);
+    tokio::join!(
+        send_and_leave(&corral, Duration::from_millis(300)),
+        send_and_leave(&corral, Duration::from_millis(300))
+    );
+    assert_eq!(upstream.calls(), calls + 4, "both probes went upstream");
+    // Their slots came back: the next two requests probe, succeed, and close the breaker.
+    mode.store(OK, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (a, b) = tokio::join!(send(&c, post(&url, "{}")), send(&c, post(&url, "{}")));
+    assert_eq!(
+        (a.0.status.as_u16(), b.0.status.as_u16()),
+        (200, 200),
+        "probes after the disconnects: {:?} {:?}",
+        a.0.headers,
+        b.0.headers
+    );
+    assert_eq!(transitions(&corral, "closed").await, 1);
+    let statuses = trickle(&corral, 5).await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+}

@@ -153,11 +153,21 @@ max_throttle_retries = 0
         strict_statuses.contains(&429),
         "the strict upstream refused some: {strict_statuses:?}"
     );
-    // 529s until the breaker opens and rejects.
+    // 529s until the breaker opens and rejects: the last answers are corral's own 503s.
+    let mut flaky = Vec::new();
     for _ in 0..8 {
         let url = corral.url("/flaky/chat/completions");
-        send(&client, post(&url, &chat(false))).await;
+        let (parts, _) = send(&client, post(&url, &chat(false))).await;
+        let corrals = parts
+            .headers
+            .contains_key(corral::error::CORRAL_ERROR_HEADER);
+        flaky.push((parts.status.as_u16(), corrals));
     }
+    assert_eq!(
+        flaky.last(),
+        Some(&(503, true)),
+        "the 529s did not open the breaker: {flaky:?}"
+    );
     // The stingy upstream's 429 (passed through above: no throttle retries there) paused its
     // partition for about 10 s: a request whose deadline ends sooner gets corral's own 429.
     let paused = Request::post(corral.url("/strict/chat/completions"))
@@ -292,7 +302,10 @@ fn promtool(args: &[&str], stdin: &str) -> Option<(bool, String)> {
     let mut child = match child {
         Ok(c) => c,
         Err(_) if std::env::var("CORRAL_SKIP_PROMTOOL").as_deref() == Ok("1") => {
-            eprintln!("skipped: CORRAL_SKIP_PROMTOOL=1 and no `{promtool}`");
+            support::skip(
+                "promtool check metrics",
+                &format!("CORRAL_SKIP_PROMTOOL=1 and no `{promtool}`"),
+            );
             return None;
         }
         Err(e) => panic!(

@@ -396,3 +396,32 @@ impl Drop for RawUpstream {
         self.task.abort();
     }
 }
+
+/// Whether CI is running these tests (`CI` set to anything but `false`), where nothing may skip.
+pub fn under_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false")
+}
+
+/// Record that a test skips itself for `reason` (a missing tool): a note on stderr and a line in
+/// `$CORRAL_SKIP_LOG`, which `.ci/run` counts in its summary. Under CI a skip is a failure.
+pub fn skip(test: &str, reason: &str) {
+    assert!(
+        !under_ci(),
+        "{test} would skip ({reason}), and under CI=true nothing may skip"
+    );
+    eprintln!("skipped: {test}: {reason}");
+    if let Ok(path) = std::env::var("CORRAL_SKIP_LOG") {
+        use std::io::Write as _;
+        let line = format!("{test}: {reason}\n");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path);
+        match file {
+            Ok(mut f) => f
+                .write_all(line.as_bytes())
+                .unwrap_or_else(|e| panic!("cannot write the skip log {path}: {e}")),
+            Err(e) => panic!("cannot open the skip log {path}: {e}"),
+        }
+    }
+}

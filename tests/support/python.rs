@@ -9,7 +9,10 @@ pub fn python(needs: &str) -> Option<String> {
     match std::env::var("CORRAL_PYTHON") {
         Ok(p) if !p.is_empty() => Some(p),
         _ if std::env::var("CORRAL_SKIP_PYTHON").as_deref() == Ok("1") => {
-            eprintln!("skipped: CORRAL_SKIP_PYTHON=1, the tests needing {needs} did not run");
+            super::skip(
+                &format!("a test needing {needs}"),
+                "CORRAL_SKIP_PYTHON=1 and no CORRAL_PYTHON",
+            );
             None
         }
         _ => panic!(

@@ -495,11 +495,32 @@ async fn secrets_never_reach_the_logs() {
         "azure-secret",
         "sk-injected-secret",
     ];
-    let upstream = MockUpstream::start(|_| async { json(200, serde_json::json!({})) }).await;
+    // `/v1/fail` answers 503: retried, then failing until the breaker opens and rejects.
+    let upstream = MockUpstream::start(|seen| async move {
+        let status = if seen.uri.path().ends_with("/fail") {
+            503
+        } else {
+            200
+        };
+        json(status, serde_json::json!({}))
+    })
+    .await;
+    // Nothing listens on a port just closed: the `dead` upstream's attempts fail to connect.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
     let file = TempConfig::new(
         "secrets",
         &format!(
-            "listen = \"127.0.0.1:0\"\naccess_log = \"all\"\n[[upstream]]\nname = \"mock\"\nroute = \"/v1\"\nbase_url = \"{}\"\nbody_limit = \"1KiB\"\n[upstream.headers]\nAuthorization = \"Bearer ${{SECRET_VAR}}\"\n",
+            "listen = \"127.0.0.1:0\"\naccess_log = \"all\"\n\
+             [[upstream]]\nname = \"mock\"\nroute = \"/v1\"\nbase_url = \"{}\"\nbody_limit = \"1KiB\"\nrate_limit = \"off\"\n\
+             [upstream.headers]\nAuthorization = \"Bearer ${{SECRET_VAR}}\"\n\
+             [upstream.retry]\nmax_retries = 1\nbase = \"10ms\"\ncap = \"10ms\"\n\
+             [upstream.breaker]\nmin_samples = 3\nmin_span = \"1ms\"\non_open = \"reject\"\n\
+             [[upstream]]\nname = \"dead\"\nroute = \"/dead\"\nbase_url = \"http://{dead}/v1\"\n\
+             [upstream.headers]\nAuthorization = \"Bearer ${{SECRET_VAR}}\"\n\
+             [upstream.retry]\nmax_retries = 1\nbase = \"10ms\"\ncap = \"10ms\"\n",
             upstream.url("/v1")
         ),
     );
@@ -530,6 +551,38 @@ async fn secrets_never_reach_the_logs() {
     let (too_large, _) = send(&c, with_secrets("/v1/chat/completions", "x".repeat(2048))).await;
     assert_eq!(too_large.status, 413);
     assert_eq!(upstream.calls(), 2);
+    // Retried 503s until the breaker opens (its transition is logged), then its rejection.
+    let mut failing = Vec::new();
+    for _ in 0..10 {
+        let (parts, _) = send(&c, with_secrets("/v1/fail", "{}".into())).await;
+        failing.push(parts.status.as_u16());
+        if parts
+            .headers
+            .contains_key(corral::error::CORRAL_ERROR_HEADER)
+        {
+            break;
+        }
+    }
+    assert_eq!(failing.last(), Some(&503), "{failing:?}");
+    assert!(upstream.calls() > 3, "the 503s were retried: {failing:?}");
+    // A connection error, retried and given up on.
+    let (refused, _) = send(&c, with_secrets("/dead/chat/completions", "{}".into())).await;
+    assert_eq!(refused.status, 502);
+    // What corral shows about itself, asked with the secrets in the request.
+    for path in ["/status", "/metrics", "/healthz", "/readyz"] {
+        let req = Request::get(corral.url(path))
+            .header("authorization", "Bearer sk-client-secret")
+            .header("x-api-key", "sk-ant-secret")
+            .header("api-key", "azure-secret")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let (parts, body) = send(&c, req).await;
+        assert_eq!(parts.status, 200, "{path}");
+        let body = String::from_utf8_lossy(&body);
+        for secret in SECRETS {
+            assert!(!body.contains(secret), "{path} shows `{secret}`:\n{body}");
+        }
+    }
 
     corral.sigterm();
     let (exit, log) = corral.wait().await;
@@ -538,6 +591,13 @@ async fn secrets_never_reach_the_logs() {
     for secret in SECRETS {
         assert!(!all.contains(secret), "`{secret}` was logged:\n{all}");
     }
+    // The lines this test exists for were written (and so checked above).
+    for wanted in ["retrying", "breaker", "connect"] {
+        assert!(
+            log.iter().any(|l| l.contains(wanted)),
+            "no log line mentions `{wanted}`:\n{all}"
+        );
+    }
     let mut statuses = Vec::new();
     for line in &log {
         let json: serde_json::Value = serde_json::from_str(line)
@@ -545,16 +605,21 @@ async fn secrets_never_reach_the_logs() {
         if json["message"] != "request" {
             continue;
         }
-        assert_eq!(json["upstream"], "mock", "{line}");
+        if json["upstream"] != "mock" {
+            assert_eq!(json["upstream"], "dead", "{line}");
+            assert_eq!(json["status"], 502, "{line}");
+            continue;
+        }
         for field in ["status", "attempts", "duration_ms", "held_ms"] {
             assert!(json[field].is_u64(), "`{field}` missing in {line}");
         }
         let status = json["status"].as_u64().unwrap();
-        let why = if status == 413 { "error" } else { "all" };
+        let why = if status >= 400 { "error" } else { "all" };
         // A 200 held 10 ms by a descheduled thread says so instead.
         assert!(json["why"] == why || json["why"] == "held", "{line}");
         statuses.push(status);
     }
     statuses.sort_unstable();
-    assert_eq!(statuses, [200, 200, 413], "request lines:\n{all}");
+    statuses.dedup();
+    assert_eq!(statuses, [200, 413, 503], "request lines:\n{all}");
 }

@@ -597,6 +597,11 @@ fn job_runs_corral_as_a_native_sidecar_holding_the_key() {
 /// every container.
 fn assert_sidecar_pod(m: &Value, template: &Value) {
     let pod = &template["spec"];
+    // corral never talks to the Kubernetes API: no service account token in the pod.
+    assert_eq!(
+        pod["automountServiceAccountToken"], false,
+        "the pod mounts a service account token"
+    );
     let inits = containers(pod, "initContainers");
     let mains = containers(pod, "containers");
     let corral = named(&inits, "corral");

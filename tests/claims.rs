@@ -410,3 +410,48 @@ async fn the_openai_sdk_with_its_retries_on_does_not_retry_a_given_up_answer() {
         assert_eq!(upstream.calls(), want, "mark_given_up = {mark}");
     }
 }
+
+/// README, Learning: explicit `rpm` / `tpm` are hard ceilings learning never exceeds. The
+/// upstream reports a limit a thousand times larger on every answer (OpenAI's headers, nearly
+/// full buckets); corral still sends at most the configured rate. 25 requests at once under
+/// `rpm = 600` (10 a second) with a burst of 5 need at least (25 - 5) / 10 = 2 s; under
+/// `tpm` = 61,200 (1,020 tokens a second, 102 a request: the same 10 a second) with a token
+/// burst of 510 (5 requests) the same. One-sided bound: 1.8 s (a busy machine only adds time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_ceilings_hold_whatever_the_upstream_reports() {
+    let generous: &'static [(&str, &str)] = &[
+        ("x-ratelimit-limit-requests", "600000"),
+        ("x-ratelimit-remaining-requests", "599999"),
+        ("x-ratelimit-reset-requests", "1ms"),
+        ("x-ratelimit-limit-tokens", "150000000"),
+        ("x-ratelimit-remaining-tokens", "149999000"),
+        ("x-ratelimit-reset-tokens", "1ms"),
+    ];
+    for limits in [
+        "[upstream.limits]\nrpm = 600\nburst = 5\n",
+        "[upstream.limits]\ntpm = 61200\ntoken_burst = 510\n",
+    ] {
+        let upstream = always(200, serde_json::json!({"ok": true}), generous).await;
+        let corral = Corral::start(&one_upstream(&upstream, limits)).await;
+        let c = std::sync::Arc::new(client());
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..25)
+            .map(|_| {
+                let (c, url) = (
+                    std::sync::Arc::clone(&c),
+                    corral.url("/v1/chat/completions"),
+                );
+                tokio::spawn(async move { send(&c, post(&url, BODY)).await.0.status })
+            })
+            .collect();
+        for t in tasks {
+            assert_eq!(t.await.unwrap(), 200, "{limits}");
+        }
+        let took = start.elapsed();
+        assert_eq!(upstream.calls(), 25);
+        assert!(
+            took >= Duration::from_millis(1800),
+            "{limits}: 25 requests in {took:?}, faster than the ceiling allows"
+        );
+    }
+}

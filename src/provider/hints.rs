@@ -109,7 +109,8 @@ pub fn explicit_hint(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     header(headers, "x-ms-retry-after-ms").and_then(parse_millis)
 }
 
-/// The later reset among the buckets reported exhausted; the earliest reset if none says.
+/// The later reset among the buckets reported exhausted (0 left; Azure's `-1` means unknown,
+/// not empty); the earliest reset if none says.
 pub fn reset_hint(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let mut exhausted: Option<Duration> = None;
     let mut any: Option<Duration> = None;
@@ -118,7 +119,7 @@ pub fn reset_hint(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
         any = Some(any.map_or(reset, |a| a.min(reset)));
         if remaining
             .and_then(|r| r.trim().parse::<f64>().ok())
-            .is_some_and(|r| r <= 0.0)
+            .is_some_and(|r| (0.0..1.0).contains(&r))
         {
             exhausted = Some(exhausted.map_or(reset, |e| e.max(reset)));
         }
@@ -216,6 +217,18 @@ mod tests {
         h.insert("retry-after-ms", "6500".parse().unwrap());
         assert_eq!(retry_hint(&h, now), Some(ms(6500)));
         assert_eq!(retry_hint(&HeaderMap::new(), now), None);
+    }
+
+    #[test]
+    fn an_unknown_remaining_is_not_an_empty_bucket() {
+        // Azure reports `-1` when it does not know: the earliest reset, as with no report.
+        let now = SystemTime::now();
+        let mut h = HeaderMap::new();
+        h.insert("x-ratelimit-remaining-requests", "-1".parse().unwrap());
+        h.insert("x-ratelimit-reset-requests", "30".parse().unwrap());
+        h.insert("x-ratelimit-remaining-tokens", "-1".parse().unwrap());
+        h.insert("x-ratelimit-reset-tokens", "5".parse().unwrap());
+        assert_eq!(reset_hint(&h, now), Some(ms(5000)));
     }
 
     proptest! {

@@ -42,6 +42,7 @@ pub struct Metrics {
     hints_honoured: IntCounterVec,
     budget_exhausted: IntCounterVec,
     gave_up: IntCounterVec,
+    keys_set_aside: IntCounterVec,
     client_retries: IntCounterVec,
     breaker_state: IntGaugeVec,
     breaker_transitions: IntCounterVec,
@@ -114,6 +115,7 @@ impl Metrics {
             hints_honoured: counter(&r, "corral_retry_after_honoured_total", "Retries whose sleep was set by the upstream's Retry-After or reset header.", up),
             budget_exhausted: counter(&r, "corral_retry_budget_exhausted_total", "Retries refused because the retry budget was spent.", up),
             gave_up: counter(&r, "corral_retry_gave_up_total", "Requests whose last retryable answer was passed through, by why corral stopped.", &["upstream", "why"]),
+            keys_set_aside: counter(&r, "corral_keys_set_aside_total", "Pooled keys set aside for their cool-down, by why (401, 403, quota: a permanent 429).", &["upstream", "reason"]),
             client_retries: counter(&r, "corral_client_retries_total", "Requests arriving with x-stainless-retry-count > 0: clients still retrying on their own.", up),
             breaker_state: gauge(&r, "corral_breaker_state", "Circuit breaker state: 0 closed (traffic flows), 1 half-open, 2 open (traffic held).", up),
             breaker_transitions: counter(&r, "corral_breaker_transitions_total", "Circuit breaker state changes, by new state.", &["upstream", "to"]),
@@ -222,6 +224,7 @@ impl Metrics {
             attempts: bound(&self.attempts, OUTCOMES),
             retries: bound(&self.retries, RETRY_REASONS),
             gave_up: bound(&self.gave_up, GAVE_UP),
+            keys_set_aside: bound(&self.keys_set_aside, KEY_REFUSALS),
             breaker_transitions: bound(&self.breaker_transitions, BREAKER_PHASES),
             upstream_throttles: bound(&self.upstream_throttles, THROTTLE_CODES),
             client_throttles: bound(&self.client_throttles, THROTTLE_SOURCES),
@@ -325,6 +328,8 @@ const RETRY_REASONS: &[&str] = &[
 ];
 /// `why` corral passed a retryable answer through: one of its limits, or its own refusal of
 /// the next attempt (the [`ProxyError`](crate::error::ProxyError) label).
+/// Why a pooled key is set aside.
+const KEY_REFUSALS: &[&str] = &["401", "403", "quota"];
 const GAVE_UP: &[&str] = &[
     "max_retries",
     "max_throttle_retries",
@@ -509,6 +514,7 @@ pub struct Handles {
     attempts: Bound,
     retries: Bound,
     gave_up: Bound,
+    keys_set_aside: Bound,
     breaker_transitions: Bound,
     upstream_throttles: Bound,
     client_throttles: Bound,
@@ -571,6 +577,9 @@ impl Handles {
     }
     pub fn gave_up(&self, why: &str) {
         self.gave_up.inc(&self.name, why);
+    }
+    pub fn key_set_aside(&self, why: &str) {
+        self.keys_set_aside.inc(&self.name, why);
     }
     pub fn breaker_transition(&self, to: &str) {
         self.breaker_transitions.inc(&self.name, to);

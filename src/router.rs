@@ -59,9 +59,13 @@ impl Upstream {
             name: config.name().to_owned(),
             route: config.route().to_owned(),
             target_prefix,
+            // A `{key}` template is filled per attempt from the key pool (`stack/rate_limit/pool`).
             inject: config
                 .headers
                 .iter()
+                .filter(|(_, v)| {
+                    config.keys.is_empty() || !v.0.contains(crate::config::KEY_PLACEHOLDER)
+                })
                 .filter_map(|(k, v)| Some((HeaderName::from_bytes(k.as_bytes()).ok()?, v.clone())))
                 .collect(),
             header_mode: config.header_mode,

@@ -170,6 +170,15 @@ pub struct UpstreamConfig {
     /// `if_absent` (default): inject only when the client sent none; `always`: replace.
     #[serde(default)]
     pub header_mode: HeaderMode,
+    /// A pool of credentials (`keys = ["${KEY_A}", "${KEY_B}"]`), each put into the one
+    /// `headers` entry whose value holds [`KEY_PLACEHOLDER`]. Each key has its own buckets and
+    /// learned limits; a request goes to the key with the most headroom (`stack/rate_limit/pool`).
+    #[serde(default)]
+    pub keys: Vec<Secret>,
+    /// How long a key that answered 401, 403 or a permanent 429 is set aside before it is tried
+    /// again.
+    #[serde(default = "default_key_cooldown")]
+    pub key_cooldown: HumanDuration,
     /// Largest request body corral buffers; beyond it the client gets a 413.
     #[serde(default = "default_body_limit")]
     pub body_limit: ByteSize,
@@ -200,6 +209,12 @@ pub struct UpstreamConfig {
     pub adaptive: AdaptiveConfig,
 }
 
+/// Where a pooled key goes in its `headers` template: `Authorization = "Bearer {key}"`.
+pub const KEY_PLACEHOLDER: &str = "{key}";
+
+fn default_key_cooldown() -> HumanDuration {
+    HumanDuration::from_secs(60)
+}
 fn default_body_limit() -> ByteSize {
     ByteSize(32 << 20)
 }
@@ -225,6 +240,8 @@ impl UpstreamConfig {
             base_url,
             headers: BTreeMap::new(),
             header_mode: HeaderMode::default(),
+            keys: Vec::new(),
+            key_cooldown: default_key_cooldown(),
             body_limit: default_body_limit(),
             body_idle_timeout: default_body_idle_timeout(),
             stream_idle_timeout: default_stream_idle_timeout(),

@@ -88,6 +88,7 @@ pub(super) fn validate(config: &Config) -> Result<(), Invalid> {
                 ));
             }
         }
+        validate_keys(up).map_err(|(field, reason)| at(field, reason))?;
         if let Some(cap) = config.max_buffered_bytes {
             if up.body_limit.0 > cap.0 {
                 return Err(at(
@@ -342,4 +343,62 @@ pub(super) fn warnings(config: &Config) -> Vec<String> {
         ));
     }
     out
+}
+
+/// A key pool: each key non-empty, distinct and a valid header value in its template, exactly
+/// one `headers` entry holding `{key}` to put it in, and no `{key}` without keys.
+fn validate_keys(up: &super::UpstreamConfig) -> Result<(), (&'static str, String)> {
+    use super::KEY_PLACEHOLDER as KEY;
+    let templates: Vec<(&String, &super::Secret)> = up
+        .headers
+        .iter()
+        .filter(|(_, v)| v.0.contains(KEY))
+        .collect();
+    if up.keys.is_empty() {
+        return match templates.first() {
+            Some((name, _)) => Err((
+                "headers",
+                format!("`{name}` holds `{KEY}` but the upstream has no `keys` to fill it with"),
+            )),
+            None => Ok(()),
+        };
+    }
+    let [(_, template)] = templates.as_slice() else {
+        return Err((
+            "keys",
+            format!(
+                "`keys` needs exactly one `headers` entry whose value holds `{KEY}` (e.g. \
+                 `Authorization = \"Bearer {KEY}\"` or `x-api-key = \"{KEY}\"`), found {}",
+                templates.len()
+            ),
+        ));
+    };
+    for (i, key) in up.keys.iter().enumerate() {
+        if key.0.trim().is_empty() {
+            return Err((
+                "keys",
+                format!("key {} of {} is empty", i + 1, up.keys.len()),
+            ));
+        }
+        if http::HeaderValue::from_str(&template.0.replace(KEY, &key.0)).is_err() {
+            return Err((
+                "keys",
+                format!("key {} does not make a valid header value", i + 1),
+            ));
+        }
+        if let Some(j) = up.keys[..i].iter().position(|k| k.0 == key.0) {
+            return Err(("keys", format!("key {} repeats key {}", i + 1, j + 1)));
+        }
+    }
+    if up.key_cooldown.0 < Duration::from_secs(1) || up.key_cooldown.0 > Duration::from_secs(86_400)
+    {
+        return Err((
+            "key_cooldown",
+            format!(
+                "`key_cooldown` must be within 1s..=24h, got {:?}",
+                up.key_cooldown.0
+            ),
+        ));
+    }
+    Ok(())
 }

@@ -15,11 +15,13 @@
 //! - `learn`: the pacers, pure state machines in virtual time.
 //! - `bucket`: configured ceilings as governor buckets on tokio's clock.
 //! - `estimate`: token estimates of a request body.
+//! - `pool`: several credentials for one upstream (`keys`), a partition each.
 
 pub mod bucket;
 pub mod estimate;
 pub mod learn;
 pub mod partition;
+pub mod pool;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -31,12 +33,16 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use self::partition::Partition;
+use self::pool::Pool;
+use crate::body::Body;
 use crate::classify::Outcome;
 use crate::config::{self, LearnMode, UpstreamConfig};
+use crate::error::ProxyError;
 use crate::fleet::Fleet;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
 use crate::stack::layer::{lock, BoxFuture, Middleware, Next, Shared};
+use crate::stack::retry::body::{buffer, replay, Buffered};
 
 /// Most partitions kept. When full, a new key evicts the partitions idle for
 /// [`PARTITION_IDLE`]; only if none is idle does it share the upstream's default partition
@@ -99,6 +105,8 @@ pub struct RateLimitShared {
     metrics: UpstreamMetrics,
     /// With `[fleet]`: every partition leases from the fleet's shared buckets.
     fleet: Option<Arc<Fleet>>,
+    /// With `keys`: a partition per pooled key.
+    pool: Option<Pool>,
 }
 
 impl RateLimitShared {
@@ -119,6 +127,7 @@ impl RateLimitShared {
             by_key,
             config: config.clone(),
             metrics,
+            pool: Pool::new(config, fleet.as_ref()),
             fleet,
         })
     }
@@ -161,7 +170,112 @@ impl RateLimitShared {
         if let Some((map, _)) = &self.by_key {
             v["partitions"] = serde_json::json!(lock(map).by_hash.len());
         }
+        if let Some(pool) = &self.pool {
+            v["keys"] = pool.status();
+        }
         v
+    }
+
+    /// One attempt through `partition`: wait for its turn and capacity, send, and learn from
+    /// the answer.
+    async fn through<S: Next>(
+        &self,
+        partition: &Partition,
+        next: S,
+        req: ProxyRequest,
+    ) -> Result<Response<Body>, ProxyError> {
+        let m = &self.metrics;
+        // The JSON estimate only where a token bucket will be charged.
+        let cost = if partition.charges_tokens() {
+            estimate::estimate_tokens(&req.body, self.config.limits.default_max_tokens)
+        } else {
+            0
+        };
+        let start = Instant::now();
+        let tickets = partition.acquire(cost, req.ctx.deadline, m.name()).await?;
+        m.rate_wait.observe(start.elapsed().as_secs_f64());
+        if self.config.limits.tpm.is_some() {
+            m.tokens_charged.inc_by(u64::from(cost));
+        }
+        let result = next.oneshot(req).await;
+        let outcome = Outcome::of(&result);
+        if tickets.is_some() || outcome == Outcome::Throttled(429) {
+            let headers = result.as_ref().ok().map(Response::headers);
+            partition.observe(tickets, outcome, headers, m);
+        }
+        result
+    }
+
+    /// An attempt with a pooled key: the key with the most headroom; if the upstream refuses
+    /// that key for good, the key is set aside and the attempt moves to the next usable key
+    /// (each key once at most); with none left, the last refusal goes back as it came.
+    async fn pooled<S: Next>(
+        &self,
+        pool: &Pool,
+        next: S,
+        req: ProxyRequest,
+    ) -> Result<Response<Body>, ProxyError> {
+        let mut tried = 0u64;
+        for _ in 0..pool.keys() {
+            let Some(key) = pool.choose(tried, Instant::now()) else {
+                break;
+            };
+            tried |= 1 << (key.number - 1).min(63);
+            let mut attempt = req.clone();
+            let mut headers = HeaderMap::clone(&attempt.headers);
+            let _in_flight = pool.use_key(&key, &mut headers);
+            attempt.headers = Arc::new(headers);
+            let response = self.through(&key.partition, next.clone(), attempt).await?;
+            let (why, response) = refusal(response, &self.config, req.ctx.deadline).await;
+            let Some(why) = why else {
+                return Ok(response);
+            };
+            let now = Instant::now();
+            pool.set_aside(&key, why, now);
+            self.metrics.key_set_aside(why);
+            let moving_on = pool.has_another(tried, now);
+            tracing::warn!(
+                upstream = self.metrics.name(),
+                key = key.number,
+                fingerprint = %key.fingerprint,
+                status = response.status().as_u16(),
+                why,
+                cooldown = ?pool.cooldown(),
+                moving_on,
+                "key set aside"
+            );
+            if !moving_on {
+                return Ok(response);
+            }
+        }
+        unreachable!("a pool has a key for the first attempt, and returns when none is left")
+    }
+}
+
+/// Whether an answer refuses its key for good, and why: the credential is refused (401, 403) or
+/// its quota is spent (a permanent 429, judged as the retry layer judges it, from the body,
+/// which is buffered for that and replayed).
+async fn refusal(
+    response: Response<Body>,
+    config: &UpstreamConfig,
+    deadline: Instant,
+) -> (Option<&'static str>, Response<Body>) {
+    match response.status().as_u16() {
+        401 => (Some("401"), response),
+        403 => (Some("403"), response),
+        429 => {
+            let (parts, body) = response.into_parts();
+            let limit = crate::stack::retry::MAX_BUFFERED_ERROR;
+            let (bytes, cut) = match buffer(body, limit, deadline).await {
+                Buffered::Whole(bytes) => (bytes, false),
+                Buffered::Cut(bytes) => (bytes, true),
+                Buffered::TooLarge(whole) => return (None, Response::from_parts(parts, whole)),
+            };
+            let permanent =
+                crate::stack::retry::policy::is_permanent_429(&parts, &bytes, &config.retry);
+            (permanent.then_some("quota"), replay(parts, bytes, cut))
+        }
+        _ => (None, response),
     }
 }
 
@@ -184,29 +298,14 @@ pub type RateLimitLayer = Shared<RateLimitShared>;
 
 impl Middleware for RateLimitShared {
     fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> BoxFuture {
-        let shared = self;
         Box::pin(async move {
-            let m = &shared.metrics;
-            let partition = shared.partition(&req.headers);
-            // The JSON estimate only where a token bucket will be charged.
-            let cost = if partition.charges_tokens() {
-                estimate::estimate_tokens(&req.body, shared.config.limits.default_max_tokens)
-            } else {
-                0
-            };
-            let start = Instant::now();
-            let tickets = partition.acquire(cost, req.ctx.deadline, m.name()).await?;
-            m.rate_wait.observe(start.elapsed().as_secs_f64());
-            if shared.config.limits.tpm.is_some() {
-                m.tokens_charged.inc_by(u64::from(cost));
+            match &self.pool {
+                Some(pool) if pool.applies(&req.headers) => self.pooled(pool, next, req).await,
+                _ => {
+                    let partition = self.partition(&req.headers);
+                    self.through(&partition, next, req).await
+                }
             }
-            let result = next.oneshot(req).await;
-            let outcome = Outcome::of(&result);
-            if tickets.is_some() || outcome == Outcome::Throttled(429) {
-                let headers = result.as_ref().ok().map(Response::headers);
-                partition.observe(tickets, outcome, headers, m);
-            }
-            result
         })
     }
 }

@@ -179,6 +179,11 @@ impl Partition {
         }
     }
 
+    /// Requests waiting for their turn or for capacity.
+    pub fn waiting(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
+    }
+
     /// Whether a 429's pause is in force at `now`.
     pub fn is_paused(&self, now: Instant) -> bool {
         self.pause.until(now).is_some()

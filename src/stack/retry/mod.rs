@@ -22,7 +22,7 @@
 //! transient 429) or pass the last answer through on giving up; tower's `TpsBudget` is.
 
 pub mod backoff;
-mod body;
+pub mod body;
 pub mod policy;
 
 use std::sync::{Arc, Mutex};
@@ -50,7 +50,7 @@ use crate::stack::layer::{lock, BoxFuture, Middleware, Next, Shared};
 
 /// Retryable answers' bodies are buffered (to read their error code and to replay them on
 /// giving up) up to this size; larger ones pass through unretried.
-const MAX_BUFFERED_ERROR: usize = 64 * 1024;
+pub const MAX_BUFFERED_ERROR: usize = 64 * 1024;
 
 /// State shared by every request to one upstream.
 pub struct RetryShared {

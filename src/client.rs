@@ -1,5 +1,11 @@
-//! The pooled upstream client: hyper-util's legacy `Client` over rustls (webpki roots), HTTP/2
-//! where the upstream offers it by ALPN, HTTP/1.1 otherwise. The innermost service of every stack.
+//! The pooled upstream client: hyper-util's legacy `Client` over rustls, HTTP/2 where the
+//! upstream offers it by ALPN, HTTP/1.1 otherwise. The innermost service of every stack.
+//!
+//! Certificates are verified as rustls does it (a chain to a trusted root, valid now, for the
+//! host name of the upstream's `base_url`), with the webpki roots (Mozilla's, compiled in, so
+//! the same in every container whatever its OS image holds) and, for a backend behind a private
+//! CA, the roots of the upstream's `tls_ca_file`. Those are added to the webpki roots, never in
+//! their place, and there is no way to turn verification off.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,6 +20,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rustls::pki_types::CertificateDer;
 
 use crate::body::{self, Body};
 use crate::error::ProxyError;
@@ -31,13 +38,19 @@ pub struct UpstreamClient {
 }
 
 impl UpstreamClient {
-    pub fn new(upstream: &str, connect_timeout: Duration) -> Self {
+    /// The client for upstream `upstream`, trusting `extra_roots` (its `tls_ca_file`, already
+    /// parsed by the config loader) beside the webpki roots.
+    pub fn new(
+        upstream: &str,
+        connect_timeout: Duration,
+        extra_roots: &[CertificateDer<'static>],
+    ) -> Self {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(connect_timeout));
         let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
+            .with_tls_config(tls_config(extra_roots))
             .https_or_http()
             .enable_http1()
             .enable_http2()
@@ -53,6 +66,26 @@ impl UpstreamClient {
             upstream: upstream.into(),
         }
     }
+}
+
+/// rustls (ring) trusting the webpki roots plus `extra_roots`; no ALPN yet: the connector
+/// builder sets h2 and http/1.1.
+fn tls_config(extra_roots: &[CertificateDer<'static>]) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    let (_, unparsable) = roots.add_parsable_certificates(extra_roots.iter().cloned());
+    // The loader refused the config if any of them did not parse as a trust anchor.
+    debug_assert_eq!(
+        unparsable, 0,
+        "tls_ca_file certificates are checked at load"
+    );
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("ring offers TLS 1.2 and 1.3")
+        .with_root_certificates(roots)
+        .with_no_client_auth()
 }
 
 impl tower::Service<ProxyRequest> for UpstreamClient {

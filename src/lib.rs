@@ -16,7 +16,7 @@
 //!   learning and pauses, fallback to a local share).
 //! - [`provider`]: what a provider's response headers say (retry hints, rate-limit reports).
 //! - [`classify`]: one classifier of attempt outcomes.
-//! - [`client`]: the pooled upstream client. [`body`]: the response body types.
+//! - [`client`]: the pooled upstream client (rustls: webpki roots plus any `tls_ca_file`). [`body`]: the response body types.
 //! - [`error`]: `ProxyError`, corral's own refusals as OpenAI-style JSON.
 //! - [`metrics`]: every Prometheus series, on an explicit registry.
 //! - [`simulate`]: `corral simulate`, a rate-limited fake OpenAI/Anthropic upstream for offline tests.

@@ -29,7 +29,7 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// Read and validate the file at `path`.
+/// Read and validate the file at `path`; a relative `tls_ca_file` is taken from its directory.
 pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
@@ -38,12 +38,18 @@ pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
         key: "(file)".into(),
         reason: format!("cannot read: {e}"),
     })?;
-    load_str(&file, &text)
+    load(&file, &text, path.parent())
 }
 
-/// Parse and validate `text`, naming it `file` in errors.
+/// Parse and validate `text`, naming it `file` in errors. There is no directory to resolve a
+/// relative `tls_ca_file` against: it is taken from the working directory.
 pub fn load_str(file: &str, text: &str) -> Result<Config, ConfigError> {
-    let config: Config = toml::from_str(text).map_err(|e| {
+    load(file, text, None)
+}
+
+/// Parse and validate `text`, then read the CA files it names (relative to `dir`, if given).
+fn load(file: &str, text: &str, dir: Option<&Path>) -> Result<Config, ConfigError> {
+    let mut config: Config = toml::from_str(text).map_err(|e| {
         let span = e.span();
         let (line, key) = match &span {
             Some(span) => (Some(line_of(text, span.start)), key_at(text, span.clone())),
@@ -66,6 +72,18 @@ pub fn load_str(file: &str, text: &str) -> Result<Config, ConfigError> {
         key: v.key,
         reason: v.reason,
     })?;
+    // Last, once the rest is known good: the only step that touches other files.
+    for (i, up) in config.upstreams.iter_mut().enumerate() {
+        if let Some(ca) = &mut up.tls_ca_file {
+            let line = line_of(text, ca.span().start);
+            ca.get_mut().read(dir).map_err(|reason| ConfigError {
+                file: file.into(),
+                line: Some(line),
+                key: format!("upstream[{i}].tls_ca_file"),
+                reason,
+            })?;
+        }
+    }
     Ok(config)
 }
 

@@ -2,10 +2,12 @@
 //!
 //! One deserialization pass: value types in [`types`] validate themselves (so `toml` reports their
 //! line), `#[serde(deny_unknown_fields)]` everywhere rejects unknown keys, and [`validate`] checks
-//! what spans several keys (duplicate routes, `cap` below `base`). Every error reads
+//! what spans several keys (duplicate routes, `cap` below `base`). Last, [`tls`] reads the CA
+//! files that `tls_ca_file` names, the one step that touches other files. Every error reads
 //! `file:line: key: reason`.
 
 mod load;
+pub mod tls;
 pub mod types;
 mod validate;
 
@@ -17,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 pub use self::load::{load_file, load_str, ConfigError, DEFAULT_CONFIG};
+pub use self::tls::CaFile;
 pub use self::types::{
     BaseUrl, ByteSize, HumanDuration, ListenAddr, RedisUrl, RoutePrefix, Secret, Text,
 };
@@ -192,6 +195,11 @@ pub struct UpstreamConfig {
     /// Time allowed for the TCP and TLS handshake with the upstream.
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout: HumanDuration,
+    /// A PEM file of root certificates trusted for this upstream on top of the webpki roots,
+    /// for a backend behind a private CA. A relative path is taken from the config file's
+    /// directory. Read when the config is loaded; a reload re-reads it.
+    #[serde(default)]
+    pub tls_ca_file: Option<Spanned<CaFile>>,
     /// `auto` (default): learn the upstream's limit from its headers and 429s; `off`: don't.
     #[serde(default)]
     pub rate_limit: LearnMode,
@@ -246,6 +254,7 @@ impl UpstreamConfig {
             body_idle_timeout: default_body_idle_timeout(),
             stream_idle_timeout: default_stream_idle_timeout(),
             connect_timeout: default_connect_timeout(),
+            tls_ca_file: None,
             rate_limit: LearnMode::default(),
             concurrency: ConcurrencyMode::default(),
             limits: LimitsConfig::default(),
@@ -260,6 +269,12 @@ impl UpstreamConfig {
     }
     pub fn route(&self) -> &str {
         &self.route.get_ref().0
+    }
+    /// The certificates of `tls_ca_file` (none when unset), trusted beside the webpki roots.
+    pub fn extra_roots(&self) -> &[rustls::pki_types::CertificateDer<'static>] {
+        self.tls_ca_file
+            .as_ref()
+            .map_or(&[], |file| file.get_ref().certs.as_slice())
     }
 }
 

@@ -79,7 +79,11 @@ pub fn build(
     metrics: &UpstreamMetrics,
     fleet: Option<&Arc<Fleet>>,
 ) -> (Stack, StackState) {
-    let client = UpstreamClient::new(config.name(), config.connect_timeout.0);
+    let client = UpstreamClient::new(
+        config.name(),
+        config.connect_timeout.0,
+        config.extra_roots(),
+    );
     build_on(client, config, metrics, fleet)
 }
 

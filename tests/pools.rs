@@ -1,0 +1,284 @@
+//! Key pools (issue 13, item 1) over real sockets through `server::run`: an upstream with
+//! `keys = [...]` spreads requests over its keys, each with its own buckets; a key the upstream
+//! refuses for good (401, 403, a permanent 429) is set aside, counted, and the request moves to
+//! the next key; a client's own key wins under `header_mode = "if_absent"`; no key is shown in
+//! `/status` or `/metrics`; and the configurations a pool needs are checked at load.
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+use tokio::time::Instant;
+
+const KEY_A: &str = "sk-pool-a-SECRETVALUE";
+const KEY_B: &str = "sk-pool-b-SECRETVALUE";
+
+/// An upstream that answers by the key it is sent: `refuse(key)` gives a status and body, or
+/// `None` for a 200.
+/// How an upstream answers a key: a status and body, or `None` for a 200 naming the key.
+type Refuse = fn(&str) -> Option<(u16, serde_json::Value)>;
+
+async fn keyed_upstream(refuse: Refuse) -> MockUpstream {
+    MockUpstream::start(move |seen| async move {
+        let auth = seen
+            .headers
+            .get("authorization")
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        let key = auth.trim_start_matches("Bearer ");
+        match refuse(key) {
+            Some((status, body)) => json(status, body),
+            None => json(200, serde_json::json!({"key": key})),
+        }
+    })
+    .await
+}
+
+fn pool_config(upstream: &MockUpstream, extra: &str) -> String {
+    format!(
+        "[[upstream]]\nname = \"mock\"\nroute = \"/v1\"\nbase_url = \"{}\"\n\
+         keys = [\"{KEY_A}\", \"{KEY_B}\"]\n{extra}\n\
+         [upstream.headers]\nAuthorization = \"Bearer {{key}}\"\n",
+        upstream.url("/v1")
+    )
+}
+
+/// The keys the upstream saw, in order.
+fn keys_seen(upstream: &MockUpstream) -> Vec<String> {
+    upstream
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let auth = s.headers.get("authorization").map(|v| v.to_str().unwrap());
+            auth.unwrap_or_default()
+                .trim_start_matches("Bearer ")
+                .to_owned()
+        })
+        .collect()
+}
+
+async fn get(corral: &Corral, path: &str) -> String {
+    let req = http::Request::get(corral.url(path))
+        .body(http_body_util::Full::default())
+        .unwrap();
+    let (_, body) = send(&client(), req).await;
+    String::from_utf8(body.to_vec()).unwrap()
+}
+
+/// Idle keys take turns; each key has its own bucket (rpm 60, burst 1): two requests at once go
+/// out at once on the two keys, where one key would have made the second wait a second; a third
+/// waits for a key's bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_spread_over_the_keys_each_with_its_own_bucket() {
+    let upstream = keyed_upstream(|_| None).await;
+    let limits = "[upstream.limits]\nrpm = 60\nburst = 1\n";
+    let toml = pool_config(&upstream, "")
+        .replace("[upstream.headers]", &format!("{limits}[upstream.headers]"));
+    let corral = Corral::start(&toml).await;
+    let c = std::sync::Arc::new(client());
+    let url = corral.url("/v1/chat/completions");
+    let start = Instant::now();
+    let (a, b) = tokio::join!(send(&c, post(&url, "{}")), send(&c, post(&url, "{}")));
+    assert_eq!((a.0.status.as_u16(), b.0.status.as_u16()), (200, 200));
+    // Bound: 900 ms for two unpaced requests on a busy machine (one shared bucket: 1 s).
+    let both = start.elapsed();
+    assert!(
+        both < Duration::from_millis(900),
+        "two keys, two buckets: {both:?}"
+    );
+    let mut seen = keys_seen(&upstream);
+    seen.sort();
+    assert_eq!(seen, [KEY_A, KEY_B], "one request per key");
+    let (third, _) = send(&c, post(&url, "{}")).await;
+    assert_eq!(third.status, 200);
+    let paced = start.elapsed();
+    assert!(
+        paced >= Duration::from_millis(800),
+        "the third was not paced: {paced:?}"
+    );
+
+    // The keys show nowhere; /status names them by number and fingerprint.
+    let status = get(&corral, "/status").await;
+    let metrics = get(&corral, "/metrics").await;
+    for (what, text) in [("/status", &status), ("/metrics", &metrics)] {
+        assert!(!text.contains("SECRETVALUE"), "{what} shows a key:\n{text}");
+    }
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let keys = &status["upstreams"][0]["rate_limit"]["keys"];
+    assert_eq!(keys.as_array().map(Vec::len), Some(2), "{status}");
+    assert_eq!(keys[0]["key"], 1);
+    assert_eq!(
+        keys[0]["fingerprint"].as_str().map(str::len),
+        Some(8),
+        "{keys}"
+    );
+    assert_ne!(keys[0]["fingerprint"], keys[1]["fingerprint"]);
+    assert!(keys[0]["limits"]["config_requests"].is_object(), "{keys}");
+}
+
+/// Without limits, ten requests one after another alternate between the two keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_keys_take_turns() {
+    let upstream = keyed_upstream(|_| None).await;
+    let corral = Corral::start(&pool_config(&upstream, "")).await;
+    let c = client();
+    for _ in 0..10 {
+        let (parts, _) = send(&c, post(&corral.url("/v1/chat/completions"), "{}")).await;
+        assert_eq!(parts.status, 200);
+    }
+    let seen = keys_seen(&upstream);
+    let a = seen.iter().filter(|k| *k == KEY_A).count();
+    assert_eq!((a, seen.len() - a), (5, 5), "{seen:?}");
+}
+
+/// A key refused for good (401, 403, or a permanent 429 such as `insufficient_quota`) is set
+/// aside: the request that met the refusal moves to the other key and succeeds, the key is not
+/// tried again within its cool-down, and `corral_keys_set_aside_total` counts it by reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_key_is_set_aside_and_the_request_moves_on() {
+    fn unauthorized(key: &str) -> Option<(u16, serde_json::Value)> {
+        (key == KEY_A).then(|| (401, serde_json::json!({"error": {"message": "Incorrect API key provided", "code": "invalid_api_key"}})))
+    }
+    fn forbidden(key: &str) -> Option<(u16, serde_json::Value)> {
+        (key == KEY_A).then(|| (403, serde_json::json!({"error": {"message": "forbidden"}})))
+    }
+    fn out_of_quota(key: &str) -> Option<(u16, serde_json::Value)> {
+        (key == KEY_A).then(|| (429, serde_json::json!({"error": {"message": "You exceeded your current quota", "type": "insufficient_quota", "code": "insufficient_quota"}})))
+    }
+    let cases: [(Refuse, &str); 3] = [
+        (unauthorized, "401"),
+        (forbidden, "403"),
+        (out_of_quota, "quota"),
+    ];
+    for (refuse, reason) in cases {
+        let upstream = keyed_upstream(refuse).await;
+        let corral = Corral::start(&pool_config(&upstream, "")).await;
+        let c = client();
+        for i in 0..6 {
+            let (parts, body) = send(&c, post(&corral.url("/v1/chat/completions"), "{}")).await;
+            assert_eq!(
+                parts.status,
+                200,
+                "{reason}, request {i}: {}",
+                String::from_utf8_lossy(&body)
+            );
+            let answer: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(answer["key"], KEY_B);
+        }
+        let seen = keys_seen(&upstream);
+        assert_eq!(
+            seen.iter().filter(|k| *k == KEY_A).count(),
+            1,
+            "{reason}: the refused key was tried again within its cool-down: {seen:?}"
+        );
+        let metrics = get(&corral, "/metrics").await;
+        let line = format!(r#"corral_keys_set_aside_total{{reason="{reason}",upstream="mock"}} 1"#);
+        assert!(metrics.contains(&line), "no `{line}` in\n{metrics}");
+        let status: serde_json::Value =
+            serde_json::from_str(&get(&corral, "/status").await).unwrap();
+        let keys = &status["upstreams"][0]["rate_limit"]["keys"];
+        assert_eq!(keys[0]["set_aside_for"], reason, "{keys}");
+        assert!(keys[0]["set_aside_ms"].as_u64().unwrap() > 50_000, "{keys}");
+        assert!(keys[1]["set_aside_for"].is_null(), "{keys}");
+    }
+}
+
+/// Every key refused: each is tried once, and the last refusal reaches the client as the
+/// upstream sent it. After `key_cooldown` the keys are tried again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_key_refused_the_refusal_passes_through_until_the_cooldown_ends() {
+    let upstream = keyed_upstream(|_| {
+        Some((
+            401,
+            serde_json::json!({"error": {"message": "bad key", "code": "invalid_api_key"}}),
+        ))
+    })
+    .await;
+    let corral = Corral::start(&pool_config(&upstream, "key_cooldown = \"1s\"")).await;
+    let c = client();
+    let url = corral.url("/v1/chat/completions");
+    let (parts, body) = send(&c, post(&url, "{}")).await;
+    assert_eq!(parts.status, 401);
+    assert!(parts
+        .headers
+        .get(corral::error::CORRAL_ERROR_HEADER)
+        .is_none());
+    let answer: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(answer["error"]["code"], "invalid_api_key");
+    assert_eq!(upstream.calls(), 2, "each key once");
+    // Both aside: the next request still goes out (on the key whose cool-down ends first)
+    // rather than being refused by corral, and its refusal passes through.
+    let (parts, _) = send(&c, post(&url, "{}")).await;
+    assert_eq!(parts.status, 401);
+    assert_eq!(upstream.calls(), 3);
+    // After the cool-down (1 s), both keys are tried again.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (parts, _) = send(&c, post(&url, "{}")).await;
+    assert_eq!(parts.status, 401);
+    assert_eq!(upstream.calls(), 5);
+}
+
+/// `header_mode = "if_absent"` (the default): a client that brings its own key keeps it; the
+/// pool serves the others. With `always`, the pool's key replaces the client's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_own_key_wins_under_if_absent() {
+    for (mode, want_own) in [("if_absent", true), ("always", false)] {
+        let upstream = keyed_upstream(|_| None).await;
+        let corral = Corral::start(&pool_config(
+            &upstream,
+            &format!("header_mode = \"{mode}\""),
+        ))
+        .await;
+        let mut req = post(&corral.url("/v1/chat/completions"), "{}");
+        req.headers_mut()
+            .insert("authorization", "Bearer sk-client-own".parse().unwrap());
+        let (parts, _) = send(&client(), req).await;
+        assert_eq!(parts.status, 200);
+        let seen = keys_seen(&upstream);
+        assert_eq!(seen[0] == "sk-client-own", want_own, "{mode}: {seen:?}");
+        let (parts, _) = send(&client(), post(&corral.url("/v1/chat/completions"), "{}")).await;
+        assert_eq!(parts.status, 200);
+        assert!([KEY_A, KEY_B].contains(&keys_seen(&upstream)[1].as_str()));
+    }
+}
+
+/// What a pool needs, checked at load: the file, the key and the reason.
+#[test]
+fn a_pool_without_its_template_or_with_a_repeated_key_is_refused() {
+    let load = |keys: &str, headers: &str| {
+        let toml = format!(
+            "[[upstream]]\nname = \"a\"\nroute = \"/v1\"\nbase_url = \"http://127.0.0.1:9/v1\"\n{keys}\n\
+             [upstream.headers]\n{headers}\n"
+        );
+        corral::config::load_str("corral.toml", &toml)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let keys = "keys = [\"sk-1\", \"sk-2\"]";
+    assert_eq!(load(keys, "Authorization = \"Bearer {key}\""), Ok(()));
+    let no_template = load(keys, "Authorization = \"Bearer sk-fixed\"").unwrap_err();
+    assert!(
+        no_template.starts_with("corral.toml:")
+            && no_template.contains("upstream[0].keys")
+            && no_template.contains("{key}"),
+        "{no_template}"
+    );
+    let repeated = load(
+        "keys = [\"sk-1\", \"sk-1\"]",
+        "Authorization = \"Bearer {key}\"",
+    )
+    .unwrap_err();
+    assert!(repeated.contains("key 2 repeats key 1"), "{repeated}");
+    assert!(
+        !repeated.contains("sk-1"),
+        "the error shows a key: {repeated}"
+    );
+    let unfilled = load("", "Authorization = \"Bearer {key}\"").unwrap_err();
+    assert!(
+        unfilled.contains("upstream[0].headers") && unfilled.contains("no `keys`"),
+        "{unfilled}"
+    );
+}

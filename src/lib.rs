@@ -32,6 +32,7 @@ pub mod config;
 pub mod error;
 pub mod fleet;
 pub mod forward;
+pub mod group;
 pub mod herd;
 pub mod metrics;
 pub mod provider;

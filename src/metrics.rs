@@ -43,6 +43,8 @@ pub struct Metrics {
     budget_exhausted: IntCounterVec,
     gave_up: IntCounterVec,
     keys_set_aside: IntCounterVec,
+    group_answers: IntCounterVec,
+    group_fallbacks: IntCounterVec,
     client_retries: IntCounterVec,
     breaker_state: IntGaugeVec,
     breaker_transitions: IntCounterVec,
@@ -116,6 +118,8 @@ impl Metrics {
             budget_exhausted: counter(&r, "corral_retry_budget_exhausted_total", "Retries refused because the retry budget was spent.", up),
             gave_up: counter(&r, "corral_retry_gave_up_total", "Requests whose last retryable answer was passed through, by why corral stopped.", &["upstream", "why"]),
             keys_set_aside: counter(&r, "corral_keys_set_aside_total", "Pooled keys set aside for their cool-down, by why (401, 403, quota: a permanent 429).", &["upstream", "reason"]),
+            group_answers: counter(&r, "corral_group_answers_total", "Answers a group's clients got, by the member that gave them.", &["group", "upstream"]),
+            group_fallbacks: counter(&r, "corral_group_fallbacks_total", "Requests that left a group member for the next, by member and why (permanent_429, unavailable, no_capacity, failed).", &["group", "upstream", "reason"]),
             client_retries: counter(&r, "corral_client_retries_total", "Requests arriving with x-stainless-retry-count > 0: clients still retrying on their own.", up),
             breaker_state: gauge(&r, "corral_breaker_state", "Circuit breaker state: 0 closed (traffic flows), 1 half-open, 2 open (traffic held).", up),
             breaker_transitions: counter(&r, "corral_breaker_transitions_total", "Circuit breaker state changes, by new state.", &["upstream", "to"]),
@@ -205,6 +209,18 @@ impl Metrics {
     /// Handles for one upstream, with its label values bound once, and every labelled family
     /// given a zero series for each value it can take (see [`Metrics::init_labels`]). A request
     /// then counts without hashing a label or taking a lock: known values are indexes.
+    /// The answers counter of `member` in `group`, bound once when the group is built.
+    pub fn group_answers(&self, group: &str, member: &str) -> IntCounter {
+        self.group_answers.with_label_values(&[group, member])
+    }
+
+    /// A request left `member` of `group` for the next, because of `reason`.
+    pub fn group_fallback(&self, group: &str, member: &str, reason: &str) {
+        self.group_fallbacks
+            .with_label_values(&[group, member, reason])
+            .inc();
+    }
+
     pub fn upstream(&self, name: &str) -> UpstreamMetrics {
         self.init_labels(name);
         let v = &[name];

@@ -9,10 +9,11 @@ use std::time::Duration;
 use http::header::HeaderName;
 use http::Uri;
 
-use crate::config::{ByteSize, HeaderMode, Secret, UpstreamConfig};
+use crate::config::{ByteSize, GroupConfig, HeaderMode, Secret, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::fleet::Fleet;
 use crate::forward::buffer::{self, BufferBudget};
+use crate::group::Group;
 use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::stack::{self, Stack, StackState};
 
@@ -81,10 +82,15 @@ impl Upstream {
 
     /// The upstream URI for a client path (already known to match this route) and query.
     pub fn target(&self, path: &str, query: Option<&str>) -> Option<Uri> {
-        let rest = if self.route == "/" {
+        self.target_under(&self.route, path, query)
+    }
+
+    /// The upstream URI for a client path that matched `route` (this upstream's, or its group's).
+    pub fn target_under(&self, route: &str, path: &str, query: Option<&str>) -> Option<Uri> {
+        let rest = if route == "/" {
             path
         } else {
-            &path[self.route.len()..]
+            path.get(route.len()..)?
         };
         let mut uri = String::with_capacity(self.target_prefix.len() + rest.len() + 64);
         uri.push_str(&self.target_prefix);
@@ -100,10 +106,33 @@ impl Upstream {
     }
 }
 
-/// All upstreams, longest route first, and the request-body budget they share.
+/// All upstreams, longest route first, the groups, and the request-body budget they share.
 pub struct Router {
     upstreams: Vec<Arc<Upstream>>,
+    groups: Vec<Arc<Group>>,
     buffer: Arc<BufferBudget>,
+}
+
+/// Where a route leads.
+#[derive(Clone)]
+pub enum Route {
+    Upstream(Arc<Upstream>),
+    Group(Arc<Group>),
+}
+
+impl Route {
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Upstream(u) => &u.name,
+            Self::Group(g) => &g.name,
+        }
+    }
+    fn route(&self) -> &str {
+        match self {
+            Self::Upstream(u) => &u.route,
+            Self::Group(g) => &g.route,
+        }
+    }
 }
 
 /// What a reload did to the upstreams.
@@ -121,6 +150,7 @@ impl Router {
     /// `max_buffered` unset: sized from the container's memory ([`buffer::default_cap`]).
     pub fn new(
         configs: &[UpstreamConfig],
+        groups: &[GroupConfig],
         max_buffered: Option<ByteSize>,
         metrics: &Metrics,
         fleet: Option<&Arc<Fleet>>,
@@ -148,7 +178,12 @@ impl Router {
             }
         }
         upstreams.sort_by_key(|u| std::cmp::Reverse(u.route.len()));
-        Self { upstreams, buffer }
+        let groups = Group::build_all(configs, groups, &upstreams, metrics);
+        Self {
+            upstreams,
+            groups,
+            buffer,
+        }
     }
 
     /// The router for a reloaded config: upstreams whose config is unchanged are kept as they are
@@ -157,6 +192,7 @@ impl Router {
     pub fn reload(
         &self,
         configs: &[UpstreamConfig],
+        groups: &[GroupConfig],
         metrics: &Metrics,
         fleet: Option<&Arc<Fleet>>,
     ) -> (Self, ReloadSummary) {
@@ -181,8 +217,10 @@ impl Router {
             .filter(|u| !upstreams.iter().any(|n| Arc::ptr_eq(n, u)))
             .count();
         upstreams.sort_by_key(|u| std::cmp::Reverse(u.route.len()));
+        let groups = Group::build_all(configs, groups, &upstreams, metrics);
         let router = Self {
             upstreams,
+            groups,
             buffer: Arc::clone(&self.buffer),
         };
         (router, summary)
@@ -193,11 +231,19 @@ impl Router {
         &self.buffer
     }
 
-    /// The upstream whose route is the longest prefix of `path` on a segment boundary.
-    pub fn find(&self, path: &str) -> Option<&Arc<Upstream>> {
-        self.upstreams
-            .iter()
-            .find(|u| matches_route(&u.route, path))
+    /// The upstream or group whose route is the longest prefix of `path` on a segment boundary
+    /// (an upstream reached only through a group has no route of its own).
+    pub fn find(&self, path: &str) -> Option<Route> {
+        let upstreams = self.upstreams.iter().cloned().map(Route::Upstream);
+        let groups = self.groups.iter().cloned().map(Route::Group);
+        upstreams
+            .chain(groups)
+            .filter(|r| !r.route().is_empty() && matches_route(r.route(), path))
+            .max_by_key(|r| r.route().len())
+    }
+
+    pub fn groups(&self) -> &[Arc<Group>] {
+        &self.groups
     }
 
     pub fn upstreams(&self) -> &[Arc<Upstream>] {
@@ -248,7 +294,7 @@ mod tests {
             .iter()
             .map(|(n, r, u)| UpstreamConfig::new(n, r, parse_base_url(u).unwrap()))
             .collect();
-        Router::new(&configs, None, &Metrics::new(), None)
+        Router::new(&configs, &[], None, &Metrics::new(), None)
     }
 
     #[tokio::test]
@@ -258,9 +304,12 @@ mod tests {
             ("anthropic", "/anthropic", "https://api.anthropic.com"),
             ("vllm", "/v1/vllm", "http://127.0.0.1:8000/v1"),
         ]);
-        assert_eq!(r.find("/v1/chat/completions").unwrap().name, "openai");
-        assert_eq!(r.find("/v1/vllm/models").unwrap().name, "vllm");
-        assert_eq!(r.find("/anthropic/v1/messages").unwrap().name, "anthropic");
+        assert_eq!(r.find("/v1/chat/completions").unwrap().name(), "openai");
+        assert_eq!(r.find("/v1/vllm/models").unwrap().name(), "vllm");
+        assert_eq!(
+            r.find("/anthropic/v1/messages").unwrap().name(),
+            "anthropic"
+        );
         assert!(r.find("/v10/x").is_none());
         assert!(r.find("/anthropicx").is_none());
         assert!(r.find("/").is_none());
@@ -272,12 +321,16 @@ mod tests {
             ("openai", "/v1", "https://api.openai.com/v1"),
             ("anthropic", "/anthropic", "https://api.anthropic.com/"),
         ]);
-        let openai = r.find("/v1/chat/completions").unwrap();
+        let upstream = |path| match r.find(path) {
+            Some(Route::Upstream(u)) => u,
+            _ => panic!("no upstream for {path}"),
+        };
+        let openai = upstream("/v1/chat/completions");
         assert_eq!(
             openai.target("/v1/chat/completions", Some("a=1")).unwrap(),
             "https://api.openai.com/v1/chat/completions?a=1"
         );
-        let anthropic = r.find("/anthropic/v1/messages").unwrap();
+        let anthropic = upstream("/anthropic/v1/messages");
         assert_eq!(
             anthropic.target("/anthropic/v1/messages", None).unwrap(),
             "https://api.anthropic.com/v1/messages"

@@ -21,8 +21,9 @@ use crate::error::ProxyError;
 use crate::fleet::Fleet;
 use crate::forward::buffer::{self, BodyBounds};
 use crate::forward::{self, ProxyRequest, RequestCtx};
+use crate::group::{self, Fallback, Group};
 use crate::metrics::{self, Metrics};
-use crate::router::{self, Router, Upstream};
+use crate::router::{self, Route, Router, Upstream};
 use crate::shutdown::Signal;
 use arc_swap::ArcSwap;
 
@@ -62,6 +63,17 @@ struct Tally {
     held: Duration,
 }
 
+/// What [`App::send`] sends: the request as it goes to one upstream.
+struct Attempt {
+    method: Method,
+    headers: http::HeaderMap,
+    uri: http::Uri,
+    body: bytes::Bytes,
+    deadlines: forward::Deadlines,
+    /// How long it may wait for capacity ([`RequestCtx::wait_deadline`]).
+    wait_deadline: Instant,
+}
+
 impl App {
     pub fn new(config: &Config) -> Arc<Self> {
         let metrics = Metrics::new();
@@ -69,6 +81,7 @@ impl App {
         Arc::new(Self {
             router: ArcSwap::from_pointee(Router::new(
                 &config.upstreams,
+                &config.groups,
                 config.max_buffered_bytes,
                 &metrics,
                 fleet.as_ref(),
@@ -100,10 +113,12 @@ impl App {
                 "config reload: these settings take effect on restart only"
             );
         }
-        let (router, summary) =
-            self.router
-                .load()
-                .reload(&config.upstreams, &self.metrics, self.fleet.as_ref());
+        let (router, summary) = self.router.load().reload(
+            &config.upstreams,
+            &config.groups,
+            &self.metrics,
+            self.fleet.as_ref(),
+        );
         self.router.store(Arc::new(router));
         for warning in config.warnings() {
             tracing::warn!("{warning}");
@@ -190,19 +205,28 @@ impl App {
         // Every clock of the exchange (body read, deadline) starts here.
         let start = Instant::now();
         let method = metrics::method_label(req.method());
-        let upstream = match self.route(&req) {
-            Ok(upstream) => upstream,
+        let route = match self.route(&req) {
+            Ok(route) => route,
             Err(e) => {
                 self.metrics.unrouted_error(e.label());
                 tracing::info!(method, status = e.status().as_u16(), error = e.label(), detail = %e, "refused");
                 return e.into_response();
             }
         };
-        let result = self.forward(&upstream, req, peer, start).await;
-        let (response, tally, error) = match result {
+        let (result, member) = match &route {
+            Route::Upstream(upstream) => (self.forward(upstream, req, peer, start).await, None),
+            Route::Group(group) => self.forward_group(group, req, peer, start).await,
+        };
+        let (mut response, tally, error) = match result {
             Ok((response, tally)) => (response, tally, None),
             Err((e, tally)) => (e.into_response(), tally, Some(e)),
         };
+        if let Some(member) = member {
+            // Member names are validated plain tokens: a valid header value.
+            if let Ok(value) = HeaderValue::from_str(member) {
+                response.headers_mut().insert(group::UPSTREAM_HEADER, value);
+            }
+        }
         let exchange = Exchange {
             status: response.status().as_u16(),
             corral_error: error.is_some(),
@@ -214,13 +238,17 @@ impl App {
         // `RUST_LOG` above `info` skips even that).
         if let Some(why) = self.access_log.why(&exchange) {
             tracing::info!(
-                upstream = %upstream.name,
+                upstream = %route.name(),
+                member,
                 method,
                 status = exchange.status,
                 attempts = exchange.attempts,
                 duration_ms = exchange.duration.as_millis() as u64,
                 held_ms = exchange.held.as_millis() as u64,
-                corral_error = response.headers().get(crate::error::CORRAL_ERROR_HEADER).and_then(|v| v.to_str().ok()),
+                corral_error = response
+                    .headers()
+                    .get(crate::error::CORRAL_ERROR_HEADER)
+                    .and_then(|v| v.to_str().ok()),
                 detail = error.as_ref().map(tracing::field::display),
                 why = why.label(),
                 "request"
@@ -231,7 +259,7 @@ impl App {
 
     /// The upstream for a request, or why corral refuses it: a method it does not proxy, an
     /// absolute-form target, a path that could leave its route, or no route at all.
-    fn route(&self, req: &Request<Incoming>) -> Result<Arc<Upstream>, ProxyError> {
+    fn route(&self, req: &Request<Incoming>) -> Result<Route, ProxyError> {
         if req.method() == Method::CONNECT {
             return Err(ProxyError::Connect);
         }
@@ -255,7 +283,6 @@ impl App {
         self.router
             .load()
             .find(path)
-            .map(Arc::clone)
             .ok_or_else(|| ProxyError::NoRoute(path.chars().take(256).collect()))
     }
 
@@ -290,23 +317,155 @@ impl App {
         let (body, held) = buffer::read_body(incoming, bounds, self.router.load().buffer())
             .await
             .map_err(&refuse)?;
-        let ctx = Arc::new(RequestCtx::new(start, deadlines.head));
-        let headers = forward::upstream_headers(
-            parts.headers,
-            peer.ip(),
-            &upstream.inject,
-            upstream.header_mode,
-        );
+        let result = self
+            .send(
+                upstream,
+                Attempt {
+                    method: parts.method,
+                    headers: parts.headers,
+                    uri,
+                    body,
+                    deadlines,
+                    wait_deadline: deadlines.head,
+                },
+                peer,
+                start,
+            )
+            .await;
+        // The stack is done with the request body, every retry included: its room goes back.
+        drop(held);
+        result
+    }
+
+    /// A group's request (`src/group.rs`): the body read once (under the first member's
+    /// bounds), then each member in turn until one answers for good. Also returns the member
+    /// that answered (or refused last), for `x-corral-upstream`.
+    async fn forward_group<'g>(
+        &self,
+        group: &'g Group,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        start: Instant,
+    ) -> (
+        Result<(Response<Body>, Tally), (ProxyError, Tally)>,
+        Option<&'g str>,
+    ) {
+        let first = &group.members[0].upstream;
+        let (parts, incoming) = req.into_parts();
+        let deadlines = forward::deadline(start, first.deadline, &parts.headers);
+        let bounds = BodyBounds {
+            limit: first.body_limit,
+            idle: first.body_idle_timeout,
+            deadline: deadlines.head,
+        };
+        let read = buffer::read_body(incoming, bounds, self.router.load().buffer()).await;
+        let (body, held) = match read {
+            Ok(read) => read,
+            Err(e) => {
+                first.metrics.request(&parts.method, e.status().as_u16());
+                first.metrics.corral_error(e.label());
+                return (Err((e, Tally::default())), Some(&first.name));
+            }
+        };
+        let path = parts.uri.path();
+        let mut tally = Tally::default();
+        let last = group.members.len() - 1;
+        for (i, member) in group.members.iter().enumerate() {
+            let now = Instant::now();
+            if group.passed_over(i, now) {
+                group.fell_back(i, Fallback::Unavailable, now);
+                continue;
+            }
+            let upstream = &member.upstream;
+            let Some(uri) = upstream.target_under(&group.route, path, parts.uri.query()) else {
+                let e = ProxyError::NoRoute(path.chars().take(256).collect());
+                return (Err((e, tally)), Some(&upstream.name));
+            };
+            let body = match &member.model {
+                Some(model) => group::with_model(&body, model),
+                None => body.clone(),
+            };
+            let attempt = Attempt {
+                method: parts.method.clone(),
+                headers: parts.headers.clone(),
+                uri,
+                body,
+                deadlines,
+                wait_deadline: group.wait_deadline(i, now, deadlines.head),
+            };
+            let result = self.send(upstream, attempt, peer, start).await;
+            let why = match &result {
+                _ if i == last => None,
+                Ok((response, _)) => Fallback::of_status(response.status().as_u16()),
+                Err((e, _)) => Fallback::of_error(e),
+            };
+            let (result, why) = match (result, why) {
+                // A 429 that no wait cures sets the member aside for the group's cool-down.
+                (Ok((response, t)), Some(_))
+                    if response.status() == StatusCode::TOO_MANY_REQUESTS =>
+                {
+                    let retry = &upstream.config.retry;
+                    let (permanent, response) =
+                        crate::stack::retry::permanent_429(response, retry, deadlines.head).await;
+                    let why = if permanent {
+                        Fallback::Permanent429
+                    } else {
+                        Fallback::Failed
+                    };
+                    (Ok((response, t)), Some(why))
+                }
+                other => other,
+            };
+            let t = match &result {
+                Ok((_, t)) | Err((_, t)) => *t,
+            };
+            tally.attempts += t.attempts;
+            tally.held = tally.held.max(t.held);
+            match why {
+                Some(why) => group.fell_back(i, why, Instant::now()),
+                None => {
+                    drop(held);
+                    group.answered(i);
+                    let result = match result {
+                        Ok((response, _)) => Ok((response, tally)),
+                        Err((e, _)) => Err((e, tally)),
+                    };
+                    return (result, Some(&upstream.name));
+                }
+            }
+        }
+        unreachable!("the last member always answers")
+    }
+
+    /// One request through `upstream`'s stack, its response body timed on the way back.
+    async fn send(
+        &self,
+        upstream: &Upstream,
+        attempt: Attempt,
+        peer: SocketAddr,
+        start: Instant,
+    ) -> Result<(Response<Body>, Tally), (ProxyError, Tally)> {
+        let Attempt {
+            method,
+            headers,
+            uri,
+            body,
+            deadlines,
+            wait_deadline,
+        } = attempt;
+        let mut ctx = RequestCtx::new(start, deadlines.head);
+        ctx.wait_deadline = wait_deadline;
+        let ctx = Arc::new(ctx);
+        let headers =
+            forward::upstream_headers(headers, peer.ip(), &upstream.inject, upstream.header_mode);
         let request = ProxyRequest {
-            method: parts.method,
+            method,
             uri,
             headers: Arc::new(headers),
             body,
             ctx: Arc::clone(&ctx),
         };
         let result = upstream.stack.clone().oneshot(request).await;
-        // The stack is done with the request body, every retry included: its room goes back.
-        drop(held);
         let tally = |ctx: &RequestCtx| Tally {
             attempts: ctx.attempts(),
             // The clock is read only for a request that never made an attempt.
@@ -394,6 +553,7 @@ impl App {
             "warnings": self.config.load().warnings(),
             "fleet": self.fleet.as_ref().map(|f| f.status()),
             "upstreams": upstreams,
+            "groups": self.router.load().groups().iter().map(|g| g.status()).collect::<Vec<_>>(),
         });
         serde_json::to_string_pretty(&json).expect("JSON values serialize")
     }

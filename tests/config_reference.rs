@@ -75,8 +75,10 @@ fn table_of_heading(heading: &str) -> Option<String> {
 /// with one upstream (an array of tables is described by its first element).
 fn struct_tables() -> BTreeMap<String, BTreeMap<String, Value>> {
     let base_url = parse_base_url("https://api.openai.com/v1").expect("a valid base URL");
+    let group = "name = \"chat\"\nroute = \"/chat\"\nmembers = [\"openai\"]\n";
     let config = Config {
         upstreams: vec![UpstreamConfig::new("openai", "/v1", base_url)],
+        groups: vec![toml::from_str(group).expect("a group")],
         ..Config::default()
     };
     let value = serde_json::to_value(&config).expect("Config serializes");

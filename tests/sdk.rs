@@ -123,3 +123,51 @@ async fn openai_python_sdk_through_corral() {
     assert!(stdout.contains("3 passed, 0 failed"), "{stdout}");
     assert_eq!(upstream.calls(), 3, "one upstream call per SDK request");
 }
+
+/// The same SDK calls through a group (issue 13) whose first member is out of quota for good:
+/// each call falls back to the OpenAI-shaped member, the SDK sees its answers (the 400 included:
+/// an answer for good is not a reason to move on), and the primary is asked once, then passed
+/// over for its cool-down.
+#[tokio::test]
+async fn openai_python_sdk_through_a_group() {
+    let Some(python) = support::python::python("the openai SDK") else {
+        return;
+    };
+    let primary = MockUpstream::start(|_| async {
+        json(
+            429,
+            serde_json::json!({"error": {"message": "You exceeded your current quota", "type": "insufficient_quota", "code": "insufficient_quota"}}),
+        )
+    })
+    .await;
+    let backup = openai_mock().await;
+    let toml = format!(
+        "[[upstream]]\nname = \"primary\"\nbase_url = \"{}\"\n\
+         [[upstream]]\nname = \"backup\"\nbase_url = \"{}\"\n\
+         [[group]]\nname = \"chat\"\nroute = \"/v1\"\nmembers = [\"primary\", \"backup\"]\n",
+        primary.url("/v1"),
+        backup.url("/v1"),
+    );
+    let corral = Corral::start(&toml).await;
+    let script = "test_openai_sdk.py";
+    let mut cmd = support::python::script(&python, script);
+    cmd.env("OPENAI_BASE_URL", corral.url("/v1"))
+        .env("OPENAI_API_KEY", "sk-test");
+    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
+        .await
+        .expect("the SDK script finished within 120 s")
+        .unwrap_or_else(|e| panic!("cannot run CORRAL_PYTHON=`{python}`: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("3 passed, 0 failed"),
+        "{python} {script} through a group failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(backup.calls(), 3, "every call answered by the backup");
+    assert_eq!(
+        primary.calls(),
+        1,
+        "the primary passed over after its permanent 429"
+    );
+}

@@ -64,9 +64,93 @@ pub struct Config {
     pub slow_request: HumanDuration,
     /// Share rate limits with other corrals on one key, through Redis.
     pub fleet: FleetConfig,
-    /// The upstreams, each behind a route.
+    /// The upstreams, each behind a route (or reached through a group).
     #[serde(rename = "upstream")]
     pub upstreams: Vec<UpstreamConfig>,
+    /// Ordered groups of upstreams behind one route, each falling back to the next.
+    #[serde(rename = "group")]
+    pub groups: Vec<GroupConfig>,
+}
+
+/// `[[group]]`: a route served by an ordered list of upstreams (`src/group.rs`). A request
+/// goes to the first member and moves to the next when the member answers a permanent 429,
+/// its breaker is open, it has no capacity within `fallback_wait` of the deadline, or its
+/// retries are spent; never after bytes went to the client.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupConfig {
+    /// A short name used in metrics and logs; distinct from every upstream's and group's.
+    pub name: Spanned<Text>,
+    /// Requests whose path starts with this prefix go to the group; each member gets the rest
+    /// of the path after its own base URL.
+    pub route: Spanned<RoutePrefix>,
+    /// Upstream names (or other groups', whose members are taken in their place), in order.
+    pub members: Vec<MemberConfig>,
+    /// The share of a request's deadline a member other than the last may take to find
+    /// capacity (a concurrency slot, rate-limit tokens) before the request moves on.
+    #[serde(default = "default_fallback_wait")]
+    pub fallback_wait: f64,
+    /// A member that answered a permanent 429 is passed over for this long.
+    #[serde(default = "default_key_cooldown")]
+    pub cooldown: HumanDuration,
+}
+
+fn default_fallback_wait() -> f64 {
+    0.25
+}
+
+/// A group member: an upstream's (or a group's) name, or a table that also rewrites the JSON
+/// body's `model` for that member.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum MemberConfig {
+    Name(String),
+    Table {
+        upstream: String,
+        #[serde(default)]
+        model: Option<String>,
+    },
+}
+
+impl MemberConfig {
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Name(n) | Self::Table { upstream: n, .. } => n,
+        }
+    }
+    pub fn model(&self) -> Option<&str> {
+        match self {
+            Self::Name(_) => None,
+            Self::Table { model, .. } => model.as_deref(),
+        }
+    }
+}
+
+/// The upstreams `group` resolves to (nested groups in their members' place), in order, each
+/// with the `model` its member sets. The config is validated: no cycles.
+pub fn group_members<'a>(
+    upstreams: &'a [UpstreamConfig],
+    groups: &'a [GroupConfig],
+    group: &'a GroupConfig,
+) -> Vec<(&'a UpstreamConfig, Option<&'a str>)> {
+    let mut out = Vec::new();
+    for m in &group.members {
+        if let Some(inner) = groups.iter().find(|g| g.name() == m.name()) {
+            out.extend(group_members(upstreams, groups, inner));
+        } else if let Some(up) = upstreams.iter().find(|u| u.name() == m.name()) {
+            out.push((up, m.model()));
+        }
+    }
+    out
+}
+
+impl GroupConfig {
+    pub fn name(&self) -> &str {
+        &self.name.get_ref().0
+    }
+    pub fn route(&self) -> &str {
+        &self.route.get_ref().0
+    }
 }
 
 /// `[fleet]`: corrals that share a quota keep its buckets in Redis and lease tokens from them.
@@ -115,6 +199,7 @@ impl Default for Config {
             slow_request: default_slow_request(),
             fleet: FleetConfig::default(),
             upstreams: Vec::new(),
+            groups: Vec::new(),
         }
     }
 }
@@ -163,7 +248,8 @@ pub struct UpstreamConfig {
     /// A short name used in metrics and logs.
     pub name: Spanned<Text>,
     /// Requests whose path starts with this prefix go to this upstream, prefix replaced by the
-    /// base URL's path.
+    /// base URL's path. May be left out (empty) for an upstream reached only through a group.
+    #[serde(default = "no_route")]
     pub route: Spanned<RoutePrefix>,
     /// Where requests go: `https://api.openai.com/v1`, `http://127.0.0.1:8000`.
     pub base_url: BaseUrl,
@@ -215,6 +301,11 @@ pub struct UpstreamConfig {
     pub breaker: BreakerConfig,
     #[serde(default)]
     pub adaptive: AdaptiveConfig,
+}
+
+/// An upstream without a route of its own (a group member).
+fn no_route() -> Spanned<RoutePrefix> {
+    Spanned::new(0..0, RoutePrefix(String::new()))
 }
 
 /// Where a pooled key goes in its `headers` template: `Authorization = "Bearer {key}"`.

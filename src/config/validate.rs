@@ -60,7 +60,9 @@ pub(super) fn validate(config: &Config) -> Result<(), Invalid> {
                 reason: format!("duplicate upstream name `{}`", up.name()),
             });
         }
-        if let Some(other) = routes.insert(up.route(), up.name()) {
+        if up.route().is_empty() {
+            // A group member without a route of its own: checked with the groups below.
+        } else if let Some(other) = routes.insert(up.route(), up.name()) {
             return Err(route_err(format!(
                 "duplicate route `{}` (also used by upstream `{other}`)",
                 up.route()
@@ -226,6 +228,7 @@ pub(super) fn validate(config: &Config) -> Result<(), Invalid> {
             return Err(at("limits.token_burst", "`token_burst` needs `tpm`".into()));
         }
     }
+    validate_groups(config, &mut routes, &reserved)?;
     Ok(())
 }
 
@@ -399,6 +402,151 @@ fn validate_keys(up: &super::UpstreamConfig) -> Result<(), (&'static str, String
                 up.key_cooldown.0
             ),
         ));
+    }
+    Ok(())
+}
+
+/// Groups: names distinct from every upstream's and group's, routes distinct from every
+/// upstream's, members that name an upstream or a group, no group reaching itself, no upstream
+/// twice in a group, and every upstream without a route reached through some group.
+fn validate_groups<'a>(
+    config: &'a Config,
+    routes: &mut HashMap<&'a str, &'a str>,
+    reserved: &[&str],
+) -> Result<(), Invalid> {
+    let upstreams: HashMap<&str, usize> = config
+        .upstreams
+        .iter()
+        .enumerate()
+        .map(|(i, u)| (u.name(), i))
+        .collect();
+    let mut groups: HashMap<&str, usize> = HashMap::new();
+    for (i, g) in config.groups.iter().enumerate() {
+        let at = |field: &str, reason: String| Invalid {
+            span: Some(g.name.span()),
+            key: format!("group[{i}].{field}"),
+            reason,
+        };
+        if g.name().is_empty() || g.name().contains(|c: char| c.is_whitespace()) {
+            return Err(at(
+                "name",
+                format!("name `{}` must be non-empty and without spaces", g.name()),
+            ));
+        }
+        if upstreams.contains_key(g.name()) || groups.insert(g.name(), i).is_some() {
+            return Err(at(
+                "name",
+                format!(
+                    "duplicate name `{}` (groups and upstreams share one namespace)",
+                    g.name()
+                ),
+            ));
+        }
+        if let Some(other) = routes.insert(g.route(), g.name()) {
+            return Err(at(
+                "route",
+                format!("duplicate route `{}` (also used by `{other}`)", g.route()),
+            ));
+        }
+        if config.admin_listen.is_none() && reserved.contains(&g.route()) {
+            return Err(at(
+                "route",
+                format!("route `{}` is reserved for corral's admin endpoints; set `admin_listen` to move them", g.route()),
+            ));
+        }
+        if g.members.is_empty() {
+            return Err(at("members", "a group needs at least one member".into()));
+        }
+        if !(g.fallback_wait > 0.0 && g.fallback_wait <= 1.0) {
+            return Err(at(
+                "fallback_wait",
+                format!(
+                    "`fallback_wait` is a share of the deadline, within (0, 1]; got {}",
+                    g.fallback_wait
+                ),
+            ));
+        }
+        if g.cooldown.0 < Duration::from_secs(1) || g.cooldown.0 > Duration::from_secs(86_400) {
+            return Err(at(
+                "cooldown",
+                format!("`cooldown` must be within 1s..=24h, got {:?}", g.cooldown.0),
+            ));
+        }
+    }
+    let mut reached = vec![false; config.upstreams.len()];
+    for (i, g) in config.groups.iter().enumerate() {
+        let at = |reason: String| Invalid {
+            span: Some(g.name.span()),
+            key: format!("group[{i}].members"),
+            reason,
+        };
+        for m in &g.members {
+            let known = upstreams.contains_key(m.name()) || groups.contains_key(m.name());
+            if !known {
+                return Err(at(format!(
+                    "member `{}` names no upstream or group",
+                    m.name()
+                )));
+            }
+            if m.model().is_some() && !upstreams.contains_key(m.name()) {
+                return Err(at(format!(
+                    "`model` applies to an upstream member; `{}` is a group",
+                    m.name()
+                )));
+            }
+        }
+        // Depth-first through nested groups: a group met again on the current path is a cycle.
+        let mut path = vec![g.name()];
+        let mut flat = Vec::new();
+        walk(config, &groups, g, &mut path, &mut flat).map_err(&at)?;
+        for (n, name) in flat.iter().enumerate() {
+            if flat[..n].contains(name) {
+                return Err(at(format!("upstream `{name}` is in the group twice")));
+            }
+            reached[upstreams[name]] = true;
+        }
+    }
+    for (i, up) in config.upstreams.iter().enumerate() {
+        if up.route().is_empty() && !reached[i] {
+            return Err(Invalid {
+                span: Some(up.name.span()),
+                key: format!("upstream[{i}].route"),
+                reason: format!(
+                    "upstream `{}` has no `route` and is in no group: no request can reach it",
+                    up.name()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The upstream names `group` resolves to, in order, or the cycle that prevents it.
+fn walk<'a>(
+    config: &'a Config,
+    groups: &HashMap<&str, usize>,
+    group: &'a super::GroupConfig,
+    path: &mut Vec<&'a str>,
+    flat: &mut Vec<&'a str>,
+) -> Result<(), String> {
+    for m in &group.members {
+        match groups.get(m.name()) {
+            Some(&j) => {
+                let inner = &config.groups[j];
+                if path.contains(&inner.name()) {
+                    path.push(inner.name());
+                    return Err(format!(
+                        "group `{}` forms a cycle: {}",
+                        path[0],
+                        path.join(" -> ")
+                    ));
+                }
+                path.push(inner.name());
+                walk(config, groups, inner, path, flat)?;
+                path.pop();
+            }
+            None => flat.push(m.name()),
+        }
     }
     Ok(())
 }

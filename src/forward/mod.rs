@@ -73,6 +73,9 @@ pub struct RequestCtx {
     pub start: Instant,
     /// When corral stops trying and answers with what it has.
     pub deadline: Instant,
+    /// How long the request may wait for capacity (a concurrency slot, rate-limit tokens, the
+    /// breaker): the deadline, or sooner for a group member that has a next one to fall back to.
+    pub wait_deadline: Instant,
     /// Attempts sent upstream so far.
     attempts: AtomicU32,
     /// When the request entered its upstream's stack, in microseconds after `start` (the body
@@ -91,6 +94,7 @@ impl RequestCtx {
         Self {
             start,
             deadline,
+            wait_deadline: deadline,
             attempts: AtomicU32::new(0),
             entered: AtomicU64::new(0),
             first_sent: AtomicU64::new(NOT_SENT),

@@ -283,7 +283,7 @@ impl Middleware for Window {
         let window = self;
         Box::pin(async move {
             let ctx = Arc::clone(&req.ctx);
-            let mut slot = window.acquire(ctx.deadline).await?;
+            let mut slot = window.acquire(ctx.wait_deadline).await?;
             let response = next.oneshot(req).await?;
             slot.learn_from(response.status(), ctx.attempts());
             Ok(response.map(|body| Guarded::wrap(body, slot)))

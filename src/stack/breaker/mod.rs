@@ -204,7 +204,7 @@ impl Middleware for BreakerShared {
     fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> BoxFuture {
         let shared = self;
         Box::pin(async move {
-            let probe = shared.admit(req.ctx.deadline).await?;
+            let probe = shared.admit(req.ctx.wait_deadline).await?;
             let mut slot = ProbeSlot {
                 shared: Arc::clone(&shared),
                 probe,

@@ -42,7 +42,6 @@ use crate::fleet::Fleet;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
 use crate::stack::layer::{lock, BoxFuture, Middleware, Next, Shared};
-use crate::stack::retry::body::{buffer, replay, Buffered};
 
 /// Most partitions kept. When full, a new key evicts the partitions idle for
 /// [`PARTITION_IDLE`]; only if none is idle does it share the upstream's default partition
@@ -192,7 +191,9 @@ impl RateLimitShared {
             0
         };
         let start = Instant::now();
-        let tickets = partition.acquire(cost, req.ctx.deadline, m.name()).await?;
+        let tickets = partition
+            .acquire(cost, req.ctx.wait_deadline, m.name())
+            .await?;
         m.rate_wait.observe(start.elapsed().as_secs_f64());
         if self.config.limits.tpm.is_some() {
             m.tokens_charged.inc_by(u64::from(cost));
@@ -253,8 +254,7 @@ impl RateLimitShared {
 }
 
 /// Whether an answer refuses its key for good, and why: the credential is refused (401, 403) or
-/// its quota is spent (a permanent 429, judged as the retry layer judges it, from the body,
-/// which is buffered for that and replayed).
+/// its quota is spent (a permanent 429, judged as the retry layer judges it).
 async fn refusal(
     response: Response<Body>,
     config: &UpstreamConfig,
@@ -264,16 +264,9 @@ async fn refusal(
         401 => (Some("401"), response),
         403 => (Some("403"), response),
         429 => {
-            let (parts, body) = response.into_parts();
-            let limit = crate::stack::retry::MAX_BUFFERED_ERROR;
-            let (bytes, cut) = match buffer(body, limit, deadline).await {
-                Buffered::Whole(bytes) => (bytes, false),
-                Buffered::Cut(bytes) => (bytes, true),
-                Buffered::TooLarge(whole) => return (None, Response::from_parts(parts, whole)),
-            };
-            let permanent =
-                crate::stack::retry::policy::is_permanent_429(&parts, &bytes, &config.retry);
-            (permanent.then_some("quota"), replay(parts, bytes, cut))
+            let (permanent, response) =
+                crate::stack::retry::permanent_429(response, &config.retry, deadline).await;
+            (permanent.then_some("quota"), response)
         }
         _ => (None, response),
     }

@@ -22,7 +22,7 @@
 //! transient 429) or pass the last answer through on giving up; tower's `TpsBudget` is.
 
 pub mod backoff;
-pub mod body;
+mod body;
 pub mod policy;
 
 use std::sync::{Arc, Mutex};
@@ -50,7 +50,7 @@ use crate::stack::layer::{lock, BoxFuture, Middleware, Next, Shared};
 
 /// Retryable answers' bodies are buffered (to read their error code and to replay them on
 /// giving up) up to this size; larger ones pass through unretried.
-pub const MAX_BUFFERED_ERROR: usize = 64 * 1024;
+const MAX_BUFFERED_ERROR: usize = 64 * 1024;
 
 /// State shared by every request to one upstream.
 pub struct RetryShared {
@@ -250,6 +250,27 @@ where
         }
         previous = sleep;
     }
+}
+
+/// Whether a 429 is permanent (no wait cures it: see [`policy::judge_response`]), judged from
+/// its body, which is buffered for that (up to [`MAX_BUFFERED_ERROR`], within `deadline`) and
+/// handed back replayed. Any other answer is not, and comes back untouched.
+pub async fn permanent_429(
+    response: Response<Body>,
+    config: &RetryConfig,
+    deadline: Instant,
+) -> (bool, Response<Body>) {
+    if response.status() != http::StatusCode::TOO_MANY_REQUESTS {
+        return (false, response);
+    }
+    let (parts, body) = response.into_parts();
+    let (bytes, cut) = match body::buffer(body, MAX_BUFFERED_ERROR, deadline).await {
+        Buffered::Whole(bytes) => (bytes, false),
+        Buffered::Cut(bytes) => (bytes, true),
+        Buffered::TooLarge(whole) => return (false, Response::from_parts(parts, whole)),
+    };
+    let permanent = policy::is_permanent_429(&parts, &bytes, config);
+    (permanent, body::replay(parts, bytes, cut))
 }
 
 /// Worth buffering the body to judge: a retryable status, or an upstream that says to retry.

@@ -43,7 +43,7 @@ const WAIT_HEADERS: [&str; 3] = ["retry-after", "retry-after-ms", "x-ms-retry-af
 /// A 429 no wait can cure: a billing code, a configured code, or Anthropic's spend-limit shape
 /// (a billing message and no wait named in any of [`WAIT_HEADERS`]: an upstream that says when
 /// to come back is throttling, whatever its message says).
-pub fn is_permanent_429(parts: &Parts, body: &[u8], config: &RetryConfig) -> bool {
+pub(super) fn is_permanent_429(parts: &Parts, body: &[u8], config: &RetryConfig) -> bool {
     if parts.status != 429 {
         return false;
     }

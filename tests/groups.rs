@@ -1,0 +1,305 @@
+//! Groups and fallback (issue 13, item 2) over real sockets through `server::run`: a route served
+//! by an ordered list of upstreams, moving to the next on a permanent 429 (and passing the
+//! member over for its cool-down), an open breaker, no capacity within `fallback_wait` of the
+//! deadline, or spent retries; never otherwise; `x-corral-upstream` on every answer; `model`
+//! rewritten per member; and the configurations a group needs checked at load.
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+use tokio::time::Instant;
+
+const BODY: &str = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+
+/// An upstream that always answers `status` with `body`.
+async fn always(status: u16, body: serde_json::Value) -> MockUpstream {
+    MockUpstream::start(move |_| {
+        let body = body.clone();
+        async move { json(status, body) }
+    })
+    .await
+}
+
+fn quota() -> serde_json::Value {
+    serde_json::json!({"error": {"message": "You exceeded your current quota", "type": "insufficient_quota", "code": "insufficient_quota"}})
+}
+
+fn ok() -> serde_json::Value {
+    serde_json::json!({"ok": true})
+}
+
+/// Two route-less upstreams `primary` and `backup` (each with `extra` TOML lines) behind the
+/// group `chat` at `/v1`, with `group` TOML lines.
+fn group_config(
+    primary: &MockUpstream,
+    primary_extra: &str,
+    backup: &MockUpstream,
+    backup_extra: &str,
+    group: &str,
+) -> String {
+    format!(
+        "drain_timeout = \"5s\"\n\
+         [[upstream]]\nname = \"primary\"\nbase_url = \"{}\"\n{primary_extra}\n\
+         [[upstream]]\nname = \"backup\"\nbase_url = \"{}\"\n{backup_extra}\n\
+         [[group]]\nname = \"chat\"\nroute = \"/v1\"\nmembers = [\"primary\", \"backup\"]\n{group}\n",
+        primary.url("/v1"),
+        backup.url("/v1"),
+    )
+}
+
+async fn chat(corral: &Corral) -> (http::response::Parts, bytes::Bytes) {
+    send(&client(), post(&corral.url("/v1/chat/completions"), BODY)).await
+}
+
+fn member(parts: &http::response::Parts) -> &str {
+    parts.headers["x-corral-upstream"].to_str().unwrap()
+}
+
+fn metric(corral: &Corral, line: &str) -> bool {
+    corral.app.metrics().render().contains(line)
+}
+
+/// Primary out of quota for good: every request is answered by the backup; after the first
+/// permanent 429 the primary is passed over for the group's cool-down instead of being asked
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_out_of_quota_falls_back_and_is_passed_over() {
+    let (primary, backup) = (always(429, quota()).await, always(200, ok()).await);
+    let corral = Corral::start(&group_config(&primary, "", &backup, "", "")).await;
+    for i in 0..5 {
+        let (parts, body) = chat(&corral).await;
+        assert_eq!(
+            parts.status,
+            200,
+            "request {i}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        assert_eq!(member(&parts), "backup");
+    }
+    assert_eq!(primary.calls(), 1, "passed over after its permanent 429");
+    assert_eq!(backup.calls(), 5);
+    for line in [
+        r#"corral_group_fallbacks_total{group="chat",reason="permanent_429",upstream="primary"} 1"#,
+        r#"corral_group_fallbacks_total{group="chat",reason="unavailable",upstream="primary"} 4"#,
+        r#"corral_group_answers_total{group="chat",upstream="backup"} 5"#,
+    ] {
+        assert!(metric(&corral, line), "no `{line}`");
+    }
+    let req = http::Request::get(corral.url("/status"))
+        .body(http_body_util::Full::default())
+        .unwrap();
+    let (_, status) = send(&client(), req).await;
+    let status: serde_json::Value = serde_json::from_slice(&status).unwrap();
+    let group = &status["groups"][0];
+    assert_eq!(group["name"], "chat");
+    assert_eq!(group["members"][0]["upstream"], "primary");
+    assert!(
+        group["members"][0]["set_aside_ms"].as_u64().unwrap() > 50_000,
+        "{group}"
+    );
+    assert!(group["members"][1]["set_aside_ms"].is_null(), "{group}");
+}
+
+/// A primary whose retries are spent on 503s (max_retries = 1: two calls) falls back; once its
+/// breaker opens the primary is not asked at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spent_retries_fall_back_and_an_open_breaker_is_skipped() {
+    let (primary, backup) = (
+        always(503, serde_json::json!({"error": {"message": "down"}})).await,
+        always(200, ok()).await,
+    );
+    let primary_extra = "rate_limit = \"off\"\n[upstream.retry]\nmax_retries = 1\nbase = \"10ms\"\ncap = \"10ms\"\n\
+                         [upstream.breaker]\nmin_samples = 4\nmin_span = \"1ms\"\n";
+    let corral = Corral::start(&group_config(&primary, primary_extra, &backup, "", "")).await;
+    let (parts, _) = chat(&corral).await;
+    assert_eq!((parts.status.as_u16(), member(&parts)), (200, "backup"));
+    assert_eq!(
+        primary.calls(),
+        2,
+        "one attempt and one retry, then the backup"
+    );
+    let mut opened_at = None;
+    for i in 0..10 {
+        let (parts, _) = chat(&corral).await;
+        assert_eq!(
+            (parts.status.as_u16(), member(&parts)),
+            (200, "backup"),
+            "request {i}"
+        );
+        if opened_at.is_none()
+            && metric(
+                &corral,
+                r#"corral_group_fallbacks_total{group="chat",reason="unavailable",upstream="primary"} 1"#,
+            )
+        {
+            opened_at = Some(primary.calls());
+        }
+    }
+    let calls = opened_at.expect("the primary's breaker never opened");
+    assert_eq!(
+        primary.calls(),
+        calls,
+        "the open breaker's upstream was still asked"
+    );
+}
+
+/// A primary with no capacity within `fallback_wait` of the deadline (one token a second, a
+/// bucket of one; deadline 2 s, fallback_wait 0.25: 500 ms) sends the others to the backup at
+/// once instead of queueing them; the backup's own answers come within that bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_capacity_within_the_share_of_the_deadline_falls_back() {
+    let (primary, backup) = (always(200, ok()).await, always(200, ok()).await);
+    let primary_extra =
+        "[upstream.limits]\nrpm = 60\nburst = 1\n[upstream.retry]\ndeadline = \"2s\"\n";
+    let corral = Corral::start(&group_config(
+        &primary,
+        primary_extra,
+        &backup,
+        "",
+        "fallback_wait = 0.25",
+    ))
+    .await;
+    let start = Instant::now();
+    let c = std::sync::Arc::new(client());
+    let tasks: Vec<_> = (0..3)
+        .map(|_| {
+            let (c, url) = (
+                std::sync::Arc::clone(&c),
+                corral.url("/v1/chat/completions"),
+            );
+            tokio::spawn(async move {
+                let (parts, _) = send(&c, post(&url, BODY)).await;
+                (parts.status.as_u16(), member(&parts).to_owned())
+            })
+        })
+        .collect();
+    let mut members = Vec::new();
+    for t in tasks {
+        let (status, member) = t.await.unwrap();
+        assert_eq!(status, 200);
+        members.push(member);
+    }
+    members.sort();
+    assert_eq!(members, ["backup", "backup", "primary"]);
+    // Bound: the 500 ms share plus a second of slack, well under the primary's next token
+    // pair (2 s).
+    let took = start.elapsed();
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    assert!(metric(
+        &corral,
+        r#"corral_group_fallbacks_total{group="chat",reason="no_capacity",upstream="primary"} 2"#
+    ));
+}
+
+/// What does not move a request: an answer the member gives for good (200, 400) is the
+/// client's; with every member failing, the last one's answer passes through as it came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_for_good_stay_and_the_last_members_failure_passes_through() {
+    let bad = serde_json::json!({"error": {"message": "bad model", "code": "model_not_found"}});
+    let (primary, backup) = (always(400, bad.clone()).await, always(200, ok()).await);
+    let corral = Corral::start(&group_config(&primary, "", &backup, "", "")).await;
+    let (parts, body) = chat(&corral).await;
+    assert_eq!((parts.status.as_u16(), member(&parts)), (400, "primary"));
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&body).unwrap(),
+        bad
+    );
+    assert_eq!(backup.calls(), 0);
+
+    let down = serde_json::json!({"error": {"message": "down"}});
+    let (primary, backup) = (
+        always(503, down.clone()).await,
+        always(503, down.clone()).await,
+    );
+    let no_retry = "rate_limit = \"off\"\n[upstream.retry]\nmax_retries = 0\n";
+    let corral = Corral::start(&group_config(&primary, no_retry, &backup, no_retry, "")).await;
+    let (parts, body) = chat(&corral).await;
+    assert_eq!((parts.status.as_u16(), member(&parts)), (503, "backup"));
+    assert!(parts
+        .headers
+        .get(corral::error::CORRAL_ERROR_HEADER)
+        .is_none());
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&body).unwrap(),
+        down
+    );
+    assert_eq!((primary.calls(), backup.calls()), (1, 1));
+}
+
+/// A member's `model` rewrites the JSON body's model for that member only; each member gets the
+/// path after the group's route under its own base URL, and its own headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_members_model_and_headers_are_its_own() {
+    let (primary, backup) = (always(429, quota()).await, always(200, ok()).await);
+    let toml = format!(
+        "[[upstream]]\nname = \"primary\"\nbase_url = \"{}\"\n[upstream.headers]\nAuthorization = \"Bearer sk-primary\"\n\
+         [[upstream]]\nname = \"backup\"\nbase_url = \"{}\"\n[upstream.headers]\napi-key = \"azure-key\"\n\
+         [[group]]\nname = \"chat\"\nroute = \"/v1\"\nmembers = [\"primary\", {{ upstream = \"backup\", model = \"gpt-4o-mini\" }}]\n",
+        primary.url("/openai/v1"),
+        backup.url("/azure"),
+    );
+    let corral = Corral::start(&toml).await;
+    let (parts, _) = chat(&corral).await;
+    assert_eq!((parts.status.as_u16(), member(&parts)), (200, "backup"));
+    let (p, b) = (primary.last(), backup.last());
+    assert_eq!(p.uri.path(), "/openai/v1/chat/completions");
+    assert_eq!(b.uri.path(), "/azure/chat/completions");
+    let model = |body: &bytes::Bytes| {
+        serde_json::from_slice::<serde_json::Value>(body).unwrap()["model"].clone()
+    };
+    assert_eq!(model(&p.body), "gpt-4o");
+    assert_eq!(model(&b.body), "gpt-4o-mini");
+    assert_eq!(p.headers["authorization"], "Bearer sk-primary");
+    assert!(b.headers.get("authorization").is_none());
+    assert_eq!(b.headers["api-key"], "azure-key");
+}
+
+/// What a group needs, checked at load: file, key and reason.
+#[test]
+fn groups_naming_unknown_upstreams_or_forming_cycles_are_refused() {
+    let load = |groups: &str| {
+        let toml = format!(
+            "[[upstream]]\nname = \"a\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+             [[upstream]]\nname = \"b\"\nroute = \"/b\"\nbase_url = \"http://127.0.0.1:9/v1\"\n{groups}"
+        );
+        corral::config::load_str("corral.toml", &toml)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(
+        load("[[group]]\nname = \"g\"\nroute = \"/v1\"\nmembers = [\"a\", \"b\"]\n"),
+        Ok(())
+    );
+    // Nested groups resolve in place.
+    assert_eq!(
+        load("[[group]]\nname = \"g\"\nroute = \"/v1\"\nmembers = [\"h\"]\n[[group]]\nname = \"h\"\nroute = \"/h\"\nmembers = [\"a\", \"b\"]\n"),
+        Ok(())
+    );
+    let unknown = load("[[group]]\nname = \"g\"\nroute = \"/v1\"\nmembers = [\"a\", \"nope\"]\n")
+        .unwrap_err();
+    assert!(
+        unknown.starts_with("corral.toml:")
+            && unknown.contains("group[0].members")
+            && unknown.contains("`nope`"),
+        "{unknown}"
+    );
+    let cycle = load(
+        "[[group]]\nname = \"g\"\nroute = \"/v1\"\nmembers = [\"a\", \"h\"]\n[[group]]\nname = \"h\"\nroute = \"/h\"\nmembers = [\"b\", \"g\"]\n",
+    )
+    .unwrap_err();
+    assert!(
+        cycle.contains("cycle") && cycle.contains("g -> h -> g"),
+        "{cycle}"
+    );
+    let unreachable = load("").unwrap_err();
+    assert!(
+        unreachable.contains("upstream[0].route") && unreachable.contains("in no group"),
+        "{unreachable}"
+    );
+    let clash = load("[[group]]\nname = \"b\"\nroute = \"/v1\"\nmembers = [\"a\"]\n").unwrap_err();
+    assert!(clash.contains("group[0].name"), "{clash}");
+    let route = load("[[group]]\nname = \"g\"\nroute = \"/b\"\nmembers = [\"a\"]\n").unwrap_err();
+    assert!(route.contains("duplicate route `/b`"), "{route}");
+}

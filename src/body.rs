@@ -224,6 +224,67 @@ where
     }
 }
 
+/// A body whose first frame was already read (to look at it) and is given back first.
+pub struct Prepended {
+    first: Option<Result<Frame<Bytes>, BoxError>>,
+    rest: Body,
+}
+
+impl Prepended {
+    pub fn wrap(first: Frame<Bytes>, rest: Body) -> Body {
+        Prepended {
+            first: Some(Ok(first)),
+            rest,
+        }
+        .boxed_unsync()
+    }
+
+    /// A body that fails with `error` (the one its first read met), as the original would.
+    pub fn fail(error: BoxError) -> Body {
+        Prepended {
+            first: Some(Err(error)),
+            rest: full(Bytes::new()),
+        }
+        .boxed_unsync()
+    }
+}
+
+impl HttpBody for Prepended {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(first) = self.first.take() {
+            return Poll::Ready(Some(first));
+        }
+        Pin::new(&mut self.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none() && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let rest = self.rest.size_hint();
+        let len = self
+            .first
+            .as_ref()
+            .and_then(|f| f.as_ref().ok())
+            .and_then(Frame::data_ref)
+            .map_or(0, |d| d.len() as u64);
+        // The upper bound first: `set_lower` refuses a lower bound above the upper one.
+        let mut hint = SizeHint::new();
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper + len);
+        }
+        hint.set_lower(rest.lower() + len);
+        hint
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,6 +396,16 @@ mod tests {
         };
         assert_eq!(frames, 20);
         assert_eq!(kind_of(&err), TimeoutKind::Deadline);
+    }
+
+    #[tokio::test]
+    async fn prepended_gives_its_frame_back_first_and_adds_it_to_the_size_hint() {
+        let rest = full("world");
+        let first = Frame::data(Bytes::from_static(b"hello "));
+        let body = Prepended::wrap(first, rest);
+        assert_eq!(body.size_hint().exact(), Some(11));
+        let bytes = body.collect().await.unwrap().to_bytes();
+        assert_eq!(bytes, "hello world");
     }
 
     #[tokio::test]

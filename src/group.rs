@@ -17,6 +17,8 @@
 //!
 //! A member may set `model`: the JSON body's `"model"` is rewritten for that member only.
 
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,7 +27,7 @@ use http::HeaderName;
 use prometheus::IntCounter;
 use tokio::time::Instant;
 
-use crate::config::{GroupConfig, UpstreamConfig};
+use crate::config::{GroupConfig, HedgeAfter, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
 use crate::router::Upstream;
@@ -42,6 +44,33 @@ pub struct Member {
     /// Passed over until then (it answered a permanent 429).
     aside: Mutex<Option<Instant>>,
     answers: IntCounter,
+    /// Its latest times to an answer (for `hedge_after = "p95"`), oldest first.
+    heads: Mutex<VecDeque<Duration>>,
+}
+
+/// Answer times kept per member for its p95.
+const HEAD_SAMPLES: usize = 200;
+/// Answer times a p95 needs before hedges go by it.
+const MIN_HEAD_SAMPLES: usize = 20;
+
+impl Member {
+    /// The p95 of its latest times to an answer, once there are enough.
+    fn p95(&self) -> Option<Duration> {
+        let heads = lock(&self.heads);
+        if heads.len() < MIN_HEAD_SAMPLES {
+            return None;
+        }
+        let mut sorted: Vec<Duration> = heads.iter().copied().collect();
+        let k = (sorted.len() * 95).div_ceil(100) - 1;
+        Some(*sorted.select_nth_unstable(k).1)
+    }
+}
+
+/// A group's hedging: when, and how many so far.
+struct Hedging {
+    after: HedgeAfter,
+    max_ratio: f64,
+    sent: AtomicU64,
 }
 
 /// A group, ready to serve.
@@ -51,6 +80,9 @@ pub struct Group {
     pub members: Vec<Member>,
     fallback_wait: f64,
     cooldown: Duration,
+    hedging: Option<Hedging>,
+    /// Requests the group has served, for `hedge_max_ratio`.
+    requests: AtomicU64,
     metrics: Metrics,
 }
 
@@ -121,6 +153,7 @@ impl Group {
                             model: model.map(str::to_owned),
                             aside: Mutex::new(None),
                             answers: metrics.group_answers(g.name(), config.name()),
+                            heads: Mutex::new(VecDeque::with_capacity(HEAD_SAMPLES)),
                         })
                     })
                     .collect();
@@ -130,6 +163,12 @@ impl Group {
                     members,
                     fallback_wait: g.fallback_wait,
                     cooldown: g.cooldown.0,
+                    hedging: g.hedge_after.map(|after| Hedging {
+                        after,
+                        max_ratio: g.hedge_max_ratio,
+                        sent: AtomicU64::new(0),
+                    }),
+                    requests: AtomicU64::new(0),
                     metrics: metrics.clone(),
                 })
             })
@@ -185,6 +224,69 @@ impl Group {
         self.members[i].answers.inc();
     }
 
+    /// A request arrived (counted for `hedge_max_ratio`).
+    pub fn arrived(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Member `i` gave an answer (one that did not send the request on) after `took`.
+    pub fn record_head(&self, i: usize, took: Duration) {
+        if self
+            .hedging
+            .as_ref()
+            .is_some_and(|h| h.after == HedgeAfter::P95)
+        {
+            let mut heads = lock(&self.members[i].heads);
+            if heads.len() == HEAD_SAMPLES {
+                heads.pop_front();
+            }
+            heads.push_back(took);
+        }
+    }
+
+    /// When to hedge an attempt on member `i`, if the group hedges (with `"p95"`, once the
+    /// member has answered often enough to have one).
+    pub fn hedge_delay(&self, i: usize) -> Option<Duration> {
+        match self.hedging.as_ref()?.after {
+            HedgeAfter::Fixed(d) => Some(d),
+            HedgeAfter::P95 => self.members[i].p95(),
+        }
+    }
+
+    /// Where a hedge of an attempt on member `i` goes: the next member, or the same one when
+    /// it is the last.
+    pub fn hedge_target(&self, i: usize) -> usize {
+        (i + 1).min(self.members.len() - 1)
+    }
+
+    /// Whether a hedge to member `j` may go: within `hedge_max_ratio` of the group's requests
+    /// and with a retry taken from the member's budget. Counts it as sent.
+    pub fn take_hedge(&self, j: usize) -> bool {
+        let Some(h) = &self.hedging else {
+            return false;
+        };
+        let requests = self.requests.load(Ordering::Relaxed) as f64;
+        if (h.sent.load(Ordering::Relaxed) + 1) as f64 > h.max_ratio * requests {
+            return false;
+        }
+        if !self.members[j].upstream.state.retry.withdraw_for_hedge() {
+            return false;
+        }
+        h.sent.fetch_add(1, Ordering::Relaxed);
+        self.metrics.group_hedge(&self.name, "sent");
+        true
+    }
+
+    /// The hedge's answer won; the first attempt was cancelled.
+    pub fn hedge_won(&self) {
+        self.metrics.group_hedge(&self.name, "won");
+    }
+
+    /// An attempt that lost a race was cancelled (dropped mid-flight).
+    pub fn cancelled(&self) {
+        self.metrics.group_cancelled(&self.name);
+    }
+
     /// `/status`: the group's members in order, each with its model and cool-down.
     pub fn status(&self) -> serde_json::Value {
         let now = Instant::now();
@@ -231,6 +333,33 @@ mod tests {
         assert_eq!(out["stream"], true);
         let not_json = Bytes::from_static(b"not json");
         assert_eq!(with_model(&not_json, "m"), not_json);
+    }
+
+    #[test]
+    fn p95_needs_enough_answers_then_reads_the_95th_percentile() {
+        let metrics = Metrics::new();
+        let config = crate::config::UpstreamConfig::new(
+            "m",
+            "/m",
+            crate::config::types::parse_base_url("http://127.0.0.1:9/v1").unwrap(),
+        );
+        let member = Member {
+            upstream: Arc::new(Upstream::new(&config, &metrics, 1 << 20, None)),
+            model: None,
+            aside: Mutex::new(None),
+            answers: metrics.group_answers("g", "m"),
+            heads: Mutex::new(VecDeque::new()),
+        };
+        for ms in 1..MIN_HEAD_SAMPLES as u64 {
+            lock(&member.heads).push_back(Duration::from_millis(ms));
+        }
+        assert_eq!(member.p95(), None, "fewer than {MIN_HEAD_SAMPLES} answers");
+        lock(&member.heads).clear();
+        // 1..=100 ms, shuffled by a stride: the 95th of 100 is 95 ms.
+        for k in 0..100u64 {
+            lock(&member.heads).push_back(Duration::from_millis((k * 37) % 100 + 1));
+        }
+        assert_eq!(member.p95(), Some(Duration::from_millis(95)));
     }
 
     #[test]

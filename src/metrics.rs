@@ -45,6 +45,8 @@ pub struct Metrics {
     keys_set_aside: IntCounterVec,
     group_answers: IntCounterVec,
     group_fallbacks: IntCounterVec,
+    group_hedges: IntCounterVec,
+    group_cancelled: IntCounterVec,
     client_retries: IntCounterVec,
     breaker_state: IntGaugeVec,
     breaker_transitions: IntCounterVec,
@@ -120,6 +122,8 @@ impl Metrics {
             keys_set_aside: counter(&r, "corral_keys_set_aside_total", "Pooled keys set aside for their cool-down, by why (401, 403, quota: a permanent 429).", &["upstream", "reason"]),
             group_answers: counter(&r, "corral_group_answers_total", "Answers a group's clients got, by the member that gave them.", &["group", "upstream"]),
             group_fallbacks: counter(&r, "corral_group_fallbacks_total", "Requests that left a group member for the next, by member and why (permanent_429, unavailable, no_capacity, failed).", &["group", "upstream", "reason"]),
+            group_hedges: counter(&r, "corral_group_hedges_total", "Hedges a group sent (a second attempt when the first had no answer in time), and those whose answer won.", &["group", "outcome"]),
+            group_cancelled: counter(&r, "corral_group_cancelled_total", "Attempts a group cancelled because another attempt's answer won the race.", &["group"]),
             client_retries: counter(&r, "corral_client_retries_total", "Requests arriving with x-stainless-retry-count > 0: clients still retrying on their own.", up),
             breaker_state: gauge(&r, "corral_breaker_state", "Circuit breaker state: 0 closed (traffic flows), 1 half-open, 2 open (traffic held).", up),
             breaker_transitions: counter(&r, "corral_breaker_transitions_total", "Circuit breaker state changes, by new state.", &["upstream", "to"]),
@@ -219,6 +223,16 @@ impl Metrics {
         self.group_fallbacks
             .with_label_values(&[group, member, reason])
             .inc();
+    }
+
+    /// A group's hedge was `sent`, or `won`.
+    pub fn group_hedge(&self, group: &str, outcome: &str) {
+        self.group_hedges.with_label_values(&[group, outcome]).inc();
+    }
+
+    /// A group cancelled an attempt that lost a race.
+    pub fn group_cancelled(&self, group: &str) {
+        self.group_cancelled.with_label_values(&[group]).inc();
     }
 
     pub fn upstream(&self, name: &str) -> UpstreamMetrics {

@@ -63,6 +63,55 @@ struct Tally {
     held: Duration,
 }
 
+/// An answer with its tally, or corral's refusal with its tally.
+type Sent = Result<(Response<Body>, Tally), (ProxyError, Tally)>;
+
+/// What one group member made of a request.
+struct Tried {
+    result: Sent,
+    /// Why the request goes on to the next member, if it does.
+    why: Option<Fallback>,
+}
+
+/// A group's request as every member gets it (each adds its URI, headers and model).
+struct GroupRequest<'a> {
+    parts: &'a http::request::Parts,
+    body: &'a bytes::Bytes,
+    deadlines: forward::Deadlines,
+    peer: SocketAddr,
+    start: Instant,
+}
+
+fn is_event_stream(response: &Response<Body>) -> bool {
+    response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// Read a stream's first frame (given back in front of the rest), and whether it is an SSE
+/// `error` event: a failure before any content, such as Anthropic's `overloaded_error`.
+async fn first_event(response: Response<Body>) -> (Response<Body>, bool) {
+    use http_body_util::BodyExt;
+    let (parts, mut body) = response.into_parts();
+    match body.frame().await {
+        Some(Ok(frame)) => {
+            let error = frame.data_ref().is_some_and(|d| {
+                let text = String::from_utf8_lossy(&d[..d.len().min(512)]);
+                text.starts_with("event: error") || text.contains("\nevent: error")
+            });
+            let body = body::Prepended::wrap(frame, body);
+            (Response::from_parts(parts, body), error)
+        }
+        Some(Err(e)) => (Response::from_parts(parts, body::Prepended::fail(e)), true),
+        None => (
+            Response::from_parts(parts, body::full(bytes::Bytes::new())),
+            false,
+        ),
+    }
+}
+
 /// What [`App::send`] sends: the request as it goes to one upstream.
 struct Attempt {
     method: Method,
@@ -338,18 +387,17 @@ impl App {
     }
 
     /// A group's request (`src/group.rs`): the body read once (under the first member's
-    /// bounds), then each member in turn until one answers for good. Also returns the member
-    /// that answered (or refused last), for `x-corral-upstream`.
+    /// bounds), then each member in turn until one answers for good, each attempt hedged when
+    /// the group says so. Also returns the member that answered (or refused last), for
+    /// `x-corral-upstream`.
     async fn forward_group<'g>(
         &self,
         group: &'g Group,
         req: Request<Incoming>,
         peer: SocketAddr,
         start: Instant,
-    ) -> (
-        Result<(Response<Body>, Tally), (ProxyError, Tally)>,
-        Option<&'g str>,
-    ) {
+    ) -> (Sent, Option<&'g str>) {
+        group.arrived();
         let first = &group.members[0].upstream;
         let (parts, incoming) = req.into_parts();
         let deadlines = forward::deadline(start, first.deadline, &parts.headers);
@@ -367,74 +415,178 @@ impl App {
                 return (Err((e, Tally::default())), Some(&first.name));
             }
         };
-        let path = parts.uri.path();
+        let req = GroupRequest {
+            parts: &parts,
+            body: &body,
+            deadlines,
+            peer,
+            start,
+        };
         let mut tally = Tally::default();
         let last = group.members.len() - 1;
-        for (i, member) in group.members.iter().enumerate() {
+        let mut i = 0;
+        while i <= last {
             let now = Instant::now();
             if group.passed_over(i, now) {
                 group.fell_back(i, Fallback::Unavailable, now);
+                i += 1;
                 continue;
             }
-            let upstream = &member.upstream;
-            let Some(uri) = upstream.target_under(&group.route, path, parts.uri.query()) else {
-                let e = ProxyError::NoRoute(path.chars().take(256).collect());
-                return (Err((e, tally)), Some(&upstream.name));
+            let (tried, who) = match group.hedge_delay(i) {
+                Some(delay) => self.hedged(group, i, delay, &req).await,
+                None => (self.try_member(group, i, &req).await, i),
             };
-            let body = match &member.model {
-                Some(model) => group::with_model(&body, model),
-                None => body.clone(),
-            };
-            let attempt = Attempt {
-                method: parts.method.clone(),
-                headers: parts.headers.clone(),
-                uri,
-                body,
-                deadlines,
-                wait_deadline: group.wait_deadline(i, now, deadlines.head),
-            };
-            let result = self.send(upstream, attempt, peer, start).await;
-            let why = match &result {
-                _ if i == last => None,
-                Ok((response, _)) => Fallback::of_status(response.status().as_u16()),
-                Err((e, _)) => Fallback::of_error(e),
-            };
-            let (result, why) = match (result, why) {
-                // A 429 that no wait cures sets the member aside for the group's cool-down.
-                (Ok((response, t)), Some(_))
-                    if response.status() == StatusCode::TOO_MANY_REQUESTS =>
-                {
-                    let retry = &upstream.config.retry;
-                    let (permanent, response) =
-                        crate::stack::retry::permanent_429(response, retry, deadlines.head).await;
-                    let why = if permanent {
-                        Fallback::Permanent429
-                    } else {
-                        Fallback::Failed
-                    };
-                    (Ok((response, t)), Some(why))
-                }
-                other => other,
-            };
-            let t = match &result {
+            let t = match &tried.result {
                 Ok((_, t)) | Err((_, t)) => *t,
             };
             tally.attempts += t.attempts;
             tally.held = tally.held.max(t.held);
-            match why {
-                Some(why) => group.fell_back(i, why, Instant::now()),
-                None => {
+            match tried.why {
+                Some(why) if who < last => {
+                    group.fell_back(who, why, Instant::now());
+                    i = who + 1;
+                }
+                why => {
                     drop(held);
-                    group.answered(i);
-                    let result = match result {
+                    if why.is_none() {
+                        group.record_head(who, now.elapsed());
+                    }
+                    group.answered(who);
+                    let result = match tried.result {
                         Ok((response, _)) => Ok((response, tally)),
                         Err((e, _)) => Err((e, tally)),
                     };
-                    return (result, Some(&upstream.name));
+                    return (result, Some(&group.members[who].upstream.name));
                 }
             }
         }
-        unreachable!("the last member always answers")
+        unreachable!("the last member is never passed over, and always answers")
+    }
+
+    /// An attempt on member `i`, and after `delay` without an answer for good, a hedge on the
+    /// next member (the same one when `i` is the last) if the group's ratio and the member's
+    /// retry budget allow: the first answer for good wins and the other attempt is dropped at
+    /// once (cancelled). Returns what decided, and whose it is.
+    async fn hedged(
+        &self,
+        group: &Group,
+        i: usize,
+        delay: Duration,
+        req: &GroupRequest<'_>,
+    ) -> (Tried, usize) {
+        let mut first = std::pin::pin!(self.try_member(group, i, req));
+        tokio::select! {
+            tried = &mut first => return (tried, i),
+            () = tokio::time::sleep(delay) => {}
+        }
+        let j = group.hedge_target(i);
+        if !group.take_hedge(j) {
+            return (first.await, i);
+        }
+        let mut second = std::pin::pin!(self.try_member(group, j, req));
+        let (tried, who, first_pending) = tokio::select! {
+            tried = &mut first => (tried, i, false),
+            tried = &mut second => (tried, j, true),
+        };
+        if tried.why.is_none() {
+            group.cancelled();
+            if first_pending {
+                group.hedge_won();
+            }
+            return (tried, who);
+        }
+        // The first to answer failed; the other may still answer for good.
+        let (other, other_who) = if first_pending {
+            (first.await, i)
+        } else {
+            (second.await, j)
+        };
+        if other.why.is_none() {
+            if other_who == j && i != j {
+                group.hedge_won();
+            }
+            return (other, other_who);
+        }
+        // Both failed: the request goes on after the later member.
+        let ((earlier, e_who), later) = if who < other_who {
+            ((tried, who), (other, other_who))
+        } else {
+            ((other, other_who), (tried, who))
+        };
+        if e_who < later.1 {
+            if let Some(why) = earlier.why {
+                group.fell_back(e_who, why, Instant::now());
+            }
+        }
+        later
+    }
+
+    /// The request on member `i`: its URI, headers and (with `model`) body, through its stack;
+    /// then whether the answer sends the request on to the next member, and why. A stream's
+    /// first event is awaited on a member with a next one: an `error` event before any content
+    /// (Anthropic's `overloaded_error`) is a failure, not an answer.
+    async fn try_member(&self, group: &Group, i: usize, req: &GroupRequest<'_>) -> Tried {
+        let member = &group.members[i];
+        let upstream = &member.upstream;
+        let path = req.parts.uri.path();
+        let Some(uri) = upstream.target_under(&group.route, path, req.parts.uri.query()) else {
+            let e = ProxyError::NoRoute(path.chars().take(256).collect());
+            return Tried {
+                result: Err((e, Tally::default())),
+                why: None,
+            };
+        };
+        let body = match &member.model {
+            Some(model) => group::with_model(req.body, model),
+            None => req.body.clone(),
+        };
+        let now = Instant::now();
+        let attempt = Attempt {
+            method: req.parts.method.clone(),
+            headers: req.parts.headers.clone(),
+            uri,
+            body,
+            deadlines: req.deadlines,
+            wait_deadline: group.wait_deadline(i, now, req.deadlines.head),
+        };
+        let result = self.send(upstream, attempt, req.peer, req.start).await;
+        let (response, tally) = match result {
+            Ok(ok) => ok,
+            Err((e, t)) => {
+                let why = Fallback::of_error(&e);
+                return Tried {
+                    result: Err((e, t)),
+                    why,
+                };
+            }
+        };
+        let status = response.status();
+        let mut why = Fallback::of_status(status.as_u16());
+        let response = if why.is_some() && status == StatusCode::TOO_MANY_REQUESTS {
+            // A 429 that no wait cures sets the member aside for the group's cool-down.
+            let retry = &upstream.config.retry;
+            let (permanent, response) =
+                crate::stack::retry::permanent_429(response, retry, req.deadlines.head).await;
+            if permanent {
+                why = Some(Fallback::Permanent429);
+            }
+            response
+        } else if status == StatusCode::OK
+            && i + 1 < group.members.len()
+            && is_event_stream(&response)
+        {
+            let (response, error_first) = first_event(response).await;
+            if error_first {
+                why = Some(Fallback::Failed);
+            }
+            response
+        } else {
+            response
+        };
+        Tried {
+            result: Ok((response, tally)),
+            why,
+        }
     }
 
     /// One request through `upstream`'s stack, its response body timed on the way back.

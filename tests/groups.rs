@@ -303,3 +303,99 @@ fn groups_naming_unknown_upstreams_or_forming_cycles_are_refused() {
     let route = load("[[group]]\nname = \"g\"\nroute = \"/b\"\nmembers = [\"a\"]\n").unwrap_err();
     assert!(route.contains("duplicate route `/b`"), "{route}");
 }
+
+/// An upstream that answers 200 after `delay`.
+async fn slow(delay: Duration) -> MockUpstream {
+    MockUpstream::start(move |_| async move {
+        tokio::time::sleep(delay).await;
+        json(200, ok())
+    })
+    .await
+}
+
+/// Hedging (issue 13, item 3): a primary that answers after 2 s, a fast backup, `hedge_after =
+/// "300ms"`: ten requests at once, and `hedge_max_ratio = 0.2` lets exactly two of them hedge
+/// (the ratio is of the group's requests, all ten arrived before the first hedge was due).
+/// Those two are answered by the backup, well before the primary would have (bound: 1.5 s),
+/// each with one hedge; their primary attempts are cancelled; the other eight wait for the
+/// primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_primary_is_hedged_within_the_ratio_and_the_loser_cancelled() {
+    let (primary, backup) = (slow(Duration::from_secs(2)).await, always(200, ok()).await);
+    let group = "hedge_after = \"300ms\"\nhedge_max_ratio = 0.2\n";
+    let corral = Corral::start(&group_config(&primary, "", &backup, "", group)).await;
+    let c = std::sync::Arc::new(client());
+    let tasks: Vec<_> = (0..10)
+        .map(|_| {
+            let (c, url) = (
+                std::sync::Arc::clone(&c),
+                corral.url("/v1/chat/completions"),
+            );
+            tokio::spawn(async move {
+                let start = Instant::now();
+                let (parts, _) = send(&c, post(&url, BODY)).await;
+                (
+                    parts.status.as_u16(),
+                    member(&parts).to_owned(),
+                    start.elapsed(),
+                )
+            })
+        })
+        .collect();
+    let mut hedged = 0;
+    for t in tasks {
+        let (status, member, took) = t.await.unwrap();
+        assert_eq!(status, 200);
+        if member == "backup" {
+            hedged += 1;
+            assert!(
+                took < Duration::from_millis(1500),
+                "a hedged request took {took:?}"
+            );
+            assert!(
+                took >= Duration::from_millis(300),
+                "hedged before hedge_after: {took:?}"
+            );
+        } else {
+            assert!(took >= Duration::from_secs(2), "{took:?}");
+        }
+    }
+    assert_eq!(hedged, 2, "hedge_max_ratio = 0.2 of 10 requests");
+    assert_eq!(backup.calls(), 2, "one hedge per hedged request");
+    assert_eq!(primary.calls(), 10);
+    for line in [
+        r#"corral_group_hedges_total{group="chat",outcome="sent"} 2"#,
+        r#"corral_group_hedges_total{group="chat",outcome="won"} 2"#,
+        r#"corral_group_cancelled_total{group="chat"} 2"#,
+    ] {
+        assert!(metric(&corral, line), "no `{line}`");
+    }
+}
+
+/// A stream whose first event is an Anthropic `error` event (`overloaded_error`, before any
+/// content) is a failure: the request moves on to the backup, whose stream the client gets
+/// whole; no byte of the failed stream reaches the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_opens_with_an_error_event_falls_back() {
+    fn stream(text: &'static str) -> http::Response<corral::body::Body> {
+        http::Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(corral::body::full(text))
+            .unwrap()
+    }
+    const OVERLOADED: &str = "event: error\ndata: {\"type\": \"error\", \"error\": {\"type\": \"overloaded_error\", \"message\": \"Overloaded\"}}\n\n";
+    const GOOD: &str = "event: message_start\ndata: {\"type\": \"message_start\"}\n\nevent: message_stop\ndata: {\"type\": \"message_stop\"}\n\n";
+    let primary = MockUpstream::start(|_| async { stream(OVERLOADED) }).await;
+    let backup = MockUpstream::start(|_| async { stream(GOOD) }).await;
+    let corral = Corral::start(&group_config(&primary, "", &backup, "", "")).await;
+    let (parts, body) = chat(&corral).await;
+    assert_eq!((parts.status.as_u16(), member(&parts)), (200, "backup"));
+    assert_eq!(String::from_utf8_lossy(&body), GOOD);
+    assert_eq!((primary.calls(), backup.calls()), (1, 1));
+    // The last member's stream goes to the client as it came, error event and all.
+    let also_overloaded = MockUpstream::start(|_| async { stream(OVERLOADED) }).await;
+    let corral = Corral::start(&group_config(&primary, "", &also_overloaded, "", "")).await;
+    let (parts, body) = chat(&corral).await;
+    assert_eq!((parts.status.as_u16(), member(&parts)), (200, "backup"));
+    assert_eq!(String::from_utf8_lossy(&body), OVERLOADED);
+}

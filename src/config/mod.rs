@@ -21,7 +21,7 @@ use toml::Spanned;
 pub use self::load::{load_file, load_str, ConfigError, DEFAULT_CONFIG};
 pub use self::tls::CaFile;
 pub use self::types::{
-    BaseUrl, ByteSize, HumanDuration, ListenAddr, RedisUrl, RoutePrefix, Secret, Text,
+    BaseUrl, ByteSize, HedgeAfter, HumanDuration, ListenAddr, RedisUrl, RoutePrefix, Secret, Text,
 };
 
 /// The whole configuration file.
@@ -93,6 +93,17 @@ pub struct GroupConfig {
     /// A member that answered a permanent 429 is passed over for this long.
     #[serde(default = "default_key_cooldown")]
     pub cooldown: HumanDuration,
+    /// With no answer by then, a second attempt goes to the next member (the same one in a
+    /// group of one): a duration, or `"p95"` (the member's p95 time to an answer). Unset: none.
+    #[serde(default)]
+    pub hedge_after: Option<HedgeAfter>,
+    /// Hedges never exceed this share of the group's requests.
+    #[serde(default = "default_hedge_max_ratio")]
+    pub hedge_max_ratio: f64,
+}
+
+fn default_hedge_max_ratio() -> f64 {
+    0.1
 }
 
 fn default_fallback_wait() -> f64 {

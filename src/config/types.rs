@@ -182,6 +182,31 @@ impl fmt::Display for HumanDuration {
         write!(f, "{}", humantime::format_duration(self.0))
     }
 }
+/// When a group sends a hedge: after a fixed time, or after the member's p95 time to an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HedgeAfter {
+    Fixed(Duration),
+    P95,
+}
+string_value!(HedgeAfter, |s: &str| {
+    if s.trim() == "p95" {
+        return Ok(HedgeAfter::P95);
+    }
+    let d = parse_duration(s).map_err(|e| format!("{e}, or \"p95\""))?.0;
+    if d.is_zero() {
+        return Err("`hedge_after` must be above zero (leave it out for no hedging)".into());
+    }
+    Ok(HedgeAfter::Fixed(d))
+});
+impl fmt::Display for HedgeAfter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Fixed(d) => write!(f, "{}", humantime::format_duration(*d)),
+            Self::P95 => f.write_str("p95"),
+        }
+    }
+}
+
 impl HumanDuration {
     pub const fn from_millis(ms: u64) -> Self {
         Self(Duration::from_millis(ms))

@@ -466,6 +466,15 @@ fn validate_groups<'a>(
                 ),
             ));
         }
+        if !(g.hedge_max_ratio > 0.0 && g.hedge_max_ratio <= 1.0) {
+            return Err(at(
+                "hedge_max_ratio",
+                format!(
+                    "`hedge_max_ratio` is a share of the group's requests, within (0, 1]; got {}",
+                    g.hedge_max_ratio
+                ),
+            ));
+        }
         if g.cooldown.0 < Duration::from_secs(1) || g.cooldown.0 > Duration::from_secs(86_400) {
             return Err(at(
                 "cooldown",

@@ -60,6 +60,8 @@ pub struct StackState {
     pub window: Arc<concurrency::Window>,
     pub breaker: Option<Arc<breaker::BreakerShared>>,
     pub rate_limit: Arc<rate_limit::RateLimitShared>,
+    /// The retry budget a group's hedges draw on.
+    pub retry: Arc<retry::RetryShared>,
 }
 
 impl StackState {
@@ -131,7 +133,7 @@ where
         // 2. One slot per client request, held across retries and until the body ends.
         .layer(concurrency::ConcurrencyLayer::new(Arc::clone(&window)))
         // 3. Re-runs 4-6 for each attempt.
-        .layer(retry::RetryLayer::new(retry))
+        .layer(retry::RetryLayer::new(Arc::clone(&retry)))
         // 4. Every attempt passes the breaker (optional: `breaker.enabled = false`).
         .option_layer(breaker.clone().map(breaker::BreakerLayer::new))
         // 5. Every attempt takes its tokens; every answer teaches the pacers.
@@ -146,6 +148,7 @@ where
         window,
         breaker,
         rate_limit,
+        retry,
     };
     (BoxCloneSyncService::new(service), state)
 }

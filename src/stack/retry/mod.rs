@@ -86,6 +86,12 @@ impl RetryShared {
         })
     }
 
+    /// Take one retry from the budget for a group's hedge: a hedge is an extra attempt, and
+    /// an outage must not multiply load through hedges either.
+    pub fn withdraw_for_hedge(&self) -> bool {
+        self.budget.withdraw()
+    }
+
     fn sleep_for(&self, retry: u32, previous: Duration, hint: Option<Duration>) -> Duration {
         let mut rng = lock(&self.rng);
         let backoff = self.backoff.sleep(retry, previous, &mut *rng);

@@ -28,6 +28,8 @@ pub enum ProxyError {
     NoRoute(String),
     #[error("the path has a dot-segment or an encoded slash or backslash: `{0}`")]
     BadPath(String),
+    #[error("x-corral-priority must be `interactive` or `batch`")]
+    BadPriority,
     #[error("method `{method}` is not allowed here; allowed: {allow}")]
     MethodNotAllowed { method: String, allow: &'static str },
     #[error("absolute-form request targets are refused: corral is not an open proxy; send origin-form paths such as /v1/chat/completions")]
@@ -82,7 +84,9 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::NoRoute(_) => StatusCode::NOT_FOUND,
-            Self::AbsoluteForm | Self::BadPath(_) | Self::BodyRead(_) => StatusCode::BAD_REQUEST,
+            Self::AbsoluteForm | Self::BadPath(_) | Self::BadPriority | Self::BodyRead(_) => {
+                StatusCode::BAD_REQUEST
+            }
             Self::Connect | Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -104,6 +108,7 @@ impl ProxyError {
             }
             Self::NoRoute(_)
             | Self::BadPath(_)
+            | Self::BadPriority
             | Self::MethodNotAllowed { .. }
             | Self::AbsoluteForm
             | Self::Connect
@@ -125,6 +130,7 @@ impl ProxyError {
         match self {
             Self::NoRoute(_) => "no_route",
             Self::BadPath(_) => "bad_path",
+            Self::BadPriority => "bad_priority",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
             Self::AbsoluteForm => "absolute_form",
             Self::Connect => "connect_refused",
@@ -170,6 +176,7 @@ impl ProxyError {
     pub fn message(&self) -> String {
         match self {
             Self::NoRoute(_) => "no route matches the request path".into(),
+            Self::BadPriority => "the x-corral-priority header must be `interactive` or `batch`".into(),
             Self::BadPath(_) => "the request path has a dot-segment (`.`, `..`, raw or percent-encoded) or an encoded slash or backslash; corral forwards only plain paths".into(),
             Self::MethodNotAllowed { allow, .. } => format!("only these methods are allowed here: {allow}"),
             Self::BodyRead(_) => "reading the request body failed".into(),

@@ -81,6 +81,8 @@ pub struct Group {
     fallback_wait: f64,
     cooldown: Duration,
     hedging: Option<Hedging>,
+    /// The priority of a request without `x-corral-priority`, if the group sets one.
+    pub priority: Option<crate::config::Priority>,
     /// Requests the group has served, for `hedge_max_ratio`.
     requests: AtomicU64,
     metrics: Metrics,
@@ -169,6 +171,7 @@ impl Group {
                         sent: AtomicU64::new(0),
                     }),
                     requests: AtomicU64::new(0),
+                    priority: g.priority,
                     metrics: metrics.clone(),
                 })
             })

@@ -381,6 +381,7 @@ const CAUSES: &[&str] = &[
     "absolute_form",
     "connect_refused",
     "bad_path",
+    "bad_priority",
     "method_not_allowed",
     "body_too_large",
     "body_read",
@@ -738,6 +739,7 @@ mod tests {
         let causes = [
             ProxyError::NoRoute(s()),
             ProxyError::BadPath(s()),
+            ProxyError::BadPriority,
             ProxyError::BodyTimeout(TimeoutKind::Idle),
             ProxyError::BufferFull {
                 cap: 1,
@@ -787,6 +789,7 @@ mod tests {
             match e {
                 ProxyError::NoRoute(_)
                 | ProxyError::BadPath(_)
+                | ProxyError::BadPriority
                 | ProxyError::BodyTimeout(_)
                 | ProxyError::BufferFull { .. }
                 | ProxyError::AbsoluteForm

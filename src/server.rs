@@ -16,7 +16,7 @@ use tower::ServiceExt;
 use crate::accept::{self, Acceptor, ConnLimits, Handler};
 use crate::access_log::{self, Exchange};
 use crate::body::{self, Body, TimeoutKind};
-use crate::config::Config;
+use crate::config::{Config, Priority};
 use crate::error::ProxyError;
 use crate::fleet::Fleet;
 use crate::forward::buffer::{self, BodyBounds};
@@ -78,6 +78,7 @@ struct GroupRequest<'a> {
     parts: &'a http::request::Parts,
     body: &'a bytes::Bytes,
     deadlines: forward::Deadlines,
+    priority: Priority,
     peer: SocketAddr,
     start: Instant,
 }
@@ -121,6 +122,7 @@ struct Attempt {
     deadlines: forward::Deadlines,
     /// How long it may wait for capacity ([`RequestCtx::wait_deadline`]).
     wait_deadline: Instant,
+    priority: Priority,
 }
 
 impl App {
@@ -358,6 +360,8 @@ impl App {
                 ))
             })?;
         let deadlines = forward::deadline(start, upstream.deadline, &parts.headers);
+        let priority =
+            forward::priority(&parts.headers, upstream.config.priority).map_err(&refuse)?;
         let bounds = BodyBounds {
             limit: upstream.body_limit,
             idle: upstream.body_idle_timeout,
@@ -376,6 +380,7 @@ impl App {
                     body,
                     deadlines,
                     wait_deadline: deadlines.head,
+                    priority,
                 },
                 peer,
                 start,
@@ -401,6 +406,15 @@ impl App {
         let first = &group.members[0].upstream;
         let (parts, incoming) = req.into_parts();
         let deadlines = forward::deadline(start, first.deadline, &parts.headers);
+        let default = group.priority.unwrap_or(first.config.priority);
+        let priority = match forward::priority(&parts.headers, default) {
+            Ok(p) => p,
+            Err(e) => {
+                first.metrics.request(&parts.method, e.status().as_u16());
+                first.metrics.corral_error(e.label());
+                return (Err((e, Tally::default())), Some(&first.name));
+            }
+        };
         let bounds = BodyBounds {
             limit: first.body_limit,
             idle: first.body_idle_timeout,
@@ -419,6 +433,7 @@ impl App {
             parts: &parts,
             body: &body,
             deadlines,
+            priority,
             peer,
             start,
         };
@@ -548,6 +563,7 @@ impl App {
             body,
             deadlines: req.deadlines,
             wait_deadline: group.wait_deadline(i, now, req.deadlines.head),
+            priority: req.priority,
         };
         let result = self.send(upstream, attempt, req.peer, req.start).await;
         let (response, tally) = match result {
@@ -604,9 +620,11 @@ impl App {
             body,
             deadlines,
             wait_deadline,
+            priority,
         } = attempt;
         let mut ctx = RequestCtx::new(start, deadlines.head);
         ctx.wait_deadline = wait_deadline;
+        ctx.priority = priority;
         let ctx = Arc::new(ctx);
         let headers =
             forward::upstream_headers(headers, peer.ip(), &upstream.inject, upstream.header_mode);

@@ -401,7 +401,15 @@ async fn a_429_pauses_the_partition_for_its_explicit_hint() {
             None,
         );
         let deadline = Instant::now() + Duration::from_secs(10);
-        let tickets = partition.acquire(0, deadline, "fixture").await.unwrap();
+        let tickets = partition
+            .acquire(
+                0,
+                deadline,
+                corral::config::Priority::Interactive,
+                "fixture",
+            )
+            .await
+            .unwrap();
         partition.observe(tickets, Outcome::Throttled(429), Some(&f.headers), &metrics);
         let paused = partition.status()["paused_ms"].as_u64().expect("paused");
         assert!(

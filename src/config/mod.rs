@@ -100,6 +100,9 @@ pub struct GroupConfig {
     /// Hedges never exceed this share of the group's requests.
     #[serde(default = "default_hedge_max_ratio")]
     pub hedge_max_ratio: f64,
+    /// The priority of a request that sends no `x-corral-priority` (unset: the first member's).
+    #[serde(default)]
+    pub priority: Option<Priority>,
 }
 
 fn default_hedge_max_ratio() -> f64 {
@@ -279,6 +282,9 @@ pub struct UpstreamConfig {
     /// again.
     #[serde(default = "default_key_cooldown")]
     pub key_cooldown: HumanDuration,
+    /// The priority of a request that sends no `x-corral-priority`.
+    #[serde(default)]
+    pub priority: Priority,
     /// Largest request body corral buffers; beyond it the client gets a 413.
     #[serde(default = "default_body_limit")]
     pub body_limit: ByteSize,
@@ -352,6 +358,7 @@ impl UpstreamConfig {
             header_mode: HeaderMode::default(),
             keys: Vec::new(),
             key_cooldown: default_key_cooldown(),
+            priority: Priority::default(),
             body_limit: default_body_limit(),
             body_idle_timeout: default_body_idle_timeout(),
             stream_idle_timeout: default_stream_idle_timeout(),
@@ -377,6 +384,29 @@ impl UpstreamConfig {
         self.tls_ca_file
             .as_ref()
             .map_or(&[], |file| file.get_ref().certs.as_slice())
+    }
+}
+
+/// Which waiting requests go first: `interactive` ahead of `batch` in the concurrency queue and
+/// the rate limiter's turns (`x-corral-priority`, else the route's `priority`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    #[default]
+    Interactive,
+    Batch,
+}
+
+impl Priority {
+    /// The `x-corral-priority` value, if it is one.
+    pub fn parse(value: &[u8]) -> Option<Self> {
+        if value.eq_ignore_ascii_case(b"interactive") {
+            Some(Self::Interactive)
+        } else if value.eq_ignore_ascii_case(b"batch") {
+            Some(Self::Batch)
+        } else {
+            None
+        }
     }
 }
 

@@ -24,6 +24,8 @@ use crate::config::{HeaderMode, Secret};
 
 /// Header a client may send to shorten (never lengthen) the request's deadline.
 pub const DEADLINE_HEADER: &str = "x-corral-deadline-ms";
+/// The client's priority for its request: `interactive` or `batch`; corral's, never forwarded.
+pub const PRIORITY_HEADER: &str = "x-corral-priority";
 
 /// The methods corral forwards (any other is refused with a 405), as the `method` label names
 /// them; `None` for any other.
@@ -76,6 +78,8 @@ pub struct RequestCtx {
     /// How long the request may wait for capacity (a concurrency slot, rate-limit tokens, the
     /// breaker): the deadline, or sooner for a group member that has a next one to fall back to.
     pub wait_deadline: Instant,
+    /// Which waiting requests go first (see [`crate::config::Priority`]).
+    pub priority: crate::config::Priority,
     /// Attempts sent upstream so far.
     attempts: AtomicU32,
     /// When the request entered its upstream's stack, in microseconds after `start` (the body
@@ -95,6 +99,7 @@ impl RequestCtx {
             start,
             deadline,
             wait_deadline: deadline,
+            priority: crate::config::Priority::Interactive,
             attempts: AtomicU32::new(0),
             entered: AtomicU64::new(0),
             first_sent: AtomicU64::new(NOT_SENT),
@@ -175,6 +180,7 @@ pub fn upstream_headers(
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
     headers.remove(DEADLINE_HEADER);
+    headers.remove(PRIORITY_HEADER);
     const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
     let forwarded = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
         Some(prior) if !prior.trim().is_empty() => format!("{prior}, {peer}"),
@@ -229,6 +235,19 @@ pub fn time_response(
     on_timeout: impl FnOnce(TimeoutKind) + Send + 'static,
 ) -> Body {
     crate::body::boxed(Timed::new(body, idle, deadlines.exchange, on_timeout))
+}
+
+/// The request's priority: its `x-corral-priority`, else `default`; a value that is neither
+/// `interactive` nor `batch` is refused.
+pub fn priority(
+    headers: &HeaderMap,
+    default: crate::config::Priority,
+) -> Result<crate::config::Priority, crate::error::ProxyError> {
+    match headers.get(PRIORITY_HEADER) {
+        None => Ok(default),
+        Some(v) => crate::config::Priority::parse(v.as_bytes())
+            .ok_or(crate::error::ProxyError::BadPriority),
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Concurrency window: at most `limit` requests in flight per upstream, the rest in a bounded
-//! FIFO queue (tokio's fair semaphore) for at most `queue_timeout` or their deadline. Overflow
+//! FIFO queue (tokio's fair semaphore) for at most `queue_timeout` or their deadline; batch
+//! requests join that queue one at a time, so interactive ones pass the rest of them. Overflow
 //! and timeouts get a 429 with a Retry-After estimated from the queue; nothing is dropped
 //! silently. The permit moves into the response body, so a stream counts as in flight until its
 //! last byte. The limit can move at run time (adaptive concurrency): growing adds permits,
@@ -20,6 +21,7 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use crate::body::{Guard, Guarded};
+use crate::config::Priority;
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
@@ -30,6 +32,10 @@ pub mod gradient;
 /// One upstream's window, shared by all its requests.
 pub struct Window {
     semaphore: Arc<Semaphore>,
+    /// Batch requests wait here before they join the semaphore's queue, one at a time: an
+    /// interactive request finds at most one batch request ahead of it there (which also
+    /// keeps batch from starving: the one in the queue is served in its turn).
+    batch_gate: tokio::sync::Mutex<()>,
     limit: AtomicU32,
     debt: AtomicU32,
     /// Slots held (can exceed `limit` while it shrinks: the difference is `debt`).
@@ -65,6 +71,7 @@ impl Window {
         metrics.concurrency_limit.set(i64::from(limit));
         Self {
             semaphore: Arc::new(Semaphore::new(limit as usize)),
+            batch_gate: tokio::sync::Mutex::new(()),
             limit: AtomicU32::new(limit),
             debt: AtomicU32::new(0),
             held: AtomicU32::new(0),
@@ -163,7 +170,11 @@ impl Window {
         Duration::from_secs_f64((per_slot * (waiting as f64 + 1.0)).clamp(1.0, 600.0))
     }
 
-    async fn acquire(self: &Arc<Self>, deadline: Instant) -> Result<Slot, ProxyError> {
+    async fn acquire(
+        self: &Arc<Self>,
+        deadline: Instant,
+        priority: Priority,
+    ) -> Result<Slot, ProxyError> {
         let upstream = || self.metrics.name().to_owned();
         if let Ok(permit) = Arc::clone(&self.semaphore).try_acquire_owned() {
             // No wait, and nothing observed: the histogram is of the waits that happened.
@@ -182,7 +193,15 @@ impl Window {
         let until = start
             .checked_add(self.queue_timeout)
             .map_or(deadline, |t| t.min(deadline));
-        match tokio::time::timeout_at(until, Arc::clone(&self.semaphore).acquire_owned()).await {
+        let wait = async {
+            // Held until the permit is ours, then the next batch request may queue.
+            let _gate = match priority {
+                Priority::Batch => Some(self.batch_gate.lock().await),
+                Priority::Interactive => None,
+            };
+            Arc::clone(&self.semaphore).acquire_owned().await
+        };
+        match tokio::time::timeout_at(until, wait).await {
             Ok(Ok(permit)) => {
                 self.metrics
                     .queue_wait
@@ -283,7 +302,7 @@ impl Middleware for Window {
         let window = self;
         Box::pin(async move {
             let ctx = Arc::clone(&req.ctx);
-            let mut slot = window.acquire(ctx.wait_deadline).await?;
+            let mut slot = window.acquire(ctx.wait_deadline, ctx.priority).await?;
             let response = next.oneshot(req).await?;
             slot.learn_from(response.status(), ctx.attempts());
             Ok(response.map(|body| Guarded::wrap(body, slot)))

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use super::*;
+use crate::config::Priority;
 
 fn window(limit: u32, queue: usize, timeout: Duration) -> Arc<Window> {
     Window::new(
@@ -23,13 +24,13 @@ fn window(limit: u32, queue: usize, timeout: Duration) -> Arc<Window> {
 async fn waiters_are_served_in_fifo_order() {
     let w = window(1, 100, Duration::from_secs(60));
     let deadline = Instant::now() + Duration::from_secs(60);
-    let first = w.acquire(deadline).await.unwrap();
+    let first = w.acquire(deadline, Priority::Interactive).await.unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut handles = Vec::new();
     for i in 0..10 {
         let (w, order) = (Arc::clone(&w), Arc::clone(&order));
         handles.push(tokio::spawn(async move {
-            let slot = w.acquire(deadline).await.unwrap();
+            let slot = w.acquire(deadline, Priority::Interactive).await.unwrap();
             order.lock().await.push(i);
             tokio::time::sleep(Duration::from_millis(10)).await;
             drop(slot);
@@ -44,15 +45,54 @@ async fn waiters_are_served_in_fifo_order() {
     assert_eq!(*order.lock().await, (0..10).collect::<Vec<_>>());
 }
 
+/// Issue 13, point 4: ten batch requests queue for one slot, then an interactive one arrives:
+/// it is served second (behind the one batch request already in the semaphore's queue), not
+/// eleventh; every batch request still gets its slot.
+#[tokio::test(start_paused = true)]
+async fn an_interactive_request_passes_queued_batch_ones() {
+    let w = window(1, 100, Duration::from_secs(60));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let first = w.acquire(deadline, Priority::Batch).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut handles = Vec::new();
+    let names = (0..10).map(|i| (format!("batch-{i}"), Priority::Batch));
+    for (name, priority) in names.chain([("interactive".to_owned(), Priority::Interactive)]) {
+        let (w, order) = (Arc::clone(&w), Arc::clone(&order));
+        handles.push(tokio::spawn(async move {
+            let slot = w.acquire(deadline, priority).await.unwrap();
+            order.lock().await.push(name);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            drop(slot);
+        }));
+        tokio::task::yield_now().await; // arrive in this order
+    }
+    drop(first);
+    for h in handles {
+        h.await.unwrap();
+    }
+    let order = order.lock().await;
+    let at = order.iter().position(|n| n == "interactive").unwrap();
+    assert!(at <= 1, "interactive served {}th: {order:?}", at + 1);
+    assert_eq!(order.len(), 11);
+}
+
 #[tokio::test(start_paused = true)]
 async fn overflow_and_timeout_get_429s_with_retry_after() {
     let w = window(1, 1, Duration::from_secs(2));
     let deadline = Instant::now() + Duration::from_secs(60);
-    let _held = w.acquire(deadline).await.unwrap();
+    let _held = w.acquire(deadline, Priority::Interactive).await.unwrap();
     let w2 = Arc::clone(&w);
-    let queued = tokio::spawn(async move { w2.acquire(deadline).await.map(|_| ()) });
+    let queued = tokio::spawn(async move {
+        w2.acquire(deadline, Priority::Interactive)
+            .await
+            .map(|_| ())
+    });
     tokio::task::yield_now().await;
-    let full = w.acquire(deadline).await.err().expect("queue is full");
+    let full = w
+        .acquire(deadline, Priority::Interactive)
+        .await
+        .err()
+        .expect("queue is full");
     assert!(matches!(full, ProxyError::QueueFull { .. }), "{full}");
     assert!(full.retry_after().unwrap() >= Duration::from_secs(1));
     let timed_out = queued.await.unwrap().unwrap_err();
@@ -67,8 +107,8 @@ async fn overflow_and_timeout_get_429s_with_retry_after() {
 async fn limit_moves_at_run_time() {
     let w = window(2, 100, Duration::from_secs(60));
     let deadline = Instant::now() + Duration::from_secs(60);
-    let a = w.acquire(deadline).await.unwrap();
-    let b = w.acquire(deadline).await.unwrap();
+    let a = w.acquire(deadline, Priority::Interactive).await.unwrap();
+    let b = w.acquire(deadline, Priority::Interactive).await.unwrap();
     w.set_limit(1); // both held: one becomes debt
     drop(a); // pays the debt
     assert!(
@@ -76,11 +116,11 @@ async fn limit_moves_at_run_time() {
         "limit 1, one held"
     );
     drop(b);
-    let c = w.acquire(deadline).await.unwrap();
+    let c = w.acquire(deadline, Priority::Interactive).await.unwrap();
     assert!(Arc::clone(&w.semaphore).try_acquire_owned().is_err());
     w.set_limit(3);
-    let _d = w.acquire(deadline).await.unwrap();
-    let _e = w.acquire(deadline).await.unwrap();
+    let _d = w.acquire(deadline, Priority::Interactive).await.unwrap();
+    let _e = w.acquire(deadline, Priority::Interactive).await.unwrap();
     drop(c);
     assert_eq!(w.limit(), 3);
 }
@@ -134,7 +174,7 @@ async fn adaptive_window_follows_latency_within_its_bounds() {
 async fn hold_slots(w: &Arc<Window>, n: u32, deadline: Instant) -> Vec<Slot> {
     let mut slots = Vec::new();
     for _ in 0..n {
-        slots.push(w.acquire(deadline).await.unwrap());
+        slots.push(w.acquire(deadline, Priority::Interactive).await.unwrap());
     }
     slots
 }

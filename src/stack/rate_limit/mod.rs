@@ -192,7 +192,7 @@ impl RateLimitShared {
         };
         let start = Instant::now();
         let tickets = partition
-            .acquire(cost, req.ctx.wait_deadline, m.name())
+            .acquire(cost, req.ctx.wait_deadline, req.ctx.priority, m.name())
             .await?;
         m.rate_wait.observe(start.elapsed().as_secs_f64());
         if self.config.limits.tpm.is_some() {

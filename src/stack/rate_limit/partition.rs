@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use super::bucket::{take, Bucket};
 use super::learn::{Answer, Pacer, Source, Ticket};
 use crate::classify::Outcome;
-use crate::config::{LearnMode, UpstreamConfig};
+use crate::config::{LearnMode, Priority, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::fleet::{Fleet, Lease};
 use crate::metrics::UpstreamMetrics;
@@ -89,6 +89,10 @@ impl Pause {
 pub struct Partition {
     /// Waiters on the slow path take turns through this fair mutex (FIFO).
     turn: tokio::sync::Mutex<()>,
+    /// Batch waiters queue here first and join `turn`'s queue one at a time, so an interactive
+    /// waiter finds at most one batch waiter ahead of it there (and batch never starves: the
+    /// one in the queue is served in its turn).
+    batch_turn: tokio::sync::Mutex<()>,
     /// The configured requests-per-minute ceiling.
     requests: Option<Bucket>,
     /// The configured tokens-per-minute ceiling.
@@ -165,6 +169,7 @@ impl Partition {
         });
         Self {
             turn: tokio::sync::Mutex::new(()),
+            batch_turn: tokio::sync::Mutex::new(()),
             requests,
             tokens,
             pacers,
@@ -201,6 +206,7 @@ impl Partition {
         &self,
         cost: u32,
         deadline: Instant,
+        priority: Priority,
         upstream: &str,
     ) -> Result<Option<Tickets>, ProxyError> {
         if let Some(tickets) = self.fast_path(cost) {
@@ -220,7 +226,7 @@ impl Partition {
             && self.tokens.is_none()
             && self.lease.is_none();
         self.wait_pause(deadline, unpaced).await.map_err(limited)?;
-        let _turn = self.take_turn(deadline).await.map_err(limited)?;
+        let _turn = self.take_turn(deadline, priority).await.map_err(limited)?;
         self.wait(cost, deadline).await.map_err(limited)
     }
 
@@ -274,8 +280,17 @@ impl Partition {
     async fn take_turn(
         &self,
         deadline: Instant,
+        priority: Priority,
     ) -> Result<tokio::sync::MutexGuard<'_, ()>, Duration> {
-        tokio::time::timeout_at(deadline, self.turn.lock())
+        let turn = async {
+            // Held until the turn is ours, then the next batch waiter may queue for it.
+            let _batch = match priority {
+                Priority::Batch => Some(self.batch_turn.lock().await),
+                Priority::Interactive => None,
+            };
+            self.turn.lock().await
+        };
+        tokio::time::timeout_at(deadline, turn)
             .await
             .map_err(|_| Duration::from_secs(1))
     }
@@ -511,7 +526,10 @@ mod tests {
         config.limits.token_burst = NonZeroU32::new(100);
         let partition = Arc::new(Partition::new(&config, None));
         let deadline = Instant::now() + Duration::from_secs(60);
-        partition.acquire(100, deadline, "t").await.unwrap(); // empties the bucket
+        partition
+            .acquire(100, deadline, Priority::Interactive, "t")
+            .await
+            .unwrap(); // empties the bucket
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for (name, cost) in [
@@ -522,7 +540,9 @@ mod tests {
         ] {
             let (p, order) = (Arc::clone(&partition), Arc::clone(&order));
             tasks.push(tokio::spawn(async move {
-                p.acquire(cost, deadline, "t").await.unwrap();
+                p.acquire(cost, deadline, Priority::Interactive, "t")
+                    .await
+                    .unwrap();
                 order.lock().unwrap().push(name);
             }));
             tokio::task::yield_now().await; // queue in this order
@@ -536,6 +556,45 @@ mod tests {
         );
     }
 
+    /// Issue 13, point 4: twenty batch waiters queue for one token a second, then an
+    /// interactive one arrives: it passes all but the batch waiter holding the turn and the
+    /// one queued for it, so it is served third, not twenty-first; and the batch waiters all
+    /// get through (none starves).
+    #[tokio::test(start_paused = true)]
+    async fn interactive_waiters_pass_queued_batch_ones() {
+        let mut config = config();
+        config.rate_limit = LearnMode::Off;
+        config.limits.rpm = NonZeroU32::new(60);
+        config.limits.burst = NonZeroU32::new(1);
+        let partition = Arc::new(Partition::new(&config, None));
+        let deadline = Instant::now() + Duration::from_secs(600);
+        partition
+            .acquire(1, deadline, Priority::Batch, "t")
+            .await
+            .unwrap(); // empties the bucket
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        let mut spawn = |name: String, priority: Priority| {
+            let (p, order) = (Arc::clone(&partition), Arc::clone(&order));
+            tasks.push(tokio::spawn(async move {
+                p.acquire(1, deadline, priority, "t").await.unwrap();
+                order.lock().unwrap().push(name);
+            }));
+        };
+        for i in 0..20 {
+            spawn(format!("batch-{i}"), Priority::Batch);
+            tokio::task::yield_now().await;
+        }
+        spawn("interactive".into(), Priority::Interactive);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let order = order.lock().unwrap();
+        let at = order.iter().position(|n| n == "interactive").unwrap();
+        assert!(at <= 2, "interactive served {}th: {order:?}", at + 1);
+        assert_eq!(order.len(), 21, "every batch waiter got through");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn no_capacity_within_the_deadline_is_a_429_with_retry_after() {
         let mut config = config();
@@ -544,8 +603,14 @@ mod tests {
         config.limits.burst = NonZeroU32::new(1);
         let partition = Partition::new(&config, None);
         let soon = Instant::now() + Duration::from_millis(200);
-        partition.acquire(1, soon, "t").await.unwrap();
-        let err = partition.acquire(1, soon, "t").await.unwrap_err();
+        partition
+            .acquire(1, soon, Priority::Interactive, "t")
+            .await
+            .unwrap();
+        let err = partition
+            .acquire(1, soon, Priority::Interactive, "t")
+            .await
+            .unwrap_err();
         assert_eq!(err.status(), 429);
         assert!(err.retry_after().unwrap() > Duration::from_millis(500));
     }
@@ -557,7 +622,10 @@ mod tests {
         let partition = Arc::new(Partition::new(&config(), None));
         let metrics = crate::metrics::Metrics::new().upstream("t");
         let far = Instant::now() + Duration::from_secs(60);
-        let tickets = partition.acquire(1, far, "t").await.unwrap();
+        let tickets = partition
+            .acquire(1, far, Priority::Interactive, "t")
+            .await
+            .unwrap();
         let start = Instant::now();
         let h = provider::header_map(&[("retry-after-ms", "1500")]);
         partition.observe(tickets, Outcome::Throttled(429), Some(&h), &metrics);
@@ -565,7 +633,7 @@ mod tests {
             .map(|_| {
                 let p = Arc::clone(&partition);
                 tokio::spawn(async move {
-                    p.acquire(1, far, "t").await.unwrap();
+                    p.acquire(1, far, Priority::Interactive, "t").await.unwrap();
                     Instant::now()
                 })
             })
@@ -580,10 +648,15 @@ mod tests {
         }
         // A deadline inside the pause is refused at once with the pause as Retry-After.
         let p = Partition::new(&config(), None);
-        let tickets = p.acquire(1, far, "t").await.unwrap();
+        let tickets = p.acquire(1, far, Priority::Interactive, "t").await.unwrap();
         p.observe(tickets, Outcome::Throttled(429), Some(&h), &metrics);
         let err = p
-            .acquire(1, Instant::now() + Duration::from_millis(500), "t")
+            .acquire(
+                1,
+                Instant::now() + Duration::from_millis(500),
+                Priority::Interactive,
+                "t",
+            )
             .await
             .unwrap_err();
         assert_eq!(err.status(), 429);

@@ -167,10 +167,22 @@ async fn fallback(n: usize) -> Vec<String> {
     );
     let (url, _app) = corral(&toml).await;
     let client = Client::builder(TokioExecutor::new()).build_http();
-    // Warm both paths' connections.
-    run(&client, &format!("{url}/direct/chat/completions"), 50, 8).await;
-    let (group, by_backup) = run(&client, &format!("{url}/v1/chat/completions"), n, 8).await;
-    let (direct, _) = run(&client, &format!("{url}/direct/chat/completions"), n, 8).await;
+    // Warm both paths' connections; then the two routes in turn, a quarter at a time, so a
+    // drift of the machine's speed weighs on both alike.
+    let (group_url, direct_url) = (
+        format!("{url}/v1/chat/completions"),
+        format!("{url}/direct/chat/completions"),
+    );
+    run(&client, &direct_url, 50, 8).await;
+    let (mut group, mut direct, mut by_backup) = (Vec::new(), Vec::new(), 0);
+    for _ in 0..4 {
+        let (times, backup) = run(&client, &group_url, n / 4, 8).await;
+        group.extend(times);
+        by_backup += backup;
+        direct.extend(run(&client, &direct_url, n / 4, 8).await.0);
+    }
+    group.sort();
+    direct.sort();
     let added = quantile(&group, 0.99).saturating_sub(quantile(&direct, 0.99));
     vec![
         format!(
@@ -214,7 +226,7 @@ async fn hedging() -> Vec<String> {
     let sent = count(r#"corral_group_hedges_total{group="chat",outcome="sent"}"#);
     let p99 = quantile(&times, 0.99);
     vec![format!(
-        "| hedging: primary 5 s, hedge after 1 s | {n} | {} | {} | {by_backup} answered by the backup; hedges sent {sent}, backup calls {}, primary calls {} (target p99 < 1.5 s and <= 1 hedge a request: {}) |",
+        "| hedging: primary 5 s, hedge after 1 s | {n} | {} | {} | {by_backup} answered by the backup; hedges sent {sent}, backup calls {}, primary calls {} (the others were still waiting for the primary's slow start when their hedge won) (target p99 < 1.5 s and <= 1 hedge a request: {}) |",
         ms(quantile(&times, 0.5)),
         ms(p99),
         backup_calls.load(Ordering::Relaxed),
@@ -265,6 +277,9 @@ async fn priorities() -> Vec<String> {
     for t in batch {
         batch_times.extend(t.await.unwrap());
     }
+    // The batch requests still queued at the end are answered after it: the rate is over the
+    // whole time to the last answer.
+    let elapsed = run_for + end.elapsed();
     interactive.sort();
     batch_times.sort();
     let served = calls.load(Ordering::Relaxed);
@@ -278,11 +293,12 @@ async fn priorities() -> Vec<String> {
             if p99 < Duration::from_secs(1) { "met" } else { "MISSED" }
         ),
         format!(
-            "| priorities: batch, 500 clients | {} | {} | {} | the limit: {:.1} requests/s served of 20 |",
+            "| priorities: batch, 500 clients | {} | {} | {} | the limit: {:.1} requests/s served of 20 (over {:.1} s, to the last queued answer) |",
             batch_times.len(),
             ms(quantile(&batch_times, 0.5)),
             ms(quantile(&batch_times, 0.99)),
-            served as f64 / run_for.as_secs_f64()
+            served as f64 / elapsed.as_secs_f64(),
+            elapsed.as_secs_f64()
         ),
     ]
 }

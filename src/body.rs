@@ -268,6 +268,10 @@ impl HttpBody for Prepended {
     }
 
     fn size_hint(&self) -> SizeHint {
+        if matches!(self.first, Some(Err(_))) {
+            // A body about to fail has no size to promise (an exact 0 would end it cleanly).
+            return SizeHint::default();
+        }
         let rest = self.rest.size_hint();
         let len = self
             .first

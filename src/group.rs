@@ -214,12 +214,13 @@ impl Group {
         }
         self.metrics
             .group_fallback(&self.name, &member.upstream.name, why.label());
-        tracing::info!(
-            group = %self.name,
-            member = %member.upstream.name,
-            reason = why.label(),
-            "falling back to the next member"
-        );
+        let (group, member, reason) = (&self.name, &member.upstream.name, why.label());
+        if why == Fallback::Unavailable {
+            // Every request while a member cools down or its breaker is open: not a line each.
+            tracing::debug!(%group, %member, reason, "passing over a member");
+        } else {
+            tracing::info!(%group, %member, reason, "falling back to the next member");
+        }
     }
 
     /// Member `i` answered.
@@ -256,26 +257,34 @@ impl Group {
         }
     }
 
-    /// Where a hedge of an attempt on member `i` goes: the next member, or the same one when
-    /// it is the last.
-    pub fn hedge_target(&self, i: usize) -> usize {
-        (i + 1).min(self.members.len() - 1)
+    /// Where a hedge of an attempt on member `i` goes: the next member not passed over (the
+    /// last never is), or the same one when `i` is the last.
+    pub fn hedge_target(&self, i: usize, now: Instant) -> usize {
+        (i + 1..self.members.len())
+            .find(|&j| !self.passed_over(j, now))
+            .unwrap_or(i)
     }
 
     /// Whether a hedge to member `j` may go: within `hedge_max_ratio` of the group's requests
-    /// and with a retry taken from the member's budget. Counts it as sent.
+    /// (counted in one compare-and-swap, so requests racing for the last hedge cannot all
+    /// take it) and with a retry taken from the member's budget. Counts it as sent.
     pub fn take_hedge(&self, j: usize) -> bool {
         let Some(h) = &self.hedging else {
             return false;
         };
-        let requests = self.requests.load(Ordering::Relaxed) as f64;
-        if (h.sent.load(Ordering::Relaxed) + 1) as f64 > h.max_ratio * requests {
+        let allowed = (h.max_ratio * self.requests.load(Ordering::Relaxed) as f64) as u64;
+        let took = h
+            .sent
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |sent| {
+                (sent < allowed).then_some(sent + 1)
+            });
+        if took.is_err() {
             return false;
         }
         if !self.members[j].upstream.state.retry.withdraw_for_hedge() {
+            h.sent.fetch_sub(1, Ordering::AcqRel);
             return false;
         }
-        h.sent.fetch_add(1, Ordering::Relaxed);
         self.metrics.group_hedge(&self.name, "sent");
         true
     }

@@ -110,6 +110,8 @@ impl Upstream {
 pub struct Router {
     upstreams: Vec<Arc<Upstream>>,
     groups: Vec<Arc<Group>>,
+    /// Every upstream and group that has a route, longest route first: the first match wins.
+    routes: Vec<Route>,
     buffer: Arc<BufferBudget>,
 }
 
@@ -180,6 +182,7 @@ impl Router {
         upstreams.sort_by_key(|u| std::cmp::Reverse(u.route.len()));
         let groups = Group::build_all(configs, groups, &upstreams, metrics);
         Self {
+            routes: routes(&upstreams, &groups),
             upstreams,
             groups,
             buffer,
@@ -219,6 +222,7 @@ impl Router {
         upstreams.sort_by_key(|u| std::cmp::Reverse(u.route.len()));
         let groups = Group::build_all(configs, groups, &upstreams, metrics);
         let router = Self {
+            routes: routes(&upstreams, &groups),
             upstreams,
             groups,
             buffer: Arc::clone(&self.buffer),
@@ -234,12 +238,10 @@ impl Router {
     /// The upstream or group whose route is the longest prefix of `path` on a segment boundary
     /// (an upstream reached only through a group has no route of its own).
     pub fn find(&self, path: &str) -> Option<Route> {
-        let upstreams = self.upstreams.iter().cloned().map(Route::Upstream);
-        let groups = self.groups.iter().cloned().map(Route::Group);
-        upstreams
-            .chain(groups)
-            .filter(|r| !r.route().is_empty() && matches_route(r.route(), path))
-            .max_by_key(|r| r.route().len())
+        self.routes
+            .iter()
+            .find(|r| matches_route(r.route(), path))
+            .cloned()
     }
 
     pub fn groups(&self) -> &[Arc<Group>] {
@@ -249,6 +251,18 @@ impl Router {
     pub fn upstreams(&self) -> &[Arc<Upstream>] {
         &self.upstreams
     }
+}
+
+/// The routed upstreams and groups, longest route first (routes are unique: validated).
+fn routes(upstreams: &[Arc<Upstream>], groups: &[Arc<Group>]) -> Vec<Route> {
+    let upstreams = upstreams.iter().cloned().map(Route::Upstream);
+    let groups = groups.iter().cloned().map(Route::Group);
+    let mut routes: Vec<Route> = upstreams
+        .chain(groups)
+        .filter(|r| !r.route().is_empty())
+        .collect();
+    routes.sort_by_key(|r| std::cmp::Reverse(r.route().len()));
+    routes
 }
 
 /// Refuse a path an upstream could resolve outside its route: a `.` or `..` segment, written

@@ -440,6 +440,8 @@ impl App {
         let mut tally = Tally::default();
         let last = group.members.len() - 1;
         let mut i = 0;
+        // At most one hedge per request, however many members it goes through.
+        let mut may_hedge = true;
         while i <= last {
             let now = Instant::now();
             if group.passed_over(i, now) {
@@ -447,8 +449,12 @@ impl App {
                 i += 1;
                 continue;
             }
-            let (tried, who) = match group.hedge_delay(i) {
-                Some(delay) => self.hedged(group, i, delay, &req).await,
+            let (tried, who) = match group.hedge_delay(i).filter(|_| may_hedge) {
+                Some(delay) => {
+                    let (tried, who, hedged) = self.hedged(group, i, delay, &req).await;
+                    may_hedge = !hedged;
+                    (tried, who)
+                }
                 None => (self.try_member(group, i, &req).await, i),
             };
             let t = match &tried.result {
@@ -461,11 +467,8 @@ impl App {
                     group.fell_back(who, why, Instant::now());
                     i = who + 1;
                 }
-                why => {
+                _ => {
                     drop(held);
-                    if why.is_none() {
-                        group.record_head(who, now.elapsed());
-                    }
                     group.answered(who);
                     let result = match tried.result {
                         Ok((response, _)) => Ok((response, tally)),
@@ -479,24 +482,24 @@ impl App {
     }
 
     /// An attempt on member `i`, and after `delay` without an answer for good, a hedge on the
-    /// next member (the same one when `i` is the last) if the group's ratio and the member's
-    /// retry budget allow: the first answer for good wins and the other attempt is dropped at
-    /// once (cancelled). Returns what decided, and whose it is.
+    /// next usable member (the same one when `i` is the last) if the group's ratio and the
+    /// member's retry budget allow: the first answer for good wins and the other attempt is
+    /// dropped at once (cancelled). Returns what decided, whose it is, and whether a hedge went.
     async fn hedged(
         &self,
         group: &Group,
         i: usize,
         delay: Duration,
         req: &GroupRequest<'_>,
-    ) -> (Tried, usize) {
+    ) -> (Tried, usize, bool) {
         let mut first = std::pin::pin!(self.try_member(group, i, req));
         tokio::select! {
-            tried = &mut first => return (tried, i),
+            tried = &mut first => return (tried, i, false),
             () = tokio::time::sleep(delay) => {}
         }
-        let j = group.hedge_target(i);
+        let j = group.hedge_target(i, Instant::now());
         if !group.take_hedge(j) {
-            return (first.await, i);
+            return (first.await, i, false);
         }
         let mut second = std::pin::pin!(self.try_member(group, j, req));
         let (tried, who, first_pending) = tokio::select! {
@@ -508,7 +511,7 @@ impl App {
             if first_pending {
                 group.hedge_won();
             }
-            return (tried, who);
+            return (tried, who, true);
         }
         // The first to answer failed; the other may still answer for good.
         let (other, other_who) = if first_pending {
@@ -520,9 +523,14 @@ impl App {
             if other_who == j && i != j {
                 group.hedge_won();
             }
-            return (other, other_who);
+            // The failed attempt's member is fallen back from all the same (a permanent 429
+            // starts its cool-down), unless both attempts went to the one member.
+            if let (Some(why), true) = (tried.why, who != other_who) {
+                group.fell_back(who, why, Instant::now());
+            }
+            return (other, other_who, true);
         }
-        // Both failed: the request goes on after the later member.
+        // Both failed: the request goes on after the later member, the earlier fallen back.
         let ((earlier, e_who), later) = if who < other_who {
             ((tried, who), (other, other_who))
         } else {
@@ -533,7 +541,7 @@ impl App {
                 group.fell_back(e_who, why, Instant::now());
             }
         }
-        later
+        (later.0, later.1, true)
     }
 
     /// The request on member `i`: its URI, headers and (with `model`) body, through its stack;
@@ -566,6 +574,7 @@ impl App {
             priority: req.priority,
         };
         let result = self.send(upstream, attempt, req.peer, req.start).await;
+        let took = now.elapsed();
         let (response, tally) = match result {
             Ok(ok) => ok,
             Err((e, t)) => {
@@ -599,6 +608,11 @@ impl App {
         } else {
             response
         };
+        if why.is_none() {
+            // This attempt's own time to an answer, for `hedge_after = "p95"`. (An attempt
+            // cancelled because another won is not counted: its time is unknown.)
+            group.record_head(i, took);
+        }
         Tried {
             result: Ok((response, tally)),
             why,

@@ -307,7 +307,7 @@ async fn giving_up_on_the_budget_or_the_deadline_is_marked() {
 /// README, The server's hint is a floor: a retried failure that names a wait (here a 503 with
 /// `retry-after: 1`) is resent after the hint plus U(0, floor_jitter), so eight clients told
 /// "1 s" come back over half a second, not at once. Each resend is at least 1 s after its first
-/// answer and at most 1 s + floor_jitter + 400 ms of scheduling slack; the eight resends span
+/// answer and at most 1 s + floor_jitter + 1 s of scheduling slack; the eight resends span
 /// more than 50 ms (all eight draws of U(0, 500 ms) within 50 ms: p < 1e-5).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hinted_failure_waits_the_hint_plus_the_floor_jitter() {
@@ -364,7 +364,7 @@ async fn a_hinted_failure_waits_the_hint_plus_the_floor_jitter() {
             .collect();
         let gap = times[1] - times[0];
         assert!(
-            gap >= Duration::from_secs(1) && gap <= Duration::from_millis(1900),
+            gap >= Duration::from_secs(1) && gap <= Duration::from_millis(2500),
             "resent {gap:?} after a 1 s hint"
         );
         resends.push(times[1]);

@@ -555,15 +555,19 @@ async fn secrets_never_reach_the_logs() {
     let mut failing = Vec::new();
     for _ in 0..10 {
         let (parts, _) = send(&c, with_secrets("/v1/fail", "{}".into())).await;
-        failing.push(parts.status.as_u16());
-        if parts
+        let corrals = parts
             .headers
-            .contains_key(corral::error::CORRAL_ERROR_HEADER)
-        {
+            .contains_key(corral::error::CORRAL_ERROR_HEADER);
+        failing.push((parts.status.as_u16(), corrals));
+        if corrals {
             break;
         }
     }
-    assert_eq!(failing.last(), Some(&503), "{failing:?}");
+    assert_eq!(
+        failing.last(),
+        Some(&(503, true)),
+        "the breaker never rejected: {failing:?}"
+    );
     assert!(upstream.calls() > 3, "the 503s were retried: {failing:?}");
     // A connection error, retried and given up on.
     let (refused, _) = send(&c, with_secrets("/dead/chat/completions", "{}".into())).await;

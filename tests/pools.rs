@@ -282,3 +282,41 @@ fn a_pool_without_its_template_or_with_a_repeated_key_is_refused() {
         "{unfilled}"
     );
 }
+
+/// A 403 that two keys give the same request is the request's doing (a model or a region the
+/// account may not use), not the keys': the 403 goes to the client after two tries, and both
+/// keys stay in use (the next request is served). A 403 from one key only still sets it aside
+/// (`a_refused_key_is_set_aside_and_the_request_moves_on`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_403_every_key_gives_is_the_requests_not_the_keys() {
+    let upstream = MockUpstream::start(|seen| async move {
+        if seen.uri.path().ends_with("/forbidden") {
+            json(
+                403,
+                serde_json::json!({"error": {"message": "unsupported_country_region_territory"}}),
+            )
+        } else {
+            json(200, serde_json::json!({"ok": true}))
+        }
+    })
+    .await;
+    let corral = Corral::start(&pool_config(&upstream, "")).await;
+    let (parts, _) = send(&client(), post(&corral.url("/v1/forbidden"), "{}")).await;
+    assert_eq!(parts.status, 403);
+    assert_eq!(upstream.calls(), 2, "tried on two keys, then given back");
+    let status: serde_json::Value = serde_json::from_str(&get(&corral, "/status").await).unwrap();
+    let keys = &status["upstreams"][0]["rate_limit"]["keys"];
+    assert!(
+        keys[0]["set_aside_for"].is_null() && keys[1]["set_aside_for"].is_null(),
+        "{keys}"
+    );
+    for _ in 0..4 {
+        let (parts, _) = send(&client(), post(&corral.url("/v1/chat/completions"), "{}")).await;
+        assert_eq!(parts.status, 200);
+    }
+    let seen = keys_seen(&upstream);
+    assert!(
+        seen[2..].contains(&KEY_A.to_owned()) && seen[2..].contains(&KEY_B.to_owned()),
+        "{seen:?}"
+    );
+}

@@ -19,9 +19,9 @@ fn with_priority(
 }
 
 /// 20 batch requests queue for 5 tokens a second (a bucket of one), then an interactive one:
-/// it is answered within 1 s (it waits for at most the batch request holding the turn and the
-/// one queued for it: 0.6 s at this rate; bound 1 s for a busy machine), where the twentieth
-/// batch request waits about 4 s. The upstream never sees the header.
+/// it waits for at most the batch request holding the turn and the one queued for it (0.6 s at
+/// this rate; bound 1.5 s for a busy machine, and under a third of the slowest batch request's
+/// wait, about 4 s). The upstream never sees the header.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interactive_request_passes_queued_batch_ones() {
     let upstream =
@@ -52,12 +52,12 @@ async fn an_interactive_request_passes_queued_batch_ones() {
         slowest = slowest.max(took);
     }
     assert!(
-        interactive < Duration::from_secs(1),
+        interactive < Duration::from_millis(1500),
         "interactive waited {interactive:?}"
     );
     assert!(
-        slowest > Duration::from_secs(3),
-        "the batch queue was not saturated: {slowest:?}"
+        slowest > interactive * 3,
+        "the interactive request ({interactive:?}) did not pass the batch queue (slowest {slowest:?})"
     );
     let seen = upstream.seen.lock().unwrap();
     assert!(seen

@@ -325,6 +325,9 @@ fn no_route() -> Spanned<RoutePrefix> {
     Spanned::new(0..0, RoutePrefix(String::new()))
 }
 
+/// Most keys in one pool (each request tries each key at most once, tracked in 64 bits).
+pub const MAX_KEYS: usize = 64;
+
 /// Where a pooled key goes in its `headers` template: `Authorization = "Bearer {key}"`.
 pub const KEY_PLACEHOLDER: &str = "{key}";
 

@@ -376,6 +376,12 @@ fn validate_keys(up: &super::UpstreamConfig) -> Result<(), (&'static str, String
             ),
         ));
     };
+    if up.keys.len() > super::MAX_KEYS {
+        return Err((
+            "keys",
+            format!("at most {} keys, got {}", super::MAX_KEYS, up.keys.len()),
+        ));
+    }
     for (i, key) in up.keys.iter().enumerate() {
         if key.0.trim().is_empty() {
             return Err((

@@ -1,6 +1,7 @@
 //! Concurrency window: at most `limit` requests in flight per upstream, the rest in a bounded
 //! FIFO queue (tokio's fair semaphore) for at most `queue_timeout` or their deadline; batch
-//! requests join that queue one at a time, so interactive ones pass the rest of them. Overflow
+//! requests join that queue one at a time, so interactive ones pass the rest of them, and may
+//! fill nine tenths of it (`stack::priority`). Overflow
 //! and timeouts get a 429 with a Retry-After estimated from the queue; nothing is dropped
 //! silently. The permit moves into the response body, so a stream counts as in flight until its
 //! last byte. The limit can move at run time (adaptive concurrency): growing adds permits,
@@ -26,16 +27,15 @@ use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
 use crate::stack::layer::{lock, BoxFuture, Middleware, Next, Shared};
+use crate::stack::priority::PriorityGate;
 
 pub mod gradient;
 
 /// One upstream's window, shared by all its requests.
 pub struct Window {
     semaphore: Arc<Semaphore>,
-    /// Batch requests wait here before they join the semaphore's queue, one at a time: an
-    /// interactive request finds at most one batch request ahead of it there (which also
-    /// keeps batch from starving: the one in the queue is served in its turn).
-    batch_gate: tokio::sync::Mutex<()>,
+    /// Interactive requests ahead of queued batch ones.
+    gate: PriorityGate,
     limit: AtomicU32,
     debt: AtomicU32,
     /// Slots held (can exceed `limit` while it shrinks: the difference is `debt`).
@@ -71,7 +71,7 @@ impl Window {
         metrics.concurrency_limit.set(i64::from(limit));
         Self {
             semaphore: Arc::new(Semaphore::new(limit as usize)),
-            batch_gate: tokio::sync::Mutex::new(()),
+            gate: PriorityGate::default(),
             limit: AtomicU32::new(limit),
             debt: AtomicU32::new(0),
             held: AtomicU32::new(0),
@@ -182,7 +182,12 @@ impl Window {
         }
         let waiting = self.waiting.fetch_add(1, Ordering::AcqRel);
         let _queued = Queued(self);
-        if waiting >= self.queue_size {
+        // A tenth of the queue is kept for interactive requests: batch ones cannot fill it.
+        let room = match priority {
+            Priority::Interactive => self.queue_size,
+            Priority::Batch => self.queue_size - self.queue_size / 10,
+        };
+        if waiting >= room {
             return Err(ProxyError::QueueFull {
                 upstream: upstream(),
                 retry_after: self.retry_after(waiting),
@@ -193,14 +198,9 @@ impl Window {
         let until = start
             .checked_add(self.queue_timeout)
             .map_or(deadline, |t| t.min(deadline));
-        let wait = async {
-            // Held until the permit is ours, then the next batch request may queue.
-            let _gate = match priority {
-                Priority::Batch => Some(self.batch_gate.lock().await),
-                Priority::Interactive => None,
-            };
-            Arc::clone(&self.semaphore).acquire_owned().await
-        };
+        let wait = self
+            .gate
+            .wait(priority, Arc::clone(&self.semaphore).acquire_owned());
         match tokio::time::timeout_at(until, wait).await {
             Ok(Ok(permit)) => {
                 self.metrics

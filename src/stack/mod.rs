@@ -7,7 +7,8 @@
 //!    reply. A panic in a response body already streaming is not caught: its head has gone.
 //! 1. [`metrics`]: one call per client request: counts, duration, in-flight until the body ends;
 //!    marks when the request entered the stack (the start of its `held` time in the log line).
-//! 2. [`concurrency`]: the window and its bounded FIFO queue. Outside Retry, so a request keeps
+//! 2. [`concurrency`]: the window and its bounded FIFO queue (interactive requests ahead of
+//!    queued batch ones: [`priority`]). Outside Retry, so a request keeps
 //!    its slot across its retries (a retry never queues behind newer requests), and the slot
 //!    moves into the response body: a stream is in flight until its last byte.
 //! 3. [`retry`]: re-calls everything below it, so each of the following sees every attempt.
@@ -32,6 +33,7 @@ pub mod breaker;
 pub mod concurrency;
 pub mod layer;
 pub mod metrics;
+pub mod priority;
 pub mod rate_limit;
 pub mod retry;
 pub mod timeout;

@@ -217,11 +217,13 @@ impl RateLimitShared {
         req: ProxyRequest,
     ) -> Result<Response<Body>, ProxyError> {
         let mut tried = 0u64;
+        // The key a 403 set aside during this request, if one did.
+        let mut forbidden: Option<Arc<pool::PoolKey>> = None;
         for _ in 0..pool.keys() {
             let Some(key) = pool.choose(tried, Instant::now()) else {
                 break;
             };
-            tried |= 1 << (key.number - 1).min(63);
+            tried |= 1 << (key.number - 1);
             let mut attempt = req.clone();
             let mut headers = HeaderMap::clone(&attempt.headers);
             let _in_flight = pool.use_key(&key, &mut headers);
@@ -231,6 +233,20 @@ impl RateLimitShared {
             let Some(why) = why else {
                 return Ok(response);
             };
+            if why == "403" {
+                if let Some(first) = forbidden.take() {
+                    // Two keys forbidden the same request: the request is the cause (a model
+                    // or a region the account may not use), not the keys. Neither stays aside.
+                    pool.restore(&first);
+                    tracing::info!(
+                        upstream = self.metrics.name(),
+                        keys = ?[first.number, key.number],
+                        "two keys answered 403 to one request: the 403 goes to the client and both keys stay in use"
+                    );
+                    return Ok(response);
+                }
+                forbidden = Some(Arc::clone(&key));
+            }
             let now = Instant::now();
             pool.set_aside(&key, why, now);
             self.metrics.key_set_aside(why);

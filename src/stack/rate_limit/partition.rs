@@ -30,6 +30,7 @@ use crate::fleet::{Fleet, Lease};
 use crate::metrics::UpstreamMetrics;
 use crate::provider::{self, Kind, Report};
 use crate::stack::layer::lock;
+use crate::stack::priority::PriorityGate;
 
 /// The learned pacers of one partition, one per kind of limit.
 #[derive(Debug)]
@@ -89,10 +90,8 @@ impl Pause {
 pub struct Partition {
     /// Waiters on the slow path take turns through this fair mutex (FIFO).
     turn: tokio::sync::Mutex<()>,
-    /// Batch waiters queue here first and join `turn`'s queue one at a time, so an interactive
-    /// waiter finds at most one batch waiter ahead of it there (and batch never starves: the
-    /// one in the queue is served in its turn).
-    batch_turn: tokio::sync::Mutex<()>,
+    /// Interactive waiters ahead of queued batch ones (`stack::priority`).
+    gate: PriorityGate,
     /// The configured requests-per-minute ceiling.
     requests: Option<Bucket>,
     /// The configured tokens-per-minute ceiling.
@@ -169,7 +168,7 @@ impl Partition {
         });
         Self {
             turn: tokio::sync::Mutex::new(()),
-            batch_turn: tokio::sync::Mutex::new(()),
+            gate: PriorityGate::default(),
             requests,
             tokens,
             pacers,
@@ -282,14 +281,7 @@ impl Partition {
         deadline: Instant,
         priority: Priority,
     ) -> Result<tokio::sync::MutexGuard<'_, ()>, Duration> {
-        let turn = async {
-            // Held until the turn is ours, then the next batch waiter may queue for it.
-            let _batch = match priority {
-                Priority::Batch => Some(self.batch_turn.lock().await),
-                Priority::Interactive => None,
-            };
-            self.turn.lock().await
-        };
+        let turn = self.gate.wait(priority, self.turn.lock());
         tokio::time::timeout_at(deadline, turn)
             .await
             .map_err(|_| Duration::from_secs(1))

@@ -6,7 +6,9 @@
 //! Headroom, in order: not paused by a 429, then the fewest requests in flight or waiting on the
 //! key's buckets; ties go round in turn, so an idle pool spreads its requests evenly. A request
 //! refused for good by one key moves to the next key that is not set aside (each key at most
-//! once per request); with none left, the refusal goes to the client as it came.
+//! once per request); with none left, the refusal goes to the client as it came. A 403 from a
+//! second key to the same request blames the request (a model or region the account may not
+//! use): that 403 goes to the client and neither key stays aside.
 //!
 //! A key is never shown: logs, `/status` and metrics name it by its place in the list and a
 //! fingerprint (a hash of the key, 8 hex digits).
@@ -124,14 +126,14 @@ impl Pool {
     }
 
     /// The key with the most headroom among those neither set aside nor in `tried` (a bit per
-    /// key); ties in turn. With every untried key set aside, the one whose cool-down ends first
+    /// key: at most [`crate::config::MAX_KEYS`] keys); ties in turn. With every untried key set aside, the one whose cool-down ends first
     /// (it may have recovered); `None` once every key has been tried.
     pub fn choose(&self, tried: u64, now: Instant) -> Option<Arc<PoolKey>> {
         let n = self.keys.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let untried = (0..n)
             .map(|i| (start + i) % n)
-            .filter(|i| *i >= 64 || tried & (1 << i) == 0);
+            .filter(|i| tried & (1 << i) == 0);
         let mut best: Option<(usize, (bool, usize))> = None;
         let mut soonest: Option<(usize, Instant)> = None;
         for i in untried {
@@ -162,6 +164,11 @@ impl Pool {
     /// Set `key` aside for the cool-down because of `why`.
     pub fn set_aside(&self, key: &PoolKey, why: &'static str, now: Instant) {
         *lock(&key.aside) = Some((now + self.cooldown, why));
+    }
+
+    /// Take `key` out of its cool-down: what set it aside was not the key's doing.
+    pub fn restore(&self, key: &PoolKey) {
+        *lock(&key.aside) = None;
     }
 
     pub fn cooldown(&self) -> Duration {

@@ -63,6 +63,13 @@ struct Tally {
     held: Duration,
 }
 
+/// corral's refusal of a request to `upstream` before its stack saw it: counted, no attempts.
+fn refused(upstream: &Upstream, method: &Method, e: ProxyError) -> (ProxyError, Tally) {
+    upstream.metrics.request(method, e.status().as_u16());
+    upstream.metrics.corral_error(e.label());
+    (e, Tally::default())
+}
+
 /// An answer with its tally, or corral's refusal with its tally.
 type Sent = Result<(Response<Body>, Tally), (ProxyError, Tally)>;
 
@@ -347,11 +354,7 @@ impl App {
         start: Instant,
     ) -> Result<(Response<Body>, Tally), (ProxyError, Tally)> {
         let (parts, incoming) = req.into_parts();
-        let refuse = |e: ProxyError| {
-            upstream.metrics.request(&parts.method, e.status().as_u16());
-            upstream.metrics.corral_error(e.label());
-            (e, Tally::default())
-        };
+        let refuse = |e: ProxyError| refused(upstream, &parts.method, e);
         let uri = upstream
             .target(parts.uri.path(), parts.uri.query())
             .ok_or_else(|| {
@@ -409,11 +412,7 @@ impl App {
         let default = group.priority.unwrap_or(first.config.priority);
         let priority = match forward::priority(&parts.headers, default) {
             Ok(p) => p,
-            Err(e) => {
-                first.metrics.request(&parts.method, e.status().as_u16());
-                first.metrics.corral_error(e.label());
-                return (Err((e, Tally::default())), Some(&first.name));
-            }
+            Err(e) => return (Err(refused(first, &parts.method, e)), Some(&first.name)),
         };
         let bounds = BodyBounds {
             limit: first.body_limit,
@@ -423,11 +422,7 @@ impl App {
         let read = buffer::read_body(incoming, bounds, self.router.load().buffer()).await;
         let (body, held) = match read {
             Ok(read) => read,
-            Err(e) => {
-                first.metrics.request(&parts.method, e.status().as_u16());
-                first.metrics.corral_error(e.label());
-                return (Err((e, Tally::default())), Some(&first.name));
-            }
+            Err(e) => return (Err(refused(first, &parts.method, e)), Some(&first.name)),
         };
         let req = GroupRequest {
             parts: &parts,

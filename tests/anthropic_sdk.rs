@@ -60,29 +60,11 @@ async fn run_script(
     env: &[(&str, String)],
     passed: usize,
 ) -> String {
-    let mut cmd = support::python::script(python, script);
-    cmd.args(tests)
-        .env("CORRAL_STORM_CALLS", STORM.to_string())
-        .env("CORRAL_OVERLOADED_CALLS", OVERLOADED_CALLS.to_string());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = tokio::time::timeout(Duration::from_secs(90), cmd.output())
+    let mut env = env.to_vec();
+    env.push(("CORRAL_STORM_CALLS", STORM.to_string()));
+    env.push(("CORRAL_OVERLOADED_CALLS", OVERLOADED_CALLS.to_string()));
+    support::python::run_sdk_script(python, script, tests, &env, passed, Duration::from_secs(90))
         .await
-        .expect("the SDK script finished within 90 s")
-        .unwrap_or_else(|e| panic!("cannot run CORRAL_PYTHON=`{python}`: {e}"));
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{python} {script} failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    assert!(
-        stdout.contains(&format!("{passed} passed, 0 failed")),
-        "{stdout}"
-    );
-    stdout
 }
 
 fn upstream_count(sim: &Simulator, status: &str) -> u64 {

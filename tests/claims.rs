@@ -184,14 +184,7 @@ async fn a_given_up_answer_is_marked_unless_marking_is_off() {
         let (parts, body) = send(&client(), post(&corral.url("/v1/chat/completions"), BODY)).await;
         assert_eq!(parts.status, 503, "mark_given_up = {mark}");
         // The upstream's answer itself, not one of corral's.
-        assert!(parts
-            .headers
-            .get(corral::error::CORRAL_ERROR_HEADER)
-            .is_none());
-        assert_eq!(
-            serde_json::from_slice::<serde_json::Value>(&body).unwrap(),
-            error
-        );
+        assert_upstreams_answer(&parts, &body, &error);
         assert_eq!(
             upstream.calls(),
             3,
@@ -279,14 +272,7 @@ async fn giving_up_on_the_budget_or_the_deadline_is_marked() {
         let (parts, body) = send(&client(), post(&corral.url("/v1/chat/completions"), BODY)).await;
         let took = start.elapsed();
         assert_eq!(parts.status, 503, "{why}");
-        assert!(parts
-            .headers
-            .get(corral::error::CORRAL_ERROR_HEADER)
-            .is_none());
-        assert_eq!(
-            serde_json::from_slice::<serde_json::Value>(&body).unwrap(),
-            error
-        );
+        assert_upstreams_answer(&parts, &body, &error);
         assert_eq!(parts.headers["x-should-retry"], "false", "{why}");
         let calls = upstream.calls();
         match why {
@@ -394,19 +380,13 @@ async fn the_openai_sdk_with_its_retries_on_does_not_retry_a_given_up_answer() {
             "rate_limit = \"off\"\n[upstream.retry]\nmax_retries = 2\nbase = \"10ms\"\ncap = \"20ms\"\nmark_given_up = {mark}\n"
         );
         let corral = Corral::start(&one_upstream(&upstream, &retry)).await;
-        let mut cmd = support::python::script(&python, "test_openai_retries.py");
-        cmd.env("OPENAI_BASE_URL", corral.url("/v1"))
-            .env("OPENAI_API_KEY", "sk-test");
-        let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
-            .await
-            .expect("the SDK script finished within 120 s")
-            .unwrap_or_else(|e| panic!("cannot run CORRAL_PYTHON=`{python}`: {e}"));
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && stdout.contains("1 passed, 0 failed"),
-            "mark_given_up = {mark}:\n{stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let env = [
+            ("OPENAI_BASE_URL", corral.url("/v1")),
+            ("OPENAI_API_KEY", "sk-test".to_owned()),
+        ];
+        let limit = Duration::from_secs(120);
+        support::python::run_sdk_script(&python, "test_openai_retries.py", &[], &env, 1, limit)
+            .await;
         assert_eq!(upstream.calls(), want, "mark_given_up = {mark}");
     }
 }

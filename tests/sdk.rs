@@ -105,22 +105,7 @@ async fn openai_python_sdk_through_corral() {
     };
     let upstream = openai_mock().await;
     let corral = Corral::start(&one_upstream(&upstream, "")).await;
-    let script = "test_openai_sdk.py";
-    let mut cmd = support::python::script(&python, script);
-    cmd.env("OPENAI_BASE_URL", corral.url("/v1"))
-        .env("OPENAI_API_KEY", "sk-test");
-    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
-        .await
-        .expect("the SDK script finished within 120 s")
-        .unwrap_or_else(|e| panic!("cannot run CORRAL_PYTHON=`{python}`: {e}"));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{python} {script} failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    assert!(stdout.contains("3 passed, 0 failed"), "{stdout}");
+    sdk_script(&python, &corral).await;
     assert_eq!(upstream.calls(), 3, "one upstream call per SDK request");
 }
 
@@ -149,25 +134,21 @@ async fn openai_python_sdk_through_a_group() {
         backup.url("/v1"),
     );
     let corral = Corral::start(&toml).await;
-    let script = "test_openai_sdk.py";
-    let mut cmd = support::python::script(&python, script);
-    cmd.env("OPENAI_BASE_URL", corral.url("/v1"))
-        .env("OPENAI_API_KEY", "sk-test");
-    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
-        .await
-        .expect("the SDK script finished within 120 s")
-        .unwrap_or_else(|e| panic!("cannot run CORRAL_PYTHON=`{python}`: {e}"));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("3 passed, 0 failed"),
-        "{python} {script} through a group failed ({}):\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    sdk_script(&python, &corral).await;
     assert_eq!(backup.calls(), 3, "every call answered by the backup");
     assert_eq!(
         primary.calls(),
         1,
         "the primary passed over after its permanent 429"
     );
+}
+
+/// `tests/python/test_openai_sdk.py` against `corral`'s `/v1`: all three of its tests pass.
+async fn sdk_script(python: &str, corral: &Corral) {
+    let env = [
+        ("OPENAI_BASE_URL", corral.url("/v1")),
+        ("OPENAI_API_KEY", "sk-test".to_owned()),
+    ];
+    let limit = Duration::from_secs(120);
+    support::python::run_sdk_script(python, "test_openai_sdk.py", &[], &env, 3, limit).await;
 }

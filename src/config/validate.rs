@@ -46,13 +46,11 @@ pub(super) fn validate(config: &Config) -> Result<(), Invalid> {
             key: format!("upstream[{i}].route"),
             reason,
         };
-        if up.name().is_empty() || up.name().contains(|c: char| c.is_whitespace()) {
-            return Err(Invalid {
-                span: Some(up.name.span()),
-                key: format!("upstream[{i}].name"),
-                reason: format!("name `{}` must be non-empty and without spaces", up.name()),
-            });
-        }
+        plain_name(up.name()).map_err(|reason| Invalid {
+            span: Some(up.name.span()),
+            key: format!("upstream[{i}].name"),
+            reason,
+        })?;
         if names.insert(up.name(), ()).is_some() {
             return Err(Invalid {
                 span: Some(up.name.span()),
@@ -399,17 +397,7 @@ fn validate_keys(up: &super::UpstreamConfig) -> Result<(), (&'static str, String
             return Err(("keys", format!("key {} repeats key {}", i + 1, j + 1)));
         }
     }
-    if up.key_cooldown.0 < Duration::from_secs(1) || up.key_cooldown.0 > Duration::from_secs(86_400)
-    {
-        return Err((
-            "key_cooldown",
-            format!(
-                "`key_cooldown` must be within 1s..=24h, got {:?}",
-                up.key_cooldown.0
-            ),
-        ));
-    }
-    Ok(())
+    cooldown("key_cooldown", up.key_cooldown.0).map_err(|reason| ("key_cooldown", reason))
 }
 
 /// Groups: names distinct from every upstream's and group's, routes distinct from every
@@ -433,12 +421,7 @@ fn validate_groups<'a>(
             key: format!("group[{i}].{field}"),
             reason,
         };
-        if g.name().is_empty() || g.name().contains(|c: char| c.is_whitespace()) {
-            return Err(at(
-                "name",
-                format!("name `{}` must be non-empty and without spaces", g.name()),
-            ));
-        }
+        plain_name(g.name()).map_err(|reason| at("name", reason))?;
         if upstreams.contains_key(g.name()) || groups.insert(g.name(), i).is_some() {
             return Err(at(
                 "name",
@@ -481,12 +464,7 @@ fn validate_groups<'a>(
                 ),
             ));
         }
-        if g.cooldown.0 < Duration::from_secs(1) || g.cooldown.0 > Duration::from_secs(86_400) {
-            return Err(at(
-                "cooldown",
-                format!("`cooldown` must be within 1s..=24h, got {:?}", g.cooldown.0),
-            ));
-        }
+        cooldown("cooldown", g.cooldown.0).map_err(|reason| at("cooldown", reason))?;
     }
     let mut reached = vec![false; config.upstreams.len()];
     for (i, g) in config.groups.iter().enumerate() {
@@ -562,6 +540,24 @@ fn walk<'a>(
             }
             None => flat.push(m.name()),
         }
+    }
+    Ok(())
+}
+
+/// A name for metrics and logs: non-empty, without spaces.
+fn plain_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.contains(|c: char| c.is_whitespace()) {
+        return Err(format!(
+            "name `{name}` must be non-empty and without spaces"
+        ));
+    }
+    Ok(())
+}
+
+/// A cool-down (`key`): 1 s to 24 h.
+fn cooldown(key: &str, value: Duration) -> Result<(), String> {
+    if value < Duration::from_secs(1) || value > Duration::from_secs(86_400) {
+        return Err(format!("`{key}` must be within 1s..=24h, got {value:?}"));
     }
     Ok(())
 }

@@ -425,3 +425,22 @@ pub fn skip(test: &str, reason: &str) {
         }
     }
 }
+
+/// The answer is the upstream's own JSON `want`, passed through: no `x-corral-error`.
+pub fn assert_upstreams_answer(
+    parts: &http::response::Parts,
+    body: &Bytes,
+    want: &serde_json::Value,
+) {
+    assert!(
+        parts
+            .headers
+            .get(corral::error::CORRAL_ERROR_HEADER)
+            .is_none(),
+        "corral answered itself: {:?}",
+        parts.headers
+    );
+    let got: serde_json::Value = serde_json::from_slice(body)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(body)));
+    assert_eq!(&got, want);
+}

@@ -49,3 +49,37 @@ pub fn script(python: &str, script: &str) -> tokio::process::Command {
     }
     cmd
 }
+
+/// Run `script` (a `tests/python/` runner script) under `python` with `env` and the `tests`
+/// it names (all when empty), within `limit`; its stdout, once it exited 0 and reported
+/// `passed` tests passed and none failed (`runner.py`'s summary line).
+pub async fn run_sdk_script(
+    python: &str,
+    script: &str,
+    tests: &[&str],
+    env: &[(&str, String)],
+    passed: usize,
+    limit: std::time::Duration,
+) -> String {
+    let mut cmd = self::script(python, script);
+    cmd.args(tests);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = tokio::time::timeout(limit, cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("{script} did not finish within {limit:?}"))
+        .unwrap_or_else(|e| panic!("cannot run CORRAL_PYTHON=`{python}`: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{python} {script} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(
+        stdout.contains(&format!("{passed} passed, 0 failed")),
+        "{stdout}"
+    );
+    stdout
+}

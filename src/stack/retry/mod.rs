@@ -151,15 +151,12 @@ where
                 if !may_retry(&response) {
                     return Ok(response);
                 }
-                let (parts, body) = response.into_parts();
                 // Bounded by the deadline: a body that stalls is cut there, and the loop below
                 // then gives up with what arrived.
-                let (bytes, cut) =
-                    match body::buffer(body, MAX_BUFFERED_ERROR, req.ctx.deadline).await {
-                        Buffered::Whole(bytes) => (bytes, false),
-                        Buffered::Cut(bytes) => (bytes, true),
-                        Buffered::TooLarge(whole) => return Ok(Response::from_parts(parts, whole)),
-                    };
+                let (parts, bytes, cut) = match buffer_error(response, req.ctx.deadline).await {
+                    Ok(buffered) => buffered,
+                    Err(whole) => return Ok(whole),
+                };
                 if cut {
                     tracing::debug!(
                         upstream = metrics.name(),
@@ -269,14 +266,27 @@ pub async fn permanent_429(
     if response.status() != http::StatusCode::TOO_MANY_REQUESTS {
         return (false, response);
     }
-    let (parts, body) = response.into_parts();
-    let (bytes, cut) = match body::buffer(body, MAX_BUFFERED_ERROR, deadline).await {
-        Buffered::Whole(bytes) => (bytes, false),
-        Buffered::Cut(bytes) => (bytes, true),
-        Buffered::TooLarge(whole) => return (false, Response::from_parts(parts, whole)),
+    let (parts, bytes, cut) = match buffer_error(response, deadline).await {
+        Ok(buffered) => buffered,
+        Err(whole) => return (false, whole),
     };
     let permanent = policy::is_permanent_429(&parts, &bytes, config);
     (permanent, body::replay(parts, bytes, cut))
+}
+
+/// An error answer's body buffered to be judged (up to [`MAX_BUFFERED_ERROR`], cut at
+/// `deadline`): its head, bytes and whether they were cut; or, too large to hold, the answer
+/// whole again.
+async fn buffer_error(
+    response: Response<Body>,
+    deadline: Instant,
+) -> Result<(http::response::Parts, Bytes, bool), Response<Body>> {
+    let (parts, body) = response.into_parts();
+    match body::buffer(body, MAX_BUFFERED_ERROR, deadline).await {
+        Buffered::Whole(bytes) => Ok((parts, bytes, false)),
+        Buffered::Cut(bytes) => Ok((parts, bytes, true)),
+        Buffered::TooLarge(whole) => Err(Response::from_parts(parts, whole)),
+    }
 }
 
 /// Worth buffering the body to judge: a retryable status, or an upstream that says to retry.

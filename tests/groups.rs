@@ -428,3 +428,94 @@ async fn a_request_hedges_once_across_its_members() {
         r#"corral_group_hedges_total{group="chat",outcome="sent"} 1"#
     ));
 }
+
+/// Three `corral simulate` upstreams in one group: a primary that fails mid-run (every answer
+/// a 503 from 0.3 s on), a slow member (300 ms a request) and a fast one, `hedge_after =
+/// "100ms"`. A hundred requests, ten clients each pausing 100 ms between its requests (about a
+/// second in all), over the failure: every client gets a 200;
+/// the primary answered before its failure and the others after; hedges stay within one a
+/// request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_simulators_one_failing_mid_run_one_slow_one_fast() {
+    use corral::simulate::{FailWindow, SimConfig, Simulator};
+    async fn simulator(config: SimConfig) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(Simulator::new(config).serve(listener, std::future::pending()));
+        format!("http://{addr}/v1")
+    }
+    let roomy = SimConfig {
+        capacity: 1000,
+        refill: 1000.0,
+        seed: Some(13),
+        ..SimConfig::default()
+    };
+    let primary = simulator(SimConfig {
+        service_time: Duration::from_millis(5),
+        fail_503_windows: vec![FailWindow {
+            at: Duration::from_millis(300),
+            duration: Duration::from_secs(60),
+        }],
+        ..roomy.clone()
+    })
+    .await;
+    let slow = simulator(SimConfig {
+        service_time: Duration::from_millis(300),
+        ..roomy.clone()
+    })
+    .await;
+    let fast = simulator(SimConfig {
+        service_time: Duration::from_millis(5),
+        ..roomy
+    })
+    .await;
+    let upstream = |name: &str, url: &str| {
+        format!(
+            "[[upstream]]\nname = \"{name}\"\nbase_url = \"{url}\"\n\
+             [upstream.retry]\nmax_retries = 1\nbase = \"10ms\"\ncap = \"20ms\"\n"
+        )
+    };
+    let toml = format!(
+        "{}{}{}[[group]]\nname = \"chat\"\nroute = \"/v1\"\nmembers = [\"primary\", \"slow\", \"fast\"]\n\
+         hedge_after = \"100ms\"\nhedge_max_ratio = 1.0\n",
+        upstream("primary", &primary),
+        upstream("slow", &slow),
+        upstream("fast", &fast),
+    );
+    let corral = Corral::start(&toml).await;
+    let c = std::sync::Arc::new(client());
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..10)
+        .map(|_| {
+            let (c, next) = (std::sync::Arc::clone(&c), std::sync::Arc::clone(&next));
+            let url = corral.url("/v1/chat/completions");
+            tokio::spawn(async move {
+                let mut out = Vec::new();
+                while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < 100 {
+                    let (parts, _) = send(&c, post(&url, BODY)).await;
+                    out.push((parts.status.as_u16(), member(&parts).to_owned()));
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                out
+            })
+        })
+        .collect();
+    let mut by = std::collections::BTreeMap::<String, usize>::new();
+    for t in tasks {
+        for (status, who) in t.await.unwrap() {
+            assert_eq!(status, 200, "answered by {who}");
+            *by.entry(who).or_default() += 1;
+        }
+    }
+    assert_eq!(by.values().sum::<usize>(), 100);
+    assert!(by.get("primary").is_some_and(|n| *n > 0), "{by:?}");
+    let others = by.get("slow").unwrap_or(&0) + by.get("fast").unwrap_or(&0);
+    assert!(others > 0, "nothing fell back: {by:?}");
+    let metrics = corral.app.metrics().render();
+    let sent = metrics
+        .lines()
+        .find(|l| l.starts_with(r#"corral_group_hedges_total{group="chat",outcome="sent"}"#))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(sent <= 100.0, "{sent} hedges for 100 requests");
+}

@@ -7,7 +7,8 @@
 //!   the signal future; [`access_log`]: which requests get a log line, and why.
 //! - [`accept`]: the accept loop of one listener: its connection cap, each connection's
 //!   first-byte, idle and HTTP/2 keep-alive limits, its part of the drain.
-//! - [`router`]: path prefix to upstream, each upstream owning one built stack.
+//! - [`router`]: path prefix to upstream or group, each upstream owning one built stack.
+//! - [`group`]: a route served by an ordered list of upstreams: fallback and hedging.
 //! - [`forward`]: what a request becomes before the stack (hop-by-hop headers, the body buffered
 //!   under the global buffer cap, deadlines).
 //! - [`stack`]: the per-upstream tower stack: catch-panic, metrics, concurrency, retry, breaker,

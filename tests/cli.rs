@@ -487,6 +487,9 @@ async fn send_owned(url: String) -> (u16, Bytes) {
     (parts.status.as_u16(), body)
 }
 
+/// Client keys, injected keys and `partition = "api_key"`'s per-key buckets: no secret in any log
+/// line (debug level, every request logged) on success, 404, 413, retries, the breaker, a
+/// connection error, nor in `/status`, `/metrics`, `/healthz` or `/readyz`.
 #[tokio::test]
 async fn secrets_never_reach_the_logs() {
     const SECRETS: [&str; 4] = [
@@ -518,6 +521,7 @@ async fn secrets_never_reach_the_logs() {
              [upstream.headers]\nAuthorization = \"Bearer ${{SECRET_VAR}}\"\n\
              [upstream.retry]\nmax_retries = 1\nbase = \"10ms\"\ncap = \"10ms\"\n\
              [upstream.breaker]\nmin_samples = 3\nmin_span = \"1ms\"\non_open = \"reject\"\n\
+             [upstream.limits]\npartition = \"api_key\"\n\
              [[upstream]]\nname = \"dead\"\nroute = \"/dead\"\nbase_url = \"http://{dead}/v1\"\n\
              [upstream.headers]\nAuthorization = \"Bearer ${{SECRET_VAR}}\"\n\
              [upstream.retry]\nmax_retries = 1\nbase = \"10ms\"\ncap = \"10ms\"\n",

@@ -22,10 +22,11 @@ use tokio::time::Instant;
 use crate::body::{Body, Timed, TimeoutKind};
 use crate::config::{HeaderMode, Secret};
 
-/// Header a client may send to shorten (never lengthen) the request's deadline.
-pub const DEADLINE_HEADER: &str = "x-corral-deadline-ms";
+/// Header a client may send to shorten (never lengthen) the request's deadline. (Header names
+/// made once: a `&str` key is parsed and hashed at every lookup.)
+pub const DEADLINE_HEADER: HeaderName = HeaderName::from_static("x-corral-deadline-ms");
 /// The client's priority for its request: `interactive` or `batch`; corral's, never forwarded.
-pub const PRIORITY_HEADER: &str = "x-corral-priority";
+pub const PRIORITY_HEADER: HeaderName = HeaderName::from_static("x-corral-priority");
 
 /// The methods corral forwards (any other is refused with a 405), as the `method` label names
 /// them; `None` for any other.
@@ -339,17 +340,17 @@ mod tests {
         let ten = Duration::from_secs(10);
         let two = start + Duration::from_secs(2);
         assert_eq!(
-            deadline(start, ten, &map(&[(DEADLINE_HEADER, "2000")])),
+            deadline(start, ten, &map(&[(DEADLINE_HEADER.as_str(), "2000")])),
             Deadlines {
                 head: two,
                 exchange: Some(two)
             }
         );
-        let long = deadline(start, ten, &map(&[(DEADLINE_HEADER, "99000")]));
+        let long = deadline(start, ten, &map(&[(DEADLINE_HEADER.as_str(), "99000")]));
         assert_eq!(long.head, start + ten);
         assert_eq!(long.exchange, Some(start + Duration::from_secs(99)));
         assert_eq!(
-            deadline(start, ten, &map(&[(DEADLINE_HEADER, "soon")])),
+            deadline(start, ten, &map(&[(DEADLINE_HEADER.as_str(), "soon")])),
             Deadlines {
                 head: start + ten,
                 exchange: None

@@ -31,7 +31,7 @@ use crate::config::{GroupConfig, HedgeAfter, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
 use crate::router::Upstream;
-use crate::stack::layer::lock;
+use crate::stack::layer::{lock, SetAside};
 
 /// The header naming the member that answered.
 pub const UPSTREAM_HEADER: HeaderName = HeaderName::from_static("x-corral-upstream");
@@ -42,7 +42,7 @@ pub struct Member {
     /// The `model` the JSON body gets for this member, if set.
     pub model: Option<String>,
     /// Passed over until then (it answered a permanent 429).
-    aside: Mutex<Option<Instant>>,
+    aside: SetAside,
     answers: IntCounter,
     /// Its latest times to an answer (for `hedge_after = "p95"`), oldest first.
     heads: Mutex<VecDeque<Duration>>,
@@ -153,7 +153,7 @@ impl Group {
                         Some(Member {
                             upstream: Arc::clone(upstream),
                             model: model.map(str::to_owned),
-                            aside: Mutex::new(None),
+                            aside: SetAside::default(),
                             answers: metrics.group_answers(g.name(), config.name()),
                             heads: Mutex::new(VecDeque::with_capacity(HEAD_SAMPLES)),
                         })
@@ -185,14 +185,13 @@ impl Group {
             return false;
         }
         let member = &self.members[i];
-        let cooling = lock(&member.aside).is_some_and(|until| until > now);
         let open = member
             .upstream
             .state
             .breaker
             .as_ref()
-            .is_some_and(|b| b.phase().name() == "open");
-        cooling || open
+            .is_some_and(|b| b.is_open());
+        member.aside.until(now).is_some() || open
     }
 
     /// How long member `i` may wait for capacity: until `fallback_wait` of what is left before
@@ -210,7 +209,7 @@ impl Group {
     pub fn fell_back(&self, i: usize, why: Fallback, now: Instant) {
         let member = &self.members[i];
         if why == Fallback::Permanent429 {
-            *lock(&member.aside) = Some(now + self.cooldown);
+            member.aside.set(now + self.cooldown, why.label());
         }
         self.metrics
             .group_fallback(&self.name, &member.upstream.name, why.label());
@@ -306,13 +305,10 @@ impl Group {
             .members
             .iter()
             .map(|m| {
-                let aside = lock(&m.aside)
-                    .filter(|until| *until > now)
-                    .map(|until| until.saturating_duration_since(now).as_millis() as u64);
                 serde_json::json!({
                     "upstream": m.upstream.name,
                     "model": m.model,
-                    "set_aside_ms": aside,
+                    "set_aside_ms": m.aside.left_ms(now),
                     "breaker": m.upstream.state.breaker.as_ref().map(|b| b.phase().name()),
                 })
             })
@@ -358,7 +354,7 @@ mod tests {
         let member = Member {
             upstream: Arc::new(Upstream::new(&config, &metrics, 1 << 20, None)),
             model: None,
-            aside: Mutex::new(None),
+            aside: SetAside::default(),
             answers: metrics.group_answers("g", "m"),
             heads: Mutex::new(VecDeque::new()),
         };

@@ -106,8 +106,9 @@ async fn first_event(response: Response<Body>) -> (Response<Body>, bool) {
     match body.frame().await {
         Some(Ok(frame)) => {
             let error = frame.data_ref().is_some_and(|d| {
-                let text = String::from_utf8_lossy(&d[..d.len().min(512)]);
-                text.starts_with("event: error") || text.contains("\nevent: error")
+                let head = &d[..d.len().min(512)];
+                head.starts_with(b"event: error")
+                    || head.windows(13).any(|w| w == b"\nevent: error")
             });
             let body = body::Prepended::wrap(frame, body);
             (Response::from_parts(parts, body), error)

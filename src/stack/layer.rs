@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
+use tokio::time::Instant;
 use tower::util::MapRequest;
 use tower_http::catch_panic::ResponseForPanic;
 
@@ -120,6 +121,32 @@ impl<M: Middleware, S: Next> tower::Service<ProxyRequest> for Wrapped<M, S> {
 /// half made, which the next answers correct; that beats refusing all traffic for good.
 pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Something set aside until an instant, and why: a pooled key or a group member in its
+/// cool-down (`stack::rate_limit::pool`, `crate::group`).
+#[derive(Default)]
+pub struct SetAside(Mutex<Option<(Instant, &'static str)>>);
+
+impl SetAside {
+    /// Until when, and why, if still aside at `now`.
+    pub fn until(&self, now: Instant) -> Option<(Instant, &'static str)> {
+        lock(&self.0).filter(|(until, _)| *until > now)
+    }
+
+    pub fn set(&self, until: Instant, why: &'static str) {
+        *lock(&self.0) = Some((until, why));
+    }
+
+    pub fn clear(&self) {
+        *lock(&self.0) = None;
+    }
+
+    /// Milliseconds left at `now`, for `/status`.
+    pub fn left_ms(&self, now: Instant) -> Option<u64> {
+        self.until(now)
+            .map(|(until, _)| until.saturating_duration_since(now).as_millis() as u64)
+    }
 }
 
 /// Poison `mutex`: a thread panics while holding it (tests of [`lock`]).

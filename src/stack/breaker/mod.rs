@@ -100,6 +100,11 @@ impl BreakerShared {
         lock(&self.state).0.phase()
     }
 
+    /// Whether it is open (holding all traffic); the state lock only when it is not closed.
+    pub fn is_open(&self) -> bool {
+        !self.closed.load(Ordering::Acquire) && matches!(self.phase(), Phase::Open { .. })
+    }
+
     /// Keep [`Self::closed`] in step with `breaker` (called with the lock held).
     fn mirror(&self, breaker: &Breaker) {
         let closed = breaker.phase() == Phase::Closed;

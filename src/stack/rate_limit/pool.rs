@@ -15,7 +15,7 @@
 
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use super::partition::Partition;
 use crate::config::{HeaderMode, UpstreamConfig, KEY_PLACEHOLDER};
 use crate::fleet::Fleet;
-use crate::stack::layer::lock;
+use crate::stack::layer::SetAside;
 
 /// One credential of the pool.
 pub struct PoolKey {
@@ -37,12 +37,12 @@ pub struct PoolKey {
     /// Requests sent with this key that have not been answered yet.
     in_flight: AtomicUsize,
     /// Set aside until then, and why (`401`, `403`, `quota`).
-    aside: Mutex<Option<(Instant, &'static str)>>,
+    aside: SetAside,
 }
 
 impl PoolKey {
     fn aside_until(&self, now: Instant) -> Option<(Instant, &'static str)> {
-        lock(&self.aside).filter(|(until, _)| *until > now)
+        self.aside.until(now)
     }
 
     /// Fewer is more headroom: paused keys last, then by requests in flight or waiting.
@@ -101,7 +101,7 @@ impl Pool {
                     value,
                     partition: Arc::new(Partition::new(config, fleet)),
                     in_flight: AtomicUsize::new(0),
-                    aside: Mutex::new(None),
+                    aside: SetAside::default(),
                 }))
             })
             .collect::<Option<Vec<_>>>()?;
@@ -126,8 +126,9 @@ impl Pool {
     }
 
     /// The key with the most headroom among those neither set aside nor in `tried` (a bit per
-    /// key: at most [`crate::config::MAX_KEYS`] keys); ties in turn. With every untried key set aside, the one whose cool-down ends first
-    /// (it may have recovered); `None` once every key has been tried.
+    /// key: at most [`crate::config::MAX_KEYS`] keys); ties in turn. With every untried key set
+    /// aside, the one whose cool-down ends first (it may have recovered); `None` once every key
+    /// has been tried.
     pub fn choose(&self, tried: u64, now: Instant) -> Option<Arc<PoolKey>> {
         let n = self.keys.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
@@ -163,12 +164,12 @@ impl Pool {
 
     /// Set `key` aside for the cool-down because of `why`.
     pub fn set_aside(&self, key: &PoolKey, why: &'static str, now: Instant) {
-        *lock(&key.aside) = Some((now + self.cooldown, why));
+        key.aside.set(now + self.cooldown, why);
     }
 
     /// Take `key` out of its cool-down: what set it aside was not the key's doing.
     pub fn restore(&self, key: &PoolKey) {
-        *lock(&key.aside) = None;
+        key.aside.clear();
     }
 
     pub fn cooldown(&self) -> Duration {
@@ -180,7 +181,7 @@ impl Pool {
         self.keys
             .iter()
             .enumerate()
-            .any(|(i, k)| (i >= 64 || tried & (1 << i) == 0) && k.aside_until(now).is_none())
+            .any(|(i, k)| tried & (1 << i) == 0 && k.aside_until(now).is_none())
     }
 
     /// `/status`: each key by number and fingerprint, its load, cool-down and partition.
@@ -195,7 +196,7 @@ impl Pool {
                     "key": k.number,
                     "fingerprint": k.fingerprint,
                     "in_flight": k.in_flight.load(Ordering::Relaxed),
-                    "set_aside_ms": aside.map(|(u, _)| u.saturating_duration_since(now).as_millis() as u64),
+                    "set_aside_ms": k.aside.left_ms(now),
                     "set_aside_for": aside.map(|(_, why)| why),
                     "limits": k.partition.status(),
                 })

@@ -1,16 +1,36 @@
-//! One classifier of attempt outcomes, shared by retry, breaker, learner and metrics.
+//! One classifier of attempt outcomes, shared by retry, breaker, learner and metrics, and the
+//! reading of a 429 before it moves a pace ([`Throttle`]).
+//!
+//! A 429 is evidence about one bucket, at one scope, for one reason, and the reason decides
+//! what it may change:
+//! - **rate**: the bucket is empty. It pauses the partition for the hint and may cut the pace.
+//! - **overload**: the provider's overload wording or type, or a 429 while the headers report
+//!   clear headroom and no wait is named. It says nothing about the sender's rate: it is retried
+//!   like a 503 (backoff, failure budget) and counts against the upstream's health.
+//! - **quota**: no wait cures it (billing, spend limit): passed through at once.
+//! - **long window**: the wait named (or a per-day quota) is beyond the request's deadline:
+//!   passed through at once, marked so the client does not retry either.
+//! - **unknown**: no headers, no hint, no wording: most likely an empty bucket, so it is treated
+//!   as one, within the bounds the pace keeps on every cut.
+
+use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, Response, StatusCode};
 
+use crate::config::RetryConfig;
 use crate::error::ProxyError;
+use crate::provider::body::{error_signals, ErrorSignals, QuotaWindow};
+use crate::provider::{hints, Kind};
 
 /// What one attempt came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// 1xx-3xx.
     Success,
-    /// 429 or 529: the upstream asks us to slow down.
+    /// A 429 that is about the sender's bucket (rate, quota, long window or unknown).
     Throttled(u16),
+    /// The service is overloaded: a 529, or a 429 read as overload ([`Reason::Overload`]).
+    Overloaded(u16),
     /// Any other 5xx.
     ServerError(u16),
     /// Any other 4xx: the request itself is at fault.
@@ -26,7 +46,7 @@ pub enum Outcome {
 impl Outcome {
     pub fn of<B>(result: &Result<Response<B>, ProxyError>) -> Self {
         match result {
-            Ok(response) => Self::of_status(response.status()),
+            Ok(response) => Self::of_head(response.status(), response.extensions()),
             Err(ProxyError::TryTimeout { .. }) => Self::Timeout,
             Err(ProxyError::UpstreamConnect { .. } | ProxyError::UpstreamReset { .. }) => {
                 Self::Transport
@@ -35,23 +55,34 @@ impl Outcome {
         }
     }
 
+    /// From a response head: a 429 read as overload (its [`Throttle`]) is an overload.
+    pub fn of_head(status: StatusCode, extensions: &http::Extensions) -> Self {
+        match extensions.get::<Throttle>() {
+            Some(t) if status == StatusCode::TOO_MANY_REQUESTS && t.reason == Reason::Overload => {
+                Self::Overloaded(429)
+            }
+            _ => Self::of_status(status),
+        }
+    }
+
     pub fn of_status(status: StatusCode) -> Self {
         match status.as_u16() {
-            429 | 529 => Self::Throttled(status.as_u16()),
+            429 => Self::Throttled(429),
+            529 => Self::Overloaded(529),
             s @ 500..=599 => Self::ServerError(s),
             s @ 400..=499 => Self::ClientError(s),
             _ => Self::Success,
         }
     }
 
-    /// The upstream is unwell: any 5xx (529 "overloaded" included), a timeout, a connection
-    /// error. This is what the breaker counts against the upstream's health. A 429 is not: it
+    /// The upstream is unwell: any 5xx, an overload (529, or a 429 read as overload), a timeout,
+    /// a connection error. This is what the breaker counts against the upstream's health. A 429 is not: it
     /// is about the caller's quota, not the upstream's health (the breaker counts it only with
     /// `count_throttles`, see `stack::breaker`).
     pub fn is_upstream_failure(self) -> bool {
         matches!(
             self,
-            Self::Throttled(529) | Self::ServerError(_) | Self::Timeout | Self::Transport
+            Self::Overloaded(_) | Self::ServerError(_) | Self::Timeout | Self::Transport
         )
     }
 
@@ -64,8 +95,9 @@ impl Outcome {
     pub fn label(self) -> &'static str {
         match self {
             Self::Success => "success",
-            Self::Throttled(429) => "429",
-            Self::Throttled(_) => "529",
+            Self::Throttled(_) => "429",
+            Self::Overloaded(429) => "429_overload",
+            Self::Overloaded(_) => "529",
             Self::ServerError(500) => "500",
             Self::ServerError(502) => "502",
             Self::ServerError(503) => "503",
@@ -77,6 +109,166 @@ impl Outcome {
             Self::Local => "local",
         }
     }
+}
+
+/// Why a 429 was sent (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    Rate,
+    Overload,
+    Quota,
+    LongWindow,
+    Unknown,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 5] = [
+        Reason::Rate,
+        Reason::Overload,
+        Reason::Quota,
+        Reason::LongWindow,
+        Reason::Unknown,
+    ];
+
+    pub const fn label(self) -> &'static str {
+        match self {
+            Reason::Rate => "rate",
+            Reason::Overload => "overload",
+            Reason::Quota => "quota",
+            Reason::LongWindow => "long_window",
+            Reason::Unknown => "unknown",
+        }
+    }
+
+    /// Whether this 429 says the sender's bucket is empty: only these pause a partition's
+    /// sends for a guessed while and move its pace.
+    pub fn empties_bucket(self) -> bool {
+        matches!(self, Reason::Rate | Reason::Unknown)
+    }
+}
+
+/// The reading of one 429, carried on the response (its extensions) from the rate limiter,
+/// which reads it once, up to retry and the breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Throttle {
+    pub reason: Reason,
+    /// The wait the upstream named (headers, or a body's `retryDelay`), else the reset of the
+    /// bucket it reports exhausted.
+    pub hint: Option<Duration>,
+    /// Whether `hint` was named outright rather than read from a reset.
+    pub named: bool,
+}
+
+/// A `remaining` at least this share of its `limit` is clear headroom.
+const HEADROOM: f64 = 0.1;
+
+impl Throttle {
+    /// Read a 429 from its headers and (buffered) body; `time_left`: until the request's
+    /// deadline.
+    pub fn read(
+        headers: &HeaderMap,
+        body: &[u8],
+        config: &RetryConfig,
+        time_left: Duration,
+        now: SystemTime,
+    ) -> Self {
+        let signals = error_signals(body);
+        let named = hints::explicit_hint(headers, now).or(signals.retry_delay);
+        if is_permanent(headers, body, &signals, config) {
+            return Throttle {
+                reason: Reason::Quota,
+                hint: None,
+                named: false,
+            };
+        }
+        let hint = named.or_else(|| hints::reset_hint(headers, now));
+        let reason =
+            if signals.window == Some(QuotaWindow::Day) || hint.is_some_and(|h| h > time_left) {
+                Reason::LongWindow
+            } else if signals.overloaded {
+                Reason::Overload
+            } else if signals.rate_limited || named.is_some() {
+                Reason::Rate
+            } else {
+                match headroom(headers, now) {
+                    Some(true) => Reason::Overload,
+                    Some(false) => Reason::Rate,
+                    None => Reason::Unknown,
+                }
+            };
+        Throttle {
+            reason,
+            hint,
+            named: named.is_some(),
+        }
+    }
+}
+
+/// Whether the rate-limit headers report clear headroom in every bucket they describe; `None`
+/// when they describe none.
+fn headroom(headers: &HeaderMap, now: SystemTime) -> Option<bool> {
+    let reports = [Kind::Requests, Kind::Tokens].map(|k| crate::provider::report(headers, k, now));
+    let mut any = false;
+    for r in reports.into_iter().flatten() {
+        any = true;
+        if r.limit <= 0.0 || r.remaining < 2.0 || r.remaining < HEADROOM * r.limit {
+            return Some(false);
+        }
+    }
+    any.then_some(true)
+}
+
+/// Codes in a 429's body that no wait cures: OpenAI's billing error, Anthropic's spend limit.
+const PERMANENT_CODES: [&str; 2] = ["insufficient_quota", "enforced_spend_limit_reached"];
+
+/// The headers by which an upstream names a wait outright (`crate::provider::hints`).
+pub const WAIT_HEADERS: [&str; 3] = ["retry-after", "retry-after-ms", "x-ms-retry-after-ms"];
+
+/// A 429 no wait can cure: a billing code, a configured code, or Anthropic's spend-limit shape
+/// (a billing message and no wait named in any of [`WAIT_HEADERS`] or the body: an upstream that says when
+/// to come back is throttling, whatever its message says).
+pub fn is_permanent_429(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &[u8],
+    config: &RetryConfig,
+) -> bool {
+    status == StatusCode::TOO_MANY_REQUESTS
+        && is_permanent(headers, body, &error_signals(body), config)
+}
+
+fn is_permanent(
+    headers: &HeaderMap,
+    body: &[u8],
+    signals: &ErrorSignals,
+    config: &RetryConfig,
+) -> bool {
+    let Ok(json) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return false;
+    };
+    let error = &json["error"];
+    let fields = [
+        &error["code"],
+        &error["type"],
+        &error["details"]["error_code"],
+        &error["details"]["code"],
+    ];
+    let codes: Vec<&str> = fields.iter().filter_map(|v| v.as_str()).collect();
+    let listed =
+        |c: &&str| PERMANENT_CODES.contains(c) || config.permanent_codes.iter().any(|p| p == c);
+    if codes.iter().any(listed) {
+        return true;
+    }
+    let message = error["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let billing = ["spend limit", "billing", "credit balance", "quota"]
+        .iter()
+        .any(|w| message.contains(w));
+    billing
+        && signals.retry_delay.is_none()
+        && !WAIT_HEADERS.iter().any(|h| headers.contains_key(*h))
 }
 
 /// The upstream's `x-should-retry: true|false`, which overrides the status rule.
@@ -98,7 +290,7 @@ mod tests {
         let s = |c: u16| Outcome::of_status(StatusCode::from_u16(c).unwrap());
         assert_eq!(s(200), Outcome::Success);
         assert_eq!(s(429), Outcome::Throttled(429));
-        assert_eq!(s(529), Outcome::Throttled(529));
+        assert_eq!(s(529), Outcome::Overloaded(529));
         assert_eq!(s(503), Outcome::ServerError(503));
         assert_eq!(s(400), Outcome::ClientError(400));
     }

@@ -43,6 +43,7 @@ pub struct Metrics {
     budget_exhausted: IntCounterVec,
     gave_up: IntCounterVec,
     keys_set_aside: IntCounterVec,
+    throttle_reasons: IntCounterVec,
     group_answers: IntCounterVec,
     group_fallbacks: IntCounterVec,
     group_hedges: IntCounterVec,
@@ -119,6 +120,7 @@ impl Metrics {
             hints_honoured: counter(&r, "corral_retry_after_honoured_total", "Retries whose sleep was set by the upstream's Retry-After or reset header.", up),
             budget_exhausted: counter(&r, "corral_retry_budget_exhausted_total", "Retries refused because the retry budget was spent.", up),
             gave_up: counter(&r, "corral_retry_gave_up_total", "Requests whose last retryable answer was passed through, by why corral stopped.", &["upstream", "why"]),
+            throttle_reasons: counter(&r, "corral_upstream_429_reasons_total", "Upstream 429s by what corral read in them: rate (the bucket is empty), overload, quota, long_window (a wait beyond the deadline or a per-day quota), unknown. Only rate and unknown move the pace.", &["upstream", "reason"]),
             keys_set_aside: counter(&r, "corral_keys_set_aside_total", "Pooled keys set aside for their cool-down, by why (401, 403, quota: a permanent 429).", &["upstream", "reason"]),
             group_answers: counter(&r, "corral_group_answers_total", "Answers a group's clients got, by the member that gave them.", &["group", "upstream"]),
             group_fallbacks: counter(&r, "corral_group_fallbacks_total", "Requests that left a group member for the next, by member and why (permanent_429, unavailable, no_capacity, failed).", &["group", "upstream", "reason"]),
@@ -255,6 +257,7 @@ impl Metrics {
             retries: bound(&self.retries, RETRY_REASONS),
             gave_up: bound(&self.gave_up, GAVE_UP),
             keys_set_aside: bound(&self.keys_set_aside, KEY_REFUSALS),
+            throttle_reasons: bound(&self.throttle_reasons, &THROTTLE_REASONS),
             breaker_transitions: bound(&self.breaker_transitions, BREAKER_PHASES),
             upstream_throttles: bound(&self.upstream_throttles, THROTTLE_CODES),
             client_throttles: bound(&self.client_throttles, THROTTLE_SOURCES),
@@ -332,6 +335,7 @@ const UNROUTED: &str = "(none)";
 const OUTCOMES: &[&str] = &[
     "success",
     "429",
+    "429_overload",
     "529",
     "500",
     "502",
@@ -347,6 +351,7 @@ const OUTCOMES: &[&str] = &[
 /// before a response head.
 const RETRY_REASONS: &[&str] = &[
     "429",
+    "429_overload",
     "529",
     "500",
     "502",
@@ -360,6 +365,17 @@ const RETRY_REASONS: &[&str] = &[
 /// the next attempt (the [`ProxyError`](crate::error::ProxyError) label).
 /// Why a pooled key is set aside.
 const KEY_REFUSALS: &[&str] = &["401", "403", "quota"];
+/// What a 429 was read as: every [`Reason::label`](crate::classify::Reason::label).
+const THROTTLE_REASONS: [&str; 5] = {
+    let all = crate::classify::Reason::ALL;
+    [
+        all[0].label(),
+        all[1].label(),
+        all[2].label(),
+        all[3].label(),
+        all[4].label(),
+    ]
+};
 const GAVE_UP: &[&str] = &[
     "max_retries",
     "max_throttle_retries",
@@ -546,6 +562,7 @@ pub struct Handles {
     retries: Bound,
     gave_up: Bound,
     keys_set_aside: Bound,
+    throttle_reasons: Bound,
     breaker_transitions: Bound,
     upstream_throttles: Bound,
     client_throttles: Bound,
@@ -608,6 +625,9 @@ impl Handles {
     }
     pub fn gave_up(&self, why: &str) {
         self.gave_up.inc(&self.name, why);
+    }
+    pub fn throttle_reason(&self, reason: &str) {
+        self.throttle_reasons.inc(&self.name, reason);
     }
     pub fn key_set_aside(&self, why: &str) {
         self.keys_set_aside.inc(&self.name, why);
@@ -712,7 +732,8 @@ mod tests {
         let outcomes = [
             Outcome::Success,
             Outcome::Throttled(429),
-            Outcome::Throttled(529),
+            Outcome::Overloaded(429),
+            Outcome::Overloaded(529),
             Outcome::ServerError(500),
             Outcome::ServerError(501),
             Outcome::ServerError(502),
@@ -727,6 +748,7 @@ mod tests {
             match outcome {
                 Outcome::Success
                 | Outcome::Throttled(_)
+                | Outcome::Overloaded(_)
                 | Outcome::ServerError(_)
                 | Outcome::ClientError(_)
                 | Outcome::Timeout

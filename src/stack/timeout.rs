@@ -63,7 +63,7 @@ impl Middleware for TryTimeout {
                 outcome
             };
             metrics.attempt(outcome.label());
-            if let Outcome::Throttled(code) = outcome {
+            if let Outcome::Throttled(code) | Outcome::Overloaded(code) = outcome {
                 metrics.upstream_throttle(code);
             }
             result

@@ -279,7 +279,7 @@ mod tests {
         for failure in [
             Outcome::ServerError(500),
             Outcome::ServerError(503),
-            Outcome::Throttled(529),
+            Outcome::Overloaded(529),
             Outcome::Timeout,
             Outcome::Transport,
         ] {
@@ -297,7 +297,10 @@ mod tests {
     async fn throttles_dont_open_it_unless_counted() {
         let b = shared(OnOpen::Queue);
         assert!(!feed(&b, Outcome::Throttled(429)).await, "5 s of 429s");
-        assert!(feed(&b, Outcome::Throttled(529)).await, "529s are overload");
+        assert!(
+            feed(&b, Outcome::Overloaded(529)).await,
+            "529s are overload"
+        );
 
         let counted = shared_with(&BreakerConfig {
             count_throttles: true,

@@ -28,6 +28,17 @@
 //!   more go (doubling per round trip), and the first throttle ends it.
 //! - **No headers** (source `aimd`): the first 429 cuts the measured send rate by `BETA` (AWS's
 //!   adaptive mode); throttle windows then estimate the rate as above.
+//! - **Evidence bounds every cut.** Only 429s read as "the bucket is empty" reach
+//!   [`Answer::RateLimited`] (an overload moves no pace). A cut never goes below what the
+//!   upstream admitted from this pacer over the last `ADMITTED_WINDOW`, and 429s of attempts
+//!   sent before the last cut belong to it (at most one cut per round trip, as TCP does). After
+//!   a cut, each success of an attempt sent after it adds its units per its own round trip, so
+//!   the pace doubles per round trip back to where it was before the cut: one storm leaves no
+//!   crawl behind it.
+//! - **Settled, never owed.** A request larger than the burst goes at once, charged nothing
+//!   here (the upstream's answer is the truth, and its report resynchronises the level); a
+//!   request admitted past the pace is charged at most the burst, and the level never owes
+//!   more than one burst.
 //!
 //! A pure state machine: every method takes `now`, so tests drive it in virtual time.
 
@@ -51,6 +62,9 @@ const MAX_UNANSWERED: usize = 16_384;
 /// Held back when resynchronising the level from a report: the refill of this long (the
 /// uncertainty in when the upstream counted), and at least one token.
 const RESYNC_SLACK_TIME: Duration = Duration::from_millis(10);
+/// With nothing in flight and no answer for this long, one request goes whatever the level:
+/// a storm's cuts never hold a lone request.
+const IDLE: Duration = Duration::from_millis(250);
 /// In slow start, one more request goes after this long without an answer.
 const SLOW_START_STALL: Duration = Duration::from_secs(1);
 /// Throttle windows are added up until they span this much before they give an estimate.
@@ -77,6 +91,10 @@ const SHARE_GROWTH: f64 = 0.01;
 /// second.
 const GUESS_HOLD: Duration = Duration::from_millis(500);
 const GUESS_GROWTH: f64 = 0.1;
+/// A cut never goes below what the upstream admitted over this window.
+const ADMITTED_WINDOW: Duration = Duration::from_secs(1);
+/// Admitted units are counted in slots of this length.
+const ADMITTED_SLOT: Duration = Duration::from_millis(50);
 /// A header model caught lying is distrusted this long, doubling per demotion...
 const PROBATION: Duration = Duration::from_secs(60);
 /// ...up to this.
@@ -180,6 +198,41 @@ impl Meter {
     }
 }
 
+/// Units the upstream admitted (answered without a throttle) over the last
+/// [`ADMITTED_WINDOW`], in slots of [`ADMITTED_SLOT`].
+#[derive(Debug, Default)]
+struct Admitted {
+    slots: VecDeque<(Instant, f64)>,
+}
+
+impl Admitted {
+    fn record(&mut self, now: Instant, units: f64) {
+        self.expire(now);
+        match self.slots.back_mut() {
+            Some((start, n)) if now.saturating_duration_since(*start) < ADMITTED_SLOT => {
+                *n += units
+            }
+            _ => self.slots.push_back((now, units)),
+        }
+    }
+
+    fn expire(&mut self, now: Instant) {
+        while let Some((start, _)) = self.slots.front() {
+            if now.saturating_duration_since(*start) > ADMITTED_WINDOW {
+                self.slots.pop_front();
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// Units per second over the window.
+    fn rate(&mut self, now: Instant) -> f64 {
+        self.expire(now);
+        self.slots.iter().map(|(_, n)| n).sum::<f64>() / ADMITTED_WINDOW.as_secs_f64()
+    }
+}
+
 /// What the 429s have shown (see the module doc: throttle windows).
 #[derive(Debug, Default)]
 struct Throttles {
@@ -206,6 +259,9 @@ struct Cap {
     hold: Duration,
     /// Growth after the hold, units per second per second.
     slope: f64,
+    /// A cut's way back: successes raise `rate` toward this (the pace before the cut),
+    /// doubling it per round trip. `None` for an estimate, which is evidence, not a guess.
+    recover_to: Option<f64>,
 }
 
 impl Cap {
@@ -264,6 +320,7 @@ pub struct Pacer {
     pub last_remaining: Option<f64>,
     /// 429s and 529s attributed to this bucket.
     pub throttles: u64,
+    admitted: Admitted,
 }
 
 impl Pacer {
@@ -301,6 +358,7 @@ impl Pacer {
             demotions: 0,
             last_remaining: None,
             throttles: 0,
+            admitted: Admitted::default(),
         }
     }
 
@@ -398,6 +456,11 @@ impl Pacer {
             return Ok(self.admit(0.0, now));
         }
         self.refill(now);
+        if self.kind == Kind::Tokens && cost > self.burst {
+            // Larger than the bucket: no wait here can make room for it. It goes now, charged
+            // nothing; the upstream's answer (its report) settles what it cost.
+            return Ok(self.admit(0.0, now));
+        }
         let need = cost.min(self.burst).max(f64::MIN_POSITIVE);
         let gap = self.ramp_gap();
         if gap.is_some() && now < self.next_send && self.level >= need {
@@ -410,18 +473,30 @@ impl Pacer {
             }
             return Ok(self.admit(cost, now));
         }
-        if self.source == Source::SlowStart
-            && now.saturating_duration_since(self.quiet_since) >= SLOW_START_STALL
-        {
-            // Nothing answered for a while (cancelled or slow requests): let one more go.
+        let quiet = now.saturating_duration_since(self.quiet_since);
+        let stalled = self.source == Source::SlowStart && quiet >= SLOW_START_STALL;
+        if stalled || (self.unanswered.is_empty() && quiet >= IDLE) {
+            // Nothing answered for a while (cancelled or slow requests), or nothing in flight
+            // for a while: one request alone cannot overrun anything, so it goes now.
             self.quiet_since = now;
-            self.level -= cost;
-            return Ok(self.admit(cost, now));
+            return Ok(self.admit_anyway(cost, now));
         }
         match self.time_for(need - self.level) {
             Some(wait) => Err(Some(wait)),
             None => Err(None),
         }
+    }
+
+    /// Admit `cost` units past the pace (the pace is corral's guess, and the request's time to
+    /// wait for it is up): charged at most the burst, and the level never owes more than one.
+    pub fn admit_anyway(&mut self, cost: f64, now: Instant) -> Ticket {
+        if self.source == Source::None || (self.kind == Kind::Tokens && cost > self.burst) {
+            return self.admit(0.0, now);
+        }
+        self.refill(now);
+        let charge = cost.min(self.burst);
+        self.level = (self.level - charge).max(-self.burst);
+        self.admit(charge, now)
     }
 
     fn admit(&mut self, cost: f64, now: Instant) -> Ticket {
@@ -482,6 +557,9 @@ impl Pacer {
         if answer == Answer::Ok {
             let rtt = now.saturating_duration_since(ticket.sent_at).as_secs_f64();
             self.min_rtt = Some(self.min_rtt.map_or(rtt, |m| m.min(rtt)));
+            let units = ticket.cost.max(1.0);
+            self.admitted.record(now, units);
+            self.recover(ticket, units, rtt);
         }
         if matches!(answer, Answer::RateLimited | Answer::Overloaded) {
             self.throttles += 1;
@@ -499,20 +577,24 @@ impl Pacer {
             }
             None => {}
         }
-        match answer {
-            Answer::RateLimited => self.throttled(ticket, now),
-            // Overload is the whole service, not our bucket: without headers, slow down as
-            // AWS's adaptive mode does; with them, nothing to learn about the bucket.
-            Answer::Overloaded
-                if report.is_none()
-                    && self.kind == Kind::Requests
-                    && !matches!(self.source, Source::Headers | Source::Observed) =>
-            {
-                self.cut(now);
-            }
-            _ => {}
+        // An overload is the whole service, not this bucket: it moves no pace (the retry
+        // layer backs off, the breaker counts it).
+        if answer == Answer::RateLimited {
+            self.throttled(ticket, now);
         }
         self.rate = self.pace(now);
+    }
+
+    /// A success after a cut: the attempt's units per its round trip back on the cap, so the
+    /// pace doubles per round trip until it is back where the cut found it.
+    fn recover(&mut self, ticket: Ticket, units: f64, rtt: f64) {
+        let after_cut = ticket.seq > self.throttle_log.cut_seq;
+        if let Some(cap) = self.cap.as_mut().filter(|_| after_cut) {
+            if let Some(to) = cap.recover_to.filter(|to| cap.rate < *to) {
+                let rtt = rtt.max(self.min_rtt.unwrap_or(0.0)).max(1e-3);
+                cap.rate = (cap.rate + units / rtt).min(to);
+            }
+        }
     }
 
     /// A 429 from this bucket: it was empty when `ticket` arrived.
@@ -559,7 +641,7 @@ impl Pacer {
             matches!(self.source, Source::Headers | Source::Observed) && self.header_rate > 0.0;
         match estimate {
             Some(e) => {
-                let e = e.max(MIN_RATE);
+                let e = e.max(MIN_RATE).max(self.admitted.rate(now));
                 let alone = !headers_pace || e >= ALONE * self.header_rate;
                 self.cap = Some(if alone {
                     Cap {
@@ -567,6 +649,7 @@ impl Pacer {
                         since: now,
                         hold: HOLD,
                         slope: GROWTH * e,
+                        recover_to: None,
                     }
                 } else {
                     Cap {
@@ -574,6 +657,7 @@ impl Pacer {
                         since: now,
                         hold: Duration::ZERO,
                         slope: SHARE_GROWTH * self.header_rate,
+                        recover_to: None,
                     }
                 });
             }
@@ -585,19 +669,29 @@ impl Pacer {
         }
     }
 
-    /// Cut the pace by `BETA` (from the measured send rate when nothing paces yet).
+    /// Cut the pace by `BETA` (from the measured send rate when nothing paces yet), never
+    /// below what the upstream admitted over the last window.
     fn cut(&mut self, now: Instant) {
         let current = if self.rate > 0.0 {
             self.rate / self.margin
         } else {
             self.meter.current(now)
         };
-        let rate = (current * BETA).max(MIN_RATE);
+        let rate = (current * BETA).max(self.admitted.rate(now)).max(MIN_RATE);
+        // A cut of a cut still recovers to where the first one found the pace.
+        let recover_to = match self.cap {
+            Some(Cap {
+                recover_to: Some(to),
+                ..
+            }) => to.max(current),
+            _ => current,
+        };
         self.cap = Some(Cap {
             rate,
             since: now,
             hold: GUESS_HOLD,
             slope: GUESS_GROWTH * rate,
+            recover_to: Some(recover_to),
         });
         self.level = self.level.min(0.0);
         if matches!(self.source, Source::SlowStart | Source::None) {

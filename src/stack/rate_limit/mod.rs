@@ -26,22 +26,23 @@ pub mod pool;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use http::{HeaderMap, Response};
+use http::{HeaderMap, Response, StatusCode};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
 use self::partition::Partition;
 use self::pool::Pool;
 use crate::body::Body;
-use crate::classify::Outcome;
+use crate::classify::{Outcome, Throttle};
 use crate::config::{self, LearnMode, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::fleet::Fleet;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
 use crate::stack::layer::{lock, BoxFuture, Middleware, Next, Shared};
+use crate::stack::retry::{buffer_error, replay};
 
 /// Most partitions kept. When full, a new key evicts the partitions idle for
 /// [`PARTITION_IDLE`]; only if none is idle does it share the upstream's default partition
@@ -198,13 +199,41 @@ impl RateLimitShared {
         if self.config.limits.tpm.is_some() {
             m.tokens_charged.inc_by(u64::from(cost));
         }
-        let result = next.oneshot(req).await;
+        let deadline = req.ctx.deadline;
+        let result = match next.oneshot(req).await {
+            Ok(response) if response.status() == StatusCode::TOO_MANY_REQUESTS => {
+                Ok(self.read_429(response, deadline).await)
+            }
+            other => other,
+        };
         let outcome = Outcome::of(&result);
-        if tickets.is_some() || outcome == Outcome::Throttled(429) {
-            let headers = result.as_ref().ok().map(Response::headers);
-            partition.observe(tickets, outcome, headers, m);
+        let response = result.as_ref().ok();
+        let throttle = response.and_then(|r| r.extensions().get::<Throttle>());
+        if tickets.is_some() || throttle.is_some() {
+            let headers = response.map(Response::headers);
+            partition.observe(tickets, outcome, throttle, headers, m);
         }
         result
+    }
+
+    /// Read a 429 ([`Throttle::read`]) from its head and its buffered body, and carry the
+    /// reading on the response for the layers above; the answer itself passes unchanged.
+    async fn read_429(&self, response: Response<Body>, deadline: Instant) -> Response<Body> {
+        let (mut parts, bytes, cut) = match buffer_error(response, deadline).await {
+            Ok(buffered) => buffered,
+            Err(whole) => return whole,
+        };
+        let now = Instant::now();
+        let throttle = Throttle::read(
+            &parts.headers,
+            &bytes,
+            &self.config.retry,
+            deadline.saturating_duration_since(now),
+            SystemTime::now(),
+        );
+        self.metrics.throttle_reason(throttle.reason.label());
+        parts.extensions.insert(throttle);
+        replay(parts, bytes, cut)
     }
 
     /// An attempt with a pooled key: the key with the most headroom; if the upstream refuses
@@ -365,7 +394,12 @@ mod tests {
         let mut hint = HeaderMap::new();
         hint.insert("retry-after", HeaderValue::from_static("3600"));
         let m = Metrics::new().upstream("t");
-        paused.observe(None, Outcome::Throttled(429), Some(&hint), &m);
+        let rate = Throttle {
+            reason: crate::classify::Reason::Rate,
+            hint: Some(Duration::from_secs(3600)),
+            named: true,
+        };
+        paused.observe(None, Outcome::Throttled(429), Some(&rate), Some(&hint), &m);
         let paused = Arc::downgrade(&paused);
         tokio::time::advance(PARTITION_IDLE - Duration::from_secs(1)).await;
         let recent = Arc::downgrade(&shared.partition(&key(3)));

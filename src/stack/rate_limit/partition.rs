@@ -9,6 +9,15 @@
 //!    waiters go in FIFO order and a large request is not starved by small ones.
 //! 3. `wait`: with the turn held, the governor buckets, then the pacers,
 //!    re-checking the pause (a 429 may arrive meanwhile), while the deadline allows.
+//!
+//! What may refuse a request, and what may only delay it:
+//! - The user's word (configured `rpm`/`tpm`, the fleet's shared buckets) and the upstream's
+//!   (a pause for a wait it named, or the reset of a bucket it reported empty) refuse a request
+//!   whose deadline cannot cover the wait, with a 429 and that wait as `Retry-After`.
+//! - What corral guessed (the learned pace, the FIFO turn behind it, a pause it chose itself
+//!   when a 429 named no wait) only delays: at most half of the time the request has left
+//!   ([`pace_by`]), then it goes, since only the upstream's answer can say it must not. A
+//!   guess never turns into a refusal.
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -23,7 +32,7 @@ use tokio::time::Instant;
 
 use super::bucket::{take, Bucket};
 use super::learn::{Answer, Pacer, Source, Ticket};
-use crate::classify::Outcome;
+use crate::classify::{Outcome, Reason, Throttle};
 use crate::config::{LearnMode, Priority, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::fleet::{Fleet, Lease};
@@ -105,9 +114,11 @@ pub struct Partition {
     queued: Arc<AtomicUsize>,
     /// Whether the tokens pacer has learned anything (else token estimates are not needed).
     tokens_learned: AtomicBool,
-    /// Set by 429s (this corral's, and with `[fleet]` its peers'): nothing is sent to this
-    /// partition before it passes.
+    /// Set by 429s that name a wait (this corral's, and with `[fleet]` its peers'): nothing is
+    /// sent to this partition before it passes, and a deadline it cannot cover is refused.
     pause: Arc<Pause>,
+    /// Set by 429s that name none: a wait corral chose, so it only delays (see the module doc).
+    guessed_pause: Pause,
     /// With `[fleet]`: the lease on the fleet's shared buckets (instead of the configured
     /// ceilings, which then live in Redis).
     lease: Option<Arc<Lease>>,
@@ -116,6 +127,21 @@ pub struct Partition {
     /// The pause after a 429 with no hint and no learned pace.
     default_pause: Duration,
     rng: Mutex<SmallRng>,
+}
+
+/// How long one request may wait in a partition.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    /// Beyond it, a wait the user or the upstream asked for is refused.
+    deadline: Instant,
+    /// Beyond it, a wait corral guessed ends: the request goes.
+    pace_by: Instant,
+}
+
+/// Corral's guesses (the learned pace, a pause no hint named) hold a request at most half the
+/// time it has left: the other half is for the upstream to answer it.
+fn pace_by(now: Instant, deadline: Instant) -> Instant {
+    now + deadline.saturating_duration_since(now) / 2
 }
 
 /// Counts a request on the slow path for as long as it is there.
@@ -177,6 +203,7 @@ impl Partition {
             tokens_learned: AtomicBool::new(false),
             pause,
             lease,
+            guessed_pause: Pause::new(),
             release_jitter: config.retry.floor_jitter.0,
             default_pause: config.retry.base.0,
             rng: Mutex::new(SmallRng::from_os_rng()),
@@ -190,7 +217,7 @@ impl Partition {
 
     /// Whether a 429's pause is in force at `now`.
     pub fn is_paused(&self, now: Instant) -> bool {
-        self.pause.until(now).is_some()
+        self.pause.until(now).is_some() || self.guessed_pause.until(now).is_some()
     }
 
     /// Whether requests must be charged a token estimate.
@@ -224,9 +251,18 @@ impl Partition {
             && self.requests.is_none()
             && self.tokens.is_none()
             && self.lease.is_none();
-        self.wait_pause(deadline, unpaced).await.map_err(limited)?;
-        let _turn = self.take_turn(deadline, priority).await.map_err(limited)?;
-        self.wait(cost, deadline).await.map_err(limited)
+        let limits = Limits {
+            deadline,
+            pace_by: pace_by(Instant::now(), deadline),
+        };
+        self.wait_pause(limits, unpaced).await.map_err(limited)?;
+        let _turn = self.take_turn(limits, priority).await.map_err(limited)?;
+        self.wait(cost, limits).await.map_err(limited)
+    }
+
+    /// Whether only guesses gate this partition (no configured ceiling, no fleet bucket).
+    fn only_guesses(&self) -> bool {
+        self.requests.is_none() && self.tokens.is_none() && self.lease.is_none()
     }
 
     /// Admit at once when nothing waits, nothing is paused and the pacers say go now; `None`:
@@ -240,7 +276,7 @@ impl Partition {
             return None;
         }
         let now = Instant::now();
-        if self.pause.until(now).is_some() {
+        if self.is_paused(now) {
             return None;
         }
         let Some(pacers) = &self.pacers else {
@@ -257,38 +293,58 @@ impl Partition {
     }
 
     /// Sleep until no pause is in force; `jitter`: each waiter then waits a little more, at
-    /// random, since nothing else will spread them. `Err`: the wait it would need.
-    async fn wait_pause(&self, deadline: Instant, jitter: bool) -> Result<(), Duration> {
-        while let Some(until) = self.pause.until(Instant::now()) {
+    /// random, since nothing else will spread them. `Err`: the wait a named pause would need
+    /// beyond the deadline. A guessed pause is waited for only until `pace_by`.
+    async fn wait_pause(&self, limits: Limits, jitter: bool) -> Result<(), Duration> {
+        loop {
+            let now = Instant::now();
+            let named = self.pause.until(now);
+            let guessed = self
+                .guessed_pause
+                .until(now)
+                .filter(|_| now < limits.pace_by);
+            let Some(until) = named.max(guessed) else {
+                return Ok(());
+            };
             let extra = if jitter && !self.release_jitter.is_zero() {
                 let spread = lock(&self.rng).random_range(0.0..1.0);
                 self.release_jitter.mul_f64(spread)
             } else {
                 Duration::ZERO
             };
-            if until > deadline {
-                return Err(until.saturating_duration_since(Instant::now()));
+            if named.is_some_and(|n| n > limits.deadline) {
+                return Err(until.saturating_duration_since(now));
             }
-            let wake = (until + extra).min(deadline);
+            let end = if named == Some(until) {
+                limits.deadline
+            } else {
+                limits.pace_by
+            };
+            let wake = (until + extra).min(end);
             tokio::time::sleep_until(wake).await;
         }
-        Ok(())
     }
 
-    /// This request's turn, in FIFO order.
+    /// This request's turn, in FIFO order; `None`: the pace it waits behind is a guess that
+    /// has held it for as long as it may (`pace_by`), so it goes without.
     async fn take_turn(
         &self,
-        deadline: Instant,
+        limits: Limits,
         priority: Priority,
-    ) -> Result<tokio::sync::MutexGuard<'_, ()>, Duration> {
+    ) -> Result<Option<tokio::sync::MutexGuard<'_, ()>>, Duration> {
         let turn = self.gate.wait(priority, self.turn.lock());
-        tokio::time::timeout_at(deadline, turn)
+        if self.only_guesses() {
+            return Ok(tokio::time::timeout_at(limits.pace_by, turn).await.ok());
+        }
+        tokio::time::timeout_at(limits.deadline, turn)
             .await
+            .map(Some)
             .map_err(|_| Duration::from_secs(1))
     }
 
     /// With the turn held: the configured ceilings, then the pacers, while the deadline allows.
-    async fn wait(&self, cost: u32, deadline: Instant) -> Result<Option<Tickets>, Duration> {
+    async fn wait(&self, cost: u32, limits: Limits) -> Result<Option<Tickets>, Duration> {
+        let deadline = limits.deadline;
         if let Some(bucket) = &self.requests {
             take(bucket, 1, deadline).await?;
         }
@@ -299,71 +355,69 @@ impl Partition {
             lease.acquire(f64::from(cost), deadline).await?;
         }
         let Some(pacers) = &self.pacers else {
-            return self.wait_pause(deadline, false).await.map(|()| None);
+            return self.wait_pause(limits, false).await.map(|()| None);
         };
-        let requests = self
-            .wait_pacer(pacers, Kind::Requests, 1.0, deadline)
-            .await?;
+        let requests = self.wait_pacer(pacers, Kind::Requests, 1.0, limits).await?;
         let tokens = self
-            .wait_pacer(pacers, Kind::Tokens, f64::from(cost), deadline)
+            .wait_pacer(pacers, Kind::Tokens, f64::from(cost), limits)
             .await?;
         Ok(Some(Tickets { requests, tokens }))
     }
 
     /// With the turn held: wait until the `kind` pacer admits `units`, or an answer teaches it
-    /// more (slow start), re-checking the pause, while the deadline allows.
+    /// more (slow start), re-checking the pause; at `pace_by` the pacer admits it anyway (the
+    /// pace is corral's guess: only the upstream may refuse).
     async fn wait_pacer(
         &self,
         pacers: &Mutex<Pacers>,
         kind: Kind,
         units: f64,
-        deadline: Instant,
+        limits: Limits,
     ) -> Result<Ticket, Duration> {
         loop {
-            self.wait_pause(deadline, false).await?;
+            self.wait_pause(limits, false).await?;
             let answered = self.answered.notified();
             let now = Instant::now();
-            let verdict = lock(pacers).get_mut(kind).try_acquire(units, now);
-            match verdict {
-                Ok(ticket) => return Ok(ticket),
-                Err(Some(wait)) if now + wait > deadline => return Err(wait),
-                Err(Some(wait)) => tokio::time::sleep(wait.max(Duration::from_micros(200))).await,
-                Err(None) => {
-                    // Slow start: wait for an answer to teach us more (or re-check soon).
-                    if now >= deadline {
-                        return Err(Duration::from_secs(1));
-                    }
-                    let wake = (now + Duration::from_millis(250)).min(deadline);
-                    tokio::select! {
-                        () = answered => {}
-                        () = tokio::time::sleep_until(wake) => {}
-                    }
+            let verdict = {
+                let mut p = lock(pacers);
+                let pacer = p.get_mut(kind);
+                match pacer.try_acquire(units, now) {
+                    Err(_) if now >= limits.pace_by => Ok(pacer.admit_anyway(units, now)),
+                    other => other,
                 }
+            };
+            let wake = match verdict {
+                Ok(ticket) => return Ok(ticket),
+                Err(Some(wait)) => (now + wait.max(Duration::from_micros(200))).min(limits.pace_by),
+                // Slow start: wait for an answer to teach us more (or re-check soon).
+                Err(None) => (now + Duration::from_millis(250)).min(limits.pace_by),
+            };
+            tokio::select! {
+                () = answered, if kind == Kind::Requests => {}
+                () = tokio::time::sleep_until(wake) => {}
             }
         }
     }
 
-    /// Learn from one attempt's answer; a 429 also pauses the partition until its hint passes.
+    /// Learn from one attempt's answer, with what its 429 was read as (`throttle`). A 429 that
+    /// says the bucket is empty (rate, unknown) pauses the partition until its hint passes (a
+    /// guessed while when it names none) and may move the pace; one whose wait is beyond the
+    /// deadline pauses it for that wait; an overload or a quota moves neither.
     pub fn observe(
         &self,
         tickets: Option<Tickets>,
         outcome: Outcome,
+        throttle: Option<&Throttle>,
         headers: Option<&HeaderMap>,
         metrics: &UpstreamMetrics,
     ) {
         let wall = SystemTime::now();
         let now = Instant::now();
-        let rate_limited = outcome == Outcome::Throttled(429);
-        // An explicit wait first; a bucket's reset is the time until it is *full*, far longer
-        // than one request needs, so the learner's estimate goes before it. A zero hint
-        // ("retry-after: 0", an instant already past) is no pause.
-        let (explicit, reset) = match headers {
-            Some(h) if rate_limited => (
-                provider::hints::explicit_hint(h, wall),
-                provider::hints::reset_hint(h, wall),
-            ),
-            _ => (None, None),
+        let reason = match outcome {
+            Outcome::Throttled(429) => Some(throttle.map_or(Reason::Unknown, |t| t.reason)),
+            _ => None,
         };
+        let rate_limited = reason.is_some_and(Reason::empties_bucket);
         let mut learned_pause: Option<Duration> = None;
         let mut refused = (rate_limited, false);
         if let (Some(pacers), Some(tickets)) = (&self.pacers, tickets) {
@@ -377,6 +431,7 @@ impl Partition {
             let (requests_report, tokens_report) = reports.unwrap_or((None, None));
             let (for_requests, for_tokens) = attribute(
                 outcome,
+                reason,
                 requests_report,
                 tokens_report,
                 tickets.tokens.cost(),
@@ -412,16 +467,30 @@ impl Partition {
             self.tokens_learned
                 .store(p.tokens.source() != Source::None, Ordering::Relaxed);
         }
-        if rate_limited {
-            let nonzero = |d: Option<Duration>| d.filter(|d| !d.is_zero());
-            let pause = nonzero(explicit)
-                .or(nonzero(learned_pause))
-                .or(nonzero(reset))
-                .unwrap_or(self.default_pause);
-            let pause = pause.min(provider::hints::MAX_HINT);
-            self.pause.extend(now + pause);
+        let nonzero = |d: Option<Duration>| d.filter(|d| !d.is_zero());
+        let named = throttle.filter(|t| t.named).and_then(|t| nonzero(t.hint));
+        let reset = throttle.filter(|t| !t.named).and_then(|t| nonzero(t.hint));
+        let pause = match reason {
+            // The upstream's own word first; a bucket's reset is the time until it is *full*,
+            // far longer than one request needs, so the learner's estimate goes before it.
+            Some(r) if r.empties_bucket() => match (named, nonzero(learned_pause), reset) {
+                (Some(wait), _, _) => Some((wait, true)),
+                (None, Some(wait), _) => Some((wait, false)),
+                (None, None, Some(wait)) => Some((wait, true)),
+                (None, None, None) => Some((self.default_pause, false)),
+            },
+            Some(Reason::LongWindow) => named.or(reset).map(|wait| (wait, true)),
+            _ => None,
+        };
+        if let Some((wait, hinted)) = pause {
+            let wait = wait.min(provider::hints::MAX_HINT);
+            if hinted {
+                self.pause.extend(now + wait);
+            } else {
+                self.guessed_pause.extend(now + wait);
+            }
             if let Some(lease) = &self.lease {
-                lease.throttled(pause, refused.0, refused.1);
+                lease.throttled(wait, refused.0, refused.1);
             }
         }
         if self.queued.load(Ordering::Acquire) > 0 {
@@ -452,10 +521,10 @@ impl Partition {
                 })
                 .collect::<Vec<_>>()
         });
-        let paused_ms = self
-            .pause
-            .until(Instant::now())
-            .map(|u| u.saturating_duration_since(Instant::now()).as_millis() as u64);
+        let now = Instant::now();
+        let paused_ms = (self.pause.until(now))
+            .max(self.guessed_pause.until(now))
+            .map(|u| u.saturating_duration_since(now).as_millis() as u64);
         serde_json::json!({
             "config_requests": ceiling(&self.requests),
             "config_tokens": ceiling(&self.tokens),
@@ -471,11 +540,16 @@ impl Partition {
 /// is blamed: that is where providers quantize (a per-minute report over a per-second bucket).
 fn attribute(
     outcome: Outcome,
+    reason: Option<Reason>,
     requests: Option<Report>,
     tokens: Option<Report>,
     token_cost: f64,
 ) -> (Answer, Answer) {
     match outcome {
+        // A quota or a long window: the reports still describe the buckets, but no pace moves.
+        Outcome::Throttled(429) if reason.is_some_and(|r| !r.empties_bucket()) => {
+            (Answer::RefusedElsewhere, Answer::RefusedElsewhere)
+        }
         Outcome::Throttled(429) => {
             let requests_out = requests.is_some_and(|r| r.remaining < 1.0);
             let tokens_out = tokens.is_some_and(|r| r.remaining < token_cost.max(1.0));
@@ -485,7 +559,7 @@ fn attribute(
                 _ => (Answer::RateLimited, Answer::RefusedElsewhere),
             }
         }
-        Outcome::Throttled(_) => (Answer::Overloaded, Answer::Overloaded),
+        Outcome::Overloaded(_) => (Answer::Overloaded, Answer::Overloaded),
         _ => (Answer::Ok, Answer::Ok),
     }
 }
@@ -508,6 +582,12 @@ mod tests {
 
     fn config() -> UpstreamConfig {
         UpstreamConfig::new("t", "/v1", parse_base_url("http://127.0.0.1:1").unwrap())
+    }
+
+    /// What the rate limiter reads in a 429 with these headers and no body.
+    fn read(h: &HeaderMap) -> Throttle {
+        let config = crate::config::RetryConfig::default();
+        Throttle::read(h, b"", &config, Duration::from_secs(60), SystemTime::now())
     }
 
     #[tokio::test(start_paused = true)]
@@ -620,7 +700,14 @@ mod tests {
             .unwrap();
         let start = Instant::now();
         let h = provider::header_map(&[("retry-after-ms", "1500")]);
-        partition.observe(tickets, Outcome::Throttled(429), Some(&h), &metrics);
+        let t = read(&h);
+        partition.observe(
+            tickets,
+            Outcome::Throttled(429),
+            Some(&t),
+            Some(&h),
+            &metrics,
+        );
         let waiters: Vec<_> = (0..3)
             .map(|_| {
                 let p = Arc::clone(&partition);
@@ -641,7 +728,13 @@ mod tests {
         // A deadline inside the pause is refused at once with the pause as Retry-After.
         let p = Partition::new(&config(), None);
         let tickets = p.acquire(1, far, Priority::Interactive, "t").await.unwrap();
-        p.observe(tickets, Outcome::Throttled(429), Some(&h), &metrics);
+        p.observe(
+            tickets,
+            Outcome::Throttled(429),
+            Some(&t),
+            Some(&h),
+            &metrics,
+        );
         let err = p
             .acquire(
                 1,
@@ -667,27 +760,27 @@ mod tests {
         let t = Outcome::Throttled(429);
         use Answer::{RateLimited as Rl, RefusedElsewhere as El};
         assert_eq!(
-            attribute(t, r(5.0), r(10.0), 100.0),
+            attribute(t, None, r(5.0), r(10.0), 100.0),
             (El, Rl),
             "tokens short"
         );
         assert_eq!(
-            attribute(t, r(0.0), r(5000.0), 100.0),
+            attribute(t, None, r(0.0), r(5000.0), 100.0),
             (Rl, El),
             "requests out"
         );
         assert_eq!(
-            attribute(t, r(900.0), r(900.0), 10.0),
+            attribute(t, None, r(900.0), r(900.0), 10.0),
             (Rl, El),
             "unexplained"
         );
-        assert_eq!(attribute(t, None, None, 10.0), (Rl, El), "no headers");
+        assert_eq!(attribute(t, None, None, None, 10.0), (Rl, El), "no headers");
         assert_eq!(
-            attribute(Outcome::Throttled(529), None, None, 1.0),
+            attribute(Outcome::Overloaded(529), None, None, None, 1.0),
             (Answer::Overloaded, Answer::Overloaded)
         );
         assert_eq!(
-            attribute(Outcome::Success, None, None, 1.0),
+            attribute(Outcome::Success, None, None, None, 1.0),
             (Answer::Ok, Answer::Ok)
         );
     }

@@ -1,19 +1,20 @@
 //! Retry. Throttles and failures are different things and are bounded differently:
 //!
-//! - **Throttles wait.** A retryable (non-permanent) 429 or 529 is a pacing signal, not a
-//!   failure. A 429 goes straight back to the rate limiter below, which the 429 has paused for
-//!   its hint and which then lets requests out at the learned rate; a 529 (the whole service
-//!   overloaded) backs off first. Throttle retries count against neither `max_retries` nor the
-//!   retry budget: each one takes a token from the rate limiter like a first attempt, so they
-//!   cannot amplify load. They are bounded by the request's deadline (the rate limiter refuses a
-//!   wait the deadline cannot cover) and by `max_throttle_retries`, the last guard.
-//! - **Failures are budgeted.** 5xx, connection failures and per-try timeouts are retried after
-//!   `hint + U(0, floor_jitter)` when the server's hint is at least the jittered backoff, else
-//!   after the backoff, while `max_retries`, the retry budget and the deadline allow.
+//! - **Throttles wait.** A retryable 429 that says the sender's bucket is empty (rate, or
+//!   unknown: `crate::classify::Reason`) is a pacing signal, not a failure. It goes straight back
+//!   to the rate limiter below, which the 429 has paused for its hint and which then lets
+//!   requests out at the learned rate. Throttle retries count against neither `max_retries` nor
+//!   the retry budget: each one takes a token from the rate limiter like a first attempt, so
+//!   they cannot amplify load. They are bounded by the request's deadline (a wait beyond it,
+//!   or a per-day quota, is given up at once) and by `max_throttle_retries`, the last guard.
+//! - **Failures are budgeted.** 5xx, overloads (529, and 429s read as overload), connection
+//!   failures and per-try timeouts are retried after `hint + U(0, floor_jitter)` when the
+//!   server's hint is at least the jittered backoff, else after the backoff, while
+//!   `max_retries`, the retry budget and the deadline allow.
 //!
 //! Giving up passes the upstream's last answer through, with `x-should-retry: false` when corral
-//! did retry, when the budget refused a retry, or when a throttle's wait is beyond the deadline (so the client's own loop does not
-//! multiply the load again), and corral's `retry-after` (its limiter's wait, or the hint it read
+//! did retry, when the budget refused a retry, or when a throttle's wait is beyond the deadline
+//! (so the client's own loop does not multiply the load again), and corral's `retry-after` (its limiter's wait, or the hint it read
 //! from a reset header) if the answer carried none.
 //!
 //! Classification (`policy`) is apart from the schedule (`backoff`, `crate::provider`'s hints,
@@ -23,6 +24,8 @@
 
 pub mod backoff;
 mod body;
+
+pub(crate) use self::body::replay;
 pub mod policy;
 
 use std::sync::{Arc, Mutex};
@@ -41,7 +44,7 @@ use self::backoff::Backoff;
 use self::body::Buffered;
 use self::policy::{judge_response, Verdict};
 use crate::body::Body;
-use crate::classify::Outcome;
+use crate::classify::{Outcome, Reason, Throttle};
 use crate::config::RetryConfig;
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
@@ -168,9 +171,17 @@ where
                 match judge_response(&parts, &bytes, config) {
                     Verdict::Done => return Ok(body::replay(parts, bytes, cut)),
                     Verdict::Retry(reason) => {
-                        let hint = crate::provider::retry_hint(&parts.headers, SystemTime::now());
-                        let throttle = match Outcome::of_status(parts.status) {
-                            Outcome::Throttled(code) => Some(code),
+                        // A 429 the rate limiter read carries its reading (hints from the body
+                        // included); anything else is read from its headers here.
+                        let read = parts.extensions.get::<Throttle>().copied();
+                        let hint = read.map_or_else(
+                            || crate::provider::retry_hint(&parts.headers, SystemTime::now()),
+                            |t| t.hint,
+                        );
+                        let throttle = match Outcome::of_head(parts.status, &parts.extensions) {
+                            Outcome::Throttled(_) => {
+                                Some(read.map_or(Reason::Unknown, |t| t.reason))
+                            }
                             _ => None,
                         };
                         (Last::Response(parts, bytes, cut), reason, hint, throttle)
@@ -195,7 +206,7 @@ where
                 }
             }
         };
-        let sleep = if let Some(code) = throttle {
+        let sleep = if let Some(reason) = throttle {
             // A throttle is a pacing signal: the rate limiter below owns the wait (a 429 pauses
             // the partition for its hint, then the pacers let requests out at the learned rate),
             // so a retried 429 goes straight back to it. Each retry takes a token there like a
@@ -203,17 +214,16 @@ where
             if throttles >= config.max_throttle_retries {
                 return give_up(last, attempts, "max_throttle_retries", None, &shared);
             }
-            if code == 429 {
-                // The rate limiter enforces the hint; here only: can the deadline cover it?
-                if hint.is_some_and(|h| Instant::now() + h >= req.ctx.deadline) {
-                    return give_up(last, attempts + 1, "deadline", hint, &shared);
-                }
-                Duration::ZERO
-            } else {
-                // 529: the whole service is overloaded, no bucket to wait for: back off.
-                shared.sleep_for(throttles, previous, hint)
+            // The rate limiter enforces the hint; here only: can the deadline cover it? A
+            // per-day quota cannot be waited for even without a hint.
+            let beyond = hint.is_some_and(|h| Instant::now() + h >= req.ctx.deadline);
+            if beyond || reason == Reason::LongWindow {
+                return give_up(last, attempts + 1, "deadline", hint, &shared);
             }
+            Duration::ZERO
         } else {
+            // A failure, an overload (529, or a 429 read as overload) among them: the whole
+            // service is unwell, no bucket to wait for: back off within the failure budget.
             if retries >= config.max_retries {
                 return give_up(last, attempts, "max_retries", None, &shared);
             }
@@ -270,14 +280,17 @@ pub async fn permanent_429(
         Ok(buffered) => buffered,
         Err(whole) => return (false, whole),
     };
-    let permanent = policy::is_permanent_429(&parts, &bytes, config);
+    let permanent = match parts.extensions.get::<Throttle>() {
+        Some(t) => t.reason == Reason::Quota,
+        None => crate::classify::is_permanent_429(parts.status, &parts.headers, &bytes, config),
+    };
     (permanent, body::replay(parts, bytes, cut))
 }
 
 /// An error answer's body buffered to be judged (up to [`MAX_BUFFERED_ERROR`], cut at
 /// `deadline`): its head, bytes and whether they were cut; or, too large to hold, the answer
 /// whole again.
-async fn buffer_error(
+pub(crate) async fn buffer_error(
     response: Response<Body>,
     deadline: Instant,
 ) -> Result<(http::response::Parts, Bytes, bool), Response<Body>> {

@@ -3,11 +3,8 @@
 
 use http::response::Parts;
 
-use crate::classify::{should_retry_header, Outcome};
+use crate::classify::{is_permanent_429, should_retry_header, Outcome, Reason, Throttle};
 use crate::config::RetryConfig;
-
-/// Codes in a 429's body that no wait cures: OpenAI's billing error, Anthropic's spend limit.
-const PERMANENT_CODES: [&str; 2] = ["insufficient_quota", "enforced_spend_limit_reached"];
 
 /// The verdict on one answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,9 +17,13 @@ pub enum Verdict {
 
 /// Judge an upstream response head (and, for 429s, its buffered body).
 pub fn judge_response(parts: &Parts, body: &[u8], config: &RetryConfig) -> Verdict {
-    let outcome = Outcome::of_status(parts.status);
+    let outcome = Outcome::of_head(parts.status, &parts.extensions);
     let by_status = match outcome {
-        Outcome::Throttled(_) => !is_permanent_429(parts, body, config),
+        Outcome::Throttled(_) => match parts.extensions.get::<Throttle>() {
+            Some(t) => t.reason != Reason::Quota,
+            None => !is_permanent_429(parts.status, &parts.headers, body, config),
+        },
+        Outcome::Overloaded(_) => true,
         Outcome::ServerError(500) => config.retry_500,
         Outcome::ServerError(s) => matches!(s, 502..=504),
         _ => false,
@@ -37,45 +38,10 @@ pub fn judge_response(parts: &Parts, body: &[u8], config: &RetryConfig) -> Verdi
     }
 }
 
-/// The headers by which an upstream names a wait outright (`crate::provider::hints`).
-const WAIT_HEADERS: [&str; 3] = ["retry-after", "retry-after-ms", "x-ms-retry-after-ms"];
-
-/// A 429 no wait can cure: a billing code, a configured code, or Anthropic's spend-limit shape
-/// (a billing message and no wait named in any of [`WAIT_HEADERS`]: an upstream that says when
-/// to come back is throttling, whatever its message says).
-pub(super) fn is_permanent_429(parts: &Parts, body: &[u8], config: &RetryConfig) -> bool {
-    if parts.status != 429 {
-        return false;
-    }
-    let Ok(json) = serde_json::from_slice::<serde_json::Value>(body) else {
-        return false;
-    };
-    let error = &json["error"];
-    let fields = [
-        &error["code"],
-        &error["type"],
-        &error["details"]["error_code"],
-        &error["details"]["code"],
-    ];
-    let codes: Vec<&str> = fields.iter().filter_map(|v| v.as_str()).collect();
-    let listed =
-        |c: &&str| PERMANENT_CODES.contains(c) || config.permanent_codes.iter().any(|p| p == c);
-    if codes.iter().any(listed) {
-        return true;
-    }
-    let message = error["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_ascii_lowercase();
-    let billing = ["spend limit", "billing", "credit balance", "quota"]
-        .iter()
-        .any(|w| message.contains(w));
-    billing && !WAIT_HEADERS.iter().any(|h| parts.headers.contains_key(*h))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::classify::WAIT_HEADERS;
     use http::Response;
 
     fn parts(status: u16, headers: &[(&str, &str)]) -> Parts {

@@ -7,7 +7,6 @@
 //! headers say is a hint; what the upstream does (a 429 while `remaining` claims headroom) is the
 //! truth, and the learner (`stack::rate_limit::learn`) decides which to believe.
 
-pub mod body;
 pub mod hints;
 mod report;
 

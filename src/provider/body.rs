@@ -18,10 +18,13 @@
 //!   such as `"31s"`), a `google.rpc.QuotaFailure` whose `violations[].quotaId` names the window
 //!   (`GenerateRequestsPerMinutePerProjectPerModel-FreeTier`,
 //!   `GenerateRequestsPerDayPerProjectPerModel-FreeTier`), and a `google.rpc.ErrorInfo` (`reason`,
-//!   `metadata.quota_limit`). Overload is a 503 `UNAVAILABLE` ("The model is overloaded"), and on
-//!   Vertex's pay-as-you-go a 429 "Resource exhausted, please try again later": Google's
-//!   `vertex-ai/generative-ai/docs/error-code-429` says that one means the shared pool had no
-//!   capacity for the request, not that a quota of the caller's was used up.
+//!   `metadata.quota_limit`). Real answers in this shape, quoted in the tests:
+//!   <https://github.com/googleapis/python-genai/issues/2044> (a day and two minute violations,
+//!   `retryDelay: "47s"`), <https://github.com/google-gemini/gemini-cli/issues/14811>
+//!   (array-wrapped). Overload is a 503 `UNAVAILABLE` ("The model is overloaded"), and on
+//!   Vertex's pay-as-you-go a 429 "Resource exhausted, please try again later", which
+//!   <https://cloud.google.com/vertex-ai/generative-ai/docs/error-code-429> says means the shared
+//!   pool had no capacity for the request, not that a quota of the caller's was used up.
 //!
 //! One `serde_json::Value` parse at most. A body that is none of these (not JSON, another shape)
 //! says nothing: every signal is off. Pure: no state, no I/O, and no input makes it panic.
@@ -126,6 +129,7 @@ pub fn error_signals(body: &[u8]) -> ErrorSignals {
     let message = message.to_ascii_lowercase();
 
     let labels = ["code", "type", "status"].map(|key| str_at(error, key));
+    let status = labels[2];
     let reasons = items(error, "details")
         .chain(items(error, "errors"))
         .map(|item| str_at(item, "reason"));
@@ -139,7 +143,9 @@ pub fn error_signals(body: &[u8]) -> ErrorSignals {
     let window = quota.window.max(window_named(&message));
     let retry_delay = quota.retry_delay.max(message_wait(&message));
 
-    let shared_pool_busy = labels[2].eq_ignore_ascii_case("resource_exhausted")
+    // Vertex's pay-as-you-go refusal: the shared pool had no room, no quota of the caller's is
+    // named (Google's error-code-429 page), so it is overload whatever `reason` it carries.
+    let shared_pool_busy = status.eq_ignore_ascii_case("resource_exhausted")
         && !quota.violations
         && message.contains("resource exhausted")
         && message.contains("try again later");
@@ -147,7 +153,7 @@ pub fn error_signals(body: &[u8]) -> ErrorSignals {
         rate_limited = false;
     }
     let overloaded = shared_pool_busy
-        || labels[2].eq_ignore_ascii_case("unavailable")
+        || status.eq_ignore_ascii_case("unavailable")
         || message.contains("overloaded")
         || labels
             .iter()
@@ -244,7 +250,7 @@ mod tests {
     }
 
     // Where each body comes from is said above it: "documented" (a provider's docs or
-    // PROVIDERS.md), "captured" (a real answer pasted into a public issue, named there), or
+    // PROVIDERS.md), "captured" (a real answer pasted on the public page linked), or
     // "constructed" (put together from the documented shape; the values are made up).
 
     #[test]
@@ -265,8 +271,8 @@ mod tests {
 
     #[test]
     fn an_openai_requests_per_day_limit_is_a_day_window() {
-        // Captured: MSU-AI-Agents/fall-2025-course issue 76 (printed as a Python dict there,
-        // written back as JSON here).
+        // Captured: https://github.com/MSU-AI-Agents/fall-2025-course/issues/76 (printed as a
+        // Python dict there, written back as JSON here).
         let body = br#"{"error":{"message":"Rate limit reached for gpt-3.5-turbo in organization org-pR2Z3LP86Rl3jvVG0S9Kv3IT on requests per day (RPD): Limit 10000, Used 10000, Requested 1. Please try again in 8.64s. Visit https://platform.openai.com/account/rate-limits to learn more.","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
         let signals = error_signals(body);
         assert_eq!(signals.window, Some(QuotaWindow::Day));
@@ -276,8 +282,9 @@ mod tests {
 
     #[test]
     fn a_groq_tokens_per_day_limit_reads_its_compound_wait() {
-        // Captured message: continuedev/continue issue 10920 (Groq, llama-3.3-70b-versatile);
-        // its JSON wrapper constructed as Groq sends it (danielmiessler/Fabric issue 364 shows
+        // Captured message: https://github.com/continuedev/continue/issues/10920 (Groq,
+        // llama-3.3-70b-versatile); its JSON wrapper constructed as Groq sends it
+        // (https://github.com/danielmiessler/Fabric/issues/364 shows
         // `'type': 'tokens', 'code': 'rate_limit_exceeded'`).
         let body = br#"{"error":{"message":"Rate limit reached for model `llama-3.3-70b-versatile` in organization `org_01kjh7p9n8f1qs6nz2bz77vy6b` service tier `on_demand` on tokens per day (TPD): Limit 100000, Used 97050, Requested 3619. Please try again in 9m38.016s. Need more tokens? Upgrade to Dev Tier today at https://console.groq.com/settings/billing","type":"tokens","code":"rate_limit_exceeded"}}"#;
         let signals = error_signals(body);
@@ -290,7 +297,8 @@ mod tests {
     fn openais_engine_overloaded_429_is_overload_not_a_rate_limit() {
         // Documented message (PROVIDERS.md, from OpenAI's error-code guide); `type` and `code`
         // as in captured overload answers ("That model is currently overloaded with other
-        // requests", type server_error, code null: ikechan8370/chatgpt-plugin issue 125).
+        // requests", type server_error, code null:
+        // https://github.com/ikechan8370/chatgpt-plugin/issues/125).
         let body = br#"{"error":{"message":"The engine is currently overloaded, please try again later","type":"server_error","param":null,"code":null}}"#;
         let signals = error_signals(body);
         assert!(signals.overloaded);
@@ -303,7 +311,8 @@ mod tests {
 
     #[test]
     fn openais_responses_api_server_is_overloaded_code_is_overload() {
-        // Captured: Wei-Shaw/sub2api issue 6631 (the upstream detail of a Responses API stream).
+        // Captured: https://github.com/Wei-Shaw/sub2api/issues/6631 (the upstream detail of a
+        // Responses API stream).
         let body = br#"{"error":{"code":"server_is_overloaded","message":"Our servers are currently overloaded. Please try again later.","param":null,"type":"service_unavailable_error"}}"#;
         let signals = error_signals(body);
         assert!(signals.overloaded && !signals.rate_limited);
@@ -328,7 +337,7 @@ mod tests {
 
     #[test]
     fn an_anthropic_overloaded_error_is_overload() {
-        // Captured: anthropics/anthropic-sdk-typescript issue 616 (a 529).
+        // Captured: https://github.com/anthropics/anthropic-sdk-typescript/issues/616 (a 529).
         let body =
             br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
         let signals = error_signals(body);
@@ -353,8 +362,8 @@ mod tests {
 
     #[test]
     fn a_gemini_per_day_quota_is_a_day_window() {
-        // Captured: a Gemini 429 published at oppl.ai (gemini-2.5-flash free tier, quotaValue
-        // 250, with a google.rpc.Help detail between the two that matter).
+        // Captured: https://oppl.ai/llms/gemini_complex_1/JE00B3XR4V72.json (gemini-2.5-flash
+        // free tier, quotaValue 250, a google.rpc.Help detail between the two that matter).
         let body = br#"{"error":{"code":429,"message":"You exceeded your current quota, please check your plan and billing details. For more information on this error, head to: https://ai.google.dev/gemini-api/docs/rate-limits.","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaMetric":"generativelanguage.googleapis.com/generate_content_free_tier_requests","quotaId":"GenerateRequestsPerDayPerProjectPerModel-FreeTier","quotaDimensions":{"location":"global","model":"gemini-2.5-flash"},"quotaValue":"250"}]},{"@type":"type.googleapis.com/google.rpc.Help","links":[{"description":"Learn more about Gemini API quotas","url":"https://ai.google.dev/gemini-api/docs/rate-limits"}]},{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"22s"}]}}"#;
         let signals = error_signals(body);
         assert_eq!(signals.window, Some(QuotaWindow::Day));
@@ -365,8 +374,9 @@ mod tests {
     #[test]
     fn gemini_naming_a_day_and_a_minute_gives_the_day_and_the_longer_wait() {
         // Captured (a Gemini 429 pasted into a web page; the same three violations appear in
-        // googleapis/python-genai issue 2044): the day and the minute quota both violated, the
-        // message's "retry in 10.689924287s" more precise than RetryInfo's whole "10s".
+        // https://github.com/googleapis/python-genai/issues/2044): the day and the minute quota
+        // both violated, the message's "retry in 10.689924287s" more precise than RetryInfo's
+        // whole "10s".
         let body = br#"{"error":{"code":429,"message":"You exceeded your current quota, please check your plan and billing details. For more information on this error, head to: https://ai.google.dev/gemini-api/docs/rate-limits. To monitor your current usage, head to: https://ai.dev/rate-limit. \n* Quota exceeded for metric: generativelanguage.googleapis.com/generate_content_free_tier_requests, limit: 0, model: gemini-2.0-flash\n* Quota exceeded for metric: generativelanguage.googleapis.com/generate_content_free_tier_input_token_count, limit: 0, model: gemini-2.0-flash\nPlease retry in 10.689924287s.","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.Help","links":[{"description":"Learn more about Gemini API quotas","url":"https://ai.google.dev/gemini-api/docs/rate-limits"}]},{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaMetric":"generativelanguage.googleapis.com/generate_content_free_tier_requests","quotaId":"GenerateRequestsPerDayPerProjectPerModel-FreeTier","quotaDimensions":{"location":"global","model":"gemini-2.0-flash"}},{"quotaMetric":"generativelanguage.googleapis.com/generate_content_free_tier_requests","quotaId":"GenerateRequestsPerMinutePerProjectPerModel-FreeTier","quotaDimensions":{"model":"gemini-2.0-flash","location":"global"}},{"quotaMetric":"generativelanguage.googleapis.com/generate_content_free_tier_input_token_count","quotaId":"GenerateContentInputTokensPerModelPerMinute-FreeTier","quotaDimensions":{"location":"global","model":"gemini-2.0-flash"}}]},{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"10s"}]}}"#;
         let signals = error_signals(body);
         assert_eq!(signals.window, Some(QuotaWindow::Day));
@@ -395,7 +405,8 @@ mod tests {
 
     #[test]
     fn googles_error_info_quota_limit_names_the_window_too() {
-        // Constructed: the ErrorInfo of deprecated-generative-ai-python issue 206 (printed in
+        // Constructed: the ErrorInfo of
+        // https://github.com/google-gemini/deprecated-generative-ai-python/issues/206 (printed in
         // protobuf text there) in its JSON form.
         let body = br#"{"error":{"code":429,"message":"Quota exceeded for quota metric 'Generate Content API requests per minute' and limit 'GenerateContent request limit per minute for a region' of service 'generativelanguage.googleapis.com'.","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":"RATE_LIMIT_EXCEEDED","domain":"googleapis.com","metadata":{"quota_limit":"GenerateContentRequestsPerMinutePerProjectPerRegion","quota_limit_value":"0"}}]}}"#;
         let signals = error_signals(body);
@@ -405,7 +416,8 @@ mod tests {
 
     #[test]
     fn a_bare_resource_exhausted_from_ai_studio_is_a_rate_limit_without_a_window() {
-        // Captured: google-gemini/gemini-cli issue 1906 (the inner body of the CLI's wrapper).
+        // Captured: https://github.com/google-gemini/gemini-cli/issues/1906 (the inner body of
+        // the CLI's wrapper).
         let body = br#"{"error":{"code":429,"message":"Resource has been exhausted (e.g. check quota).","status":"RESOURCE_EXHAUSTED"}}"#;
         let signals = error_signals(body);
         assert!(signals.rate_limited && !signals.overloaded);
@@ -414,9 +426,9 @@ mod tests {
 
     #[test]
     fn vertexs_pay_as_you_go_resource_exhausted_is_a_busy_shared_pool() {
-        // Captured: google-gemini/gemini-cli issue 14811, array-wrapped, with Google's older
-        // `errors[].reason`. Vertex's error-code-429 page says this message means the shared
-        // pay-as-you-go pool had no capacity, whatever the reason field says.
+        // Captured: https://github.com/google-gemini/gemini-cli/issues/14811, array-wrapped, with
+        // Google's older `errors[].reason`. Vertex's error-code-429 page says this message means
+        // the shared pay-as-you-go pool had no capacity, whatever the reason field says.
         let body = br#"[{
             "error": {
               "code": 429,
@@ -439,8 +451,9 @@ mod tests {
 
     #[test]
     fn gemini_unavailable_is_overload() {
-        // Captured: google-gemini/gemini-cli issue 5191 (a 503); continuedev/continue issue
-        // 10639 has the same status with "This model is currently experiencing high demand".
+        // Captured: https://github.com/google-gemini/gemini-cli/issues/5191 (a 503); the second
+        // from https://github.com/continuedev/continue/issues/10639, the same status with
+        // "This model is currently experiencing high demand".
         let body = br#"{"error":{"code":503,"message":"The model is overloaded. Please try again later.","status":"UNAVAILABLE"}}"#;
         let signals = error_signals(body);
         assert!(signals.overloaded && !signals.rate_limited);

@@ -7,9 +7,11 @@
 //! headers say is a hint; what the upstream does (a 429 while `remaining` claims headroom) is the
 //! truth, and the learner (`stack::rate_limit::learn`) decides which to believe.
 
+pub mod body;
 pub mod hints;
 mod report;
 
+pub use self::body::{error_signals, ErrorSignals, QuotaWindow};
 pub use self::hints::retry_hint;
 pub use self::report::{report, Report};
 

@@ -22,6 +22,7 @@ pub mod estimate;
 pub mod learn;
 pub mod partition;
 pub mod pool;
+pub mod usage;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};

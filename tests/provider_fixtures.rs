@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use corral::classify::Outcome;
+use corral::classify::{Outcome, Reason, Throttle};
 use corral::config::{types::parse_base_url, RetryConfig, UpstreamConfig};
 use corral::provider::{self, hints, Kind, Report};
 use corral::stack::rate_limit::learn::{Answer, Pacer, Source};
@@ -383,7 +383,7 @@ fn each_answer_is_classified() {
         assert_eq!(f.verdict(), want, "{name}");
     }
     let overloaded = Outcome::of_status(Fixture::load("anthropic_529_overloaded").status);
-    assert_eq!(overloaded, Outcome::Throttled(529));
+    assert_eq!(overloaded, Outcome::Overloaded(529));
     assert!(overloaded.is_upstream_failure());
 }
 
@@ -410,7 +410,10 @@ async fn a_429_pauses_the_partition_for_its_explicit_hint() {
             )
             .await
             .unwrap();
-        partition.observe(tickets, Outcome::Throttled(429), Some(&f.headers), &metrics);
+        let config = RetryConfig::default();
+        let read = Throttle::read(&f.headers, &f.body, &config, deadline - Instant::now(), SystemTime::now());
+        assert_eq!(read.reason, Reason::Rate, "{name}");
+        partition.observe(tickets, Outcome::Throttled(429), Some(&read), Some(&f.headers), &metrics);
         let paused = partition.status()["paused_ms"].as_u64().expect("paused");
         assert!(
             (hint_ms - 100..=hint_ms).contains(&paused),

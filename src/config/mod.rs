@@ -351,6 +351,18 @@ fn default_stream_idle_timeout() -> HumanDuration {
 }
 
 impl UpstreamConfig {
+    /// How the rate limit is split: `limits.partition`, or when unset credential x model
+    /// (the upstream's alone when its breaker counts throttles: one breaker, one partition).
+    pub fn partition(&self) -> Partition {
+        self.limits.partition.unwrap_or(
+            if self.breaker.enabled && self.breaker.count_throttles {
+                Partition::Upstream
+            } else {
+                Partition::ApiKeyModel
+            },
+        )
+    }
+
     /// An upstream with every knob at its default.
     pub fn new(name: &str, route: &str, base_url: BaseUrl) -> Self {
         Self {
@@ -437,12 +449,40 @@ pub enum ConcurrencyMode {
     Auto,
 }
 
+/// How an upstream's rate limit is split: providers enforce limits per credential (project,
+/// key) and per model, so by default a partition is one credential and one model.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
 pub enum Partition {
-    #[default]
-    None,
+    /// One set of buckets for the whole upstream.
+    #[serde(rename = "upstream", alias = "none")]
+    Upstream,
+    /// One per client credential (keyed by a hash).
+    #[serde(rename = "api_key")]
     ApiKey,
+    /// One per model (or limit group of models).
+    #[serde(rename = "model")]
+    Model,
+    /// One per credential and model.
+    #[default]
+    #[serde(rename = "api_key+model")]
+    ApiKeyModel,
+}
+
+impl Partition {
+    pub fn label(self) -> &'static str {
+        match self {
+            Partition::Upstream => "upstream",
+            Partition::ApiKey => "api_key",
+            Partition::Model => "model",
+            Partition::ApiKeyModel => "api_key+model",
+        }
+    }
+    pub fn by_key(self) -> bool {
+        matches!(self, Partition::ApiKey | Partition::ApiKeyModel)
+    }
+    pub fn by_model(self) -> bool {
+        matches!(self, Partition::Model | Partition::ApiKeyModel)
+    }
 }
 
 /// Client-side buckets and the concurrency window. Explicit values are hard ceilings.
@@ -463,8 +503,13 @@ pub struct LimitsConfig {
     pub queue_size: usize,
     /// Longest wait for a slot (the request's deadline also applies).
     pub queue_timeout: HumanDuration,
-    /// `none`: one set of buckets per upstream; `api_key`: one per credential (keyed by a hash).
-    pub partition: Partition,
+    /// `upstream` (or `none`): one set of buckets per upstream; `api_key`: one per credential
+    /// (keyed by a hash); `model`: one per model; `api_key+model`: one per both. Unset:
+    /// `api_key+model`, or `upstream` when the breaker counts throttles (one breaker judges
+    /// the whole upstream).
+    pub partition: Option<Partition>,
+    /// Models that share one limit (a model family): model name -> limit group name.
+    pub model_groups: BTreeMap<String, String>,
     /// Completion tokens assumed when a request names no `max_tokens`.
     pub default_max_tokens: u32,
 }
@@ -479,7 +524,8 @@ impl Default for LimitsConfig {
             max_concurrency: NonZeroU32::new(1024).expect("non-zero"),
             queue_size: 10_000,
             queue_timeout: HumanDuration::from_secs(600),
-            partition: Partition::None,
+            partition: None,
+            model_groups: BTreeMap::new(),
             default_max_tokens: 1024,
         }
     }

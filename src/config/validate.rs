@@ -186,14 +186,26 @@ pub(super) fn validate(config: &Config) -> Result<(), Invalid> {
                     .into(),
             ));
         }
-        if b.enabled && b.count_throttles && up.limits.partition == super::Partition::ApiKey {
+        let split = up.limits.partition.filter(|p| *p != super::Partition::Upstream);
+        if let Some(partition) = split.filter(|_| b.enabled && b.count_throttles) {
             return Err(at(
                 "breaker.count_throttles",
-                "`count_throttles = true` cannot be combined with `limits.partition = \"api_key\"`: \
-                 429s are per credential, and the upstream's one breaker would let one key's \
-                 throttling hold every key's traffic; leave `count_throttles = false`"
-                    .into(),
+                format!(
+                    "`count_throttles = true` cannot be combined with `limits.partition = \"{}\"`: \
+                     429s are per partition, and the upstream's one breaker would let one \
+                     partition's throttling hold every partition's traffic; leave \
+                     `count_throttles = false`, or set `partition = \"upstream\"`",
+                    partition.label()
+                ),
             ));
+        }
+        for (model, group) in &up.limits.model_groups {
+            if model.is_empty() || group.is_empty() {
+                return Err(at(
+                    "limits.model_groups",
+                    format!("a model and its limit group must both be named (got {model:?} = {group:?})"),
+                ));
+            }
         }
         let a = &up.adaptive;
         if !(a.rate_margin > 0.0 && a.rate_margin <= 1.0) {

@@ -281,7 +281,7 @@ mod tests {
     #[tokio::test]
     async fn a_poisoned_lock_costs_no_later_request() {
         let mut config = config();
-        config.limits.partition = Partition::ApiKey;
+        config.limits.partition = Some(Partition::ApiKey);
         config.concurrency = ConcurrencyMode::Auto;
         let metrics = Metrics::new().upstream("t");
         let (stack, state) = build_on(upstream(usize::MAX, false), &config, &metrics, None);

@@ -23,12 +23,14 @@
 //! of jitter), so retries that arrived spread leave spread instead of at the same instant; the
 //! rate limiter below then paces them as usual.
 //!
-//! **Partitions.** With `limits.partition = "api_key"` the rate limiter keeps buckets per
-//! credential, but there is one breaker per upstream, and that is right for what it counts:
-//! 5xx, timeouts and connection errors are the upstream's health, shared by all keys, and the
+//! **Partitions.** The rate limiter keeps buckets per credential and model by default (see
+//! `limits.partition`), but there is one breaker per upstream, and that is right for what it
+//! counts: 5xx, overloads, timeouts and connection errors are the upstream's health, shared by
+//! all partitions, and the
 //! per-key signal (429) is not counted, so one tenant's throttling never holds another tenant's
 //! traffic. `count_throttles = true` would break that, so configuration validation refuses it
-//! together with `partition = "api_key"` (naming `breaker.count_throttles`) rather than keep a
+//! together with any explicit `partition` but `"upstream"` (naming `breaker.count_throttles`),
+//! and an unset `partition` is then the upstream's alone, rather than keep a
 //! breaker per key: per-key breakers would split the shared health evidence (a low-traffic key
 //! would need `min_samples` of its own to notice a dead upstream) and need a second, bounded
 //! map of keys beside the rate limiter's, for a combination whose point (counting per-key

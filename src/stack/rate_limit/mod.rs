@@ -1,9 +1,10 @@
 //! Client-side rate limit for one upstream: configured ceilings (governor buckets for requests
 //! and tokens per minute), the learned pacers, and the pause a 429 puts on its partition; taken
 //! by every attempt in FIFO order while its deadline allows; beyond it, a 429 with a Retry-After
-//! computed from the bucket. Optionally one partition per API key, keyed by a hash of the
-//! credential (never the credential); at most [`MAX_PARTITIONS`] of them, idle ones evicted to
-//! make room for new keys.
+//! computed from the bucket. Partitions follow how providers scope their limits: by default
+//! one per credential and model (the model read from the JSON body, through `model_groups`;
+//! requests without either share the upstream's), keyed by a hash (never the credential); at
+//! most [`MAX_PARTITIONS`] of them, idle ones evicted to make room for new ones.
 //!
 //! It sits inside Retry, so retries pay for their tokens like first attempts (which is why a
 //! throttled request may be retried for as long as its deadline allows without amplifying load:
@@ -25,7 +26,7 @@ pub mod pool;
 pub mod usage;
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -65,7 +66,7 @@ struct Keyed {
     last_used: Instant,
 }
 
-/// Partitions per credential hash.
+/// Partitions per hash of credential and model.
 #[derive(Default)]
 struct PartitionMap {
     by_hash: HashMap<u64, Keyed>,
@@ -100,8 +101,10 @@ impl PartitionMap {
 pub struct RateLimitShared {
     /// The upstream's partition, and the one for requests without a credential.
     default: Arc<Partition>,
-    /// With `partition = "api_key"`: one per credential hash.
+    /// Unless `partition = "upstream"`: one per hash of credential and model.
     by_key: Option<(Mutex<PartitionMap>, RandomState)>,
+    /// What the key is made of.
+    scope: config::Partition,
     config: UpstreamConfig,
     metrics: UpstreamMetrics,
     /// With `[fleet]`: every partition leases from the fleet's shared buckets.
@@ -116,8 +119,9 @@ impl RateLimitShared {
         metrics: UpstreamMetrics,
         fleet: Option<Arc<Fleet>>,
     ) -> Arc<Self> {
-        let by_key = (config.limits.partition == config::Partition::ApiKey)
-            .then(|| (Mutex::default(), RandomState::new()));
+        let scope = config.partition();
+        let by_key =
+            (scope != config::Partition::Upstream).then(|| (Mutex::default(), RandomState::new()));
         if config.rate_limit == LearnMode::Off {
             let source = |configured: bool| if configured { "config" } else { "none" };
             metrics.limit_source("requests", source(config.limits.rpm.is_some()));
@@ -126,6 +130,7 @@ impl RateLimitShared {
         Arc::new(Self {
             default: Arc::new(Partition::new(config, fleet.as_ref().map(|f| (f, None)))),
             by_key,
+            scope,
             config: config.clone(),
             metrics,
             pool: Pool::new(config, fleet.as_ref()),
@@ -133,17 +138,46 @@ impl RateLimitShared {
         })
     }
 
-    fn partition(&self, headers: &HeaderMap) -> Arc<Partition> {
+    fn partition(&self, headers: &HeaderMap, body: &[u8]) -> Arc<Partition> {
         let Some((map, hasher)) = &self.by_key else {
             return Arc::clone(&self.default);
         };
         let credential = ["authorization", "x-api-key", "api-key"]
             .iter()
-            .find_map(|h| headers.get(*h));
-        let Some(credential) = credential else {
+            .find_map(|h| headers.get(*h))
+            .filter(|_| self.scope.by_key())
+            .map(|v| v.as_bytes());
+        let model = self
+            .scope
+            .by_model()
+            .then(|| model_of(body))
+            .flatten()
+            .map(|m| {
+                let group = self.config.limits.model_groups.get(m.as_ref());
+                group.map_or(m, |g| std::borrow::Cow::Borrowed(g.as_str()))
+            });
+        if credential.is_none() && model.is_none() {
             return Arc::clone(&self.default);
+        }
+        // What names the partition, for the hash here and the fleet's key in Redis: the
+        // credential, a separator no header value holds, the model.
+        let name = || {
+            let mut name = credential.unwrap_or_default().to_vec();
+            if let Some(model) = &model {
+                name.push(0);
+                name.extend_from_slice(model.as_bytes());
+            }
+            name
         };
-        let key = hasher.hash_one(credential.as_bytes());
+        let key = {
+            let mut h = hasher.build_hasher();
+            h.write(credential.unwrap_or_default());
+            if let Some(model) = &model {
+                h.write_u8(0);
+                h.write(model.as_bytes());
+            }
+            h.finish()
+        };
         let now = Instant::now();
         let mut map = lock(map);
         if let Some(keyed) = map.by_hash.get_mut(&key) {
@@ -153,10 +187,8 @@ impl RateLimitShared {
         if !map.make_room(now) {
             return Arc::clone(&self.default);
         }
-        let fleet = self
-            .fleet
-            .as_ref()
-            .map(|f| (f, Some(credential.as_bytes())));
+        let name = name();
+        let fleet = self.fleet.as_ref().map(|f| (f, Some(name.as_slice())));
         let partition = Arc::new(Partition::new(&self.config, fleet));
         let keyed = Keyed {
             partition: Arc::clone(&partition),
@@ -299,6 +331,19 @@ impl RateLimitShared {
     }
 }
 
+/// The top-level `"model"` of a JSON body, if it has one (escapes decoded).
+fn model_of(body: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
+    #[derive(serde::Deserialize)]
+    struct Head<'a> {
+        #[serde(borrow, default)]
+        model: Option<std::borrow::Cow<'a, str>>,
+    }
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return None;
+    }
+    serde_json::from_slice::<Head<'_>>(body).ok()?.model
+}
+
 /// Whether an answer refuses its key for good, and why: the credential is refused (401, 403) or
 /// its quota is spent (a permanent 429, judged as the retry layer judges it).
 async fn refusal(
@@ -341,7 +386,7 @@ impl Middleware for RateLimitShared {
             match &self.pool {
                 Some(pool) if pool.applies(&req.headers) => self.pooled(pool, next, req).await,
                 _ => {
-                    let partition = self.partition(&req.headers);
+                    let partition = self.partition(&req.headers, &req.body);
                     self.through(&partition, next, req).await
                 }
             }
@@ -362,7 +407,7 @@ mod tests {
     fn per_key() -> Arc<RateLimitShared> {
         let mut config =
             UpstreamConfig::new("t", "/v1", parse_base_url("http://127.0.0.1:1").unwrap());
-        config.limits.partition = config::Partition::ApiKey;
+        config.limits.partition = Some(config::Partition::ApiKey);
         RateLimitShared::new(&config, Metrics::new().upstream("t"), None)
     }
 
@@ -380,18 +425,18 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_full_map_evicts_idle_partitions_for_new_keys() {
         let shared = per_key();
-        let first = Arc::downgrade(&shared.partition(&key(0)));
+        let first = Arc::downgrade(&shared.partition(&key(0), b""));
         for n in 1..MAX_PARTITIONS {
-            shared.partition(&key(n));
+            shared.partition(&key(n), b"");
         }
         assert_eq!(partitions(&shared), MAX_PARTITIONS);
         // Nothing idle yet: a new key shares the default partition.
-        let newcomer = shared.partition(&key(MAX_PARTITIONS));
+        let newcomer = shared.partition(&key(MAX_PARTITIONS), b"");
         assert!(Arc::ptr_eq(&newcomer, &shared.default));
 
         // Key 1 is held by a request, key 2 is paused by a 429, key 3 was used recently.
-        let held = shared.partition(&key(1));
-        let paused = shared.partition(&key(2));
+        let held = shared.partition(&key(1), b"");
+        let paused = shared.partition(&key(2), b"");
         let mut hint = HeaderMap::new();
         hint.insert("retry-after", HeaderValue::from_static("3600"));
         let m = Metrics::new().upstream("t");
@@ -403,10 +448,10 @@ mod tests {
         paused.observe(None, Outcome::Throttled(429), Some(&rate), Some(&hint), &m);
         let paused = Arc::downgrade(&paused);
         tokio::time::advance(PARTITION_IDLE - Duration::from_secs(1)).await;
-        let recent = Arc::downgrade(&shared.partition(&key(3)));
+        let recent = Arc::downgrade(&shared.partition(&key(3), b""));
         tokio::time::advance(Duration::from_secs(1)).await;
 
-        let newcomer = shared.partition(&key(MAX_PARTITIONS));
+        let newcomer = shared.partition(&key(MAX_PARTITIONS), b"");
         assert!(
             !Arc::ptr_eq(&newcomer, &shared.default),
             "a new key got its own partition"
@@ -418,13 +463,13 @@ mod tests {
         );
         assert!(first.upgrade().is_none(), "an idle partition was freed");
         let same = |key_n: usize, before: &Weak<Partition>| {
-            Arc::ptr_eq(&shared.partition(&key(key_n)), &before.upgrade().unwrap())
+            Arc::ptr_eq(&shared.partition(&key(key_n), b""), &before.upgrade().unwrap())
         };
-        assert!(Arc::ptr_eq(&shared.partition(&key(1)), &held));
+        assert!(Arc::ptr_eq(&shared.partition(&key(1), b""), &held));
         assert!(same(2, &paused), "a paused partition keeps its pause");
         assert!(same(3, &recent));
         // An evicted key comes back as a new partition of its own.
-        assert!(!Arc::ptr_eq(&shared.partition(&key(0)), &shared.default));
+        assert!(!Arc::ptr_eq(&shared.partition(&key(0), b""), &shared.default));
         assert_eq!(partitions(&shared), 5);
     }
 
@@ -432,22 +477,22 @@ mod tests {
     async fn a_full_map_of_busy_partitions_is_swept_at_most_once_a_second() {
         let shared = per_key();
         let held: Vec<_> = (0..MAX_PARTITIONS)
-            .map(|n| shared.partition(&key(n)))
+            .map(|n| shared.partition(&key(n), b""))
             .collect();
         tokio::time::advance(PARTITION_IDLE).await;
-        let newcomer = shared.partition(&key(MAX_PARTITIONS));
+        let newcomer = shared.partition(&key(MAX_PARTITIONS), b"");
         assert!(
             Arc::ptr_eq(&newcomer, &shared.default),
             "every partition is held"
         );
         drop(held);
-        let again = shared.partition(&key(MAX_PARTITIONS));
+        let again = shared.partition(&key(MAX_PARTITIONS), b"");
         assert!(
             Arc::ptr_eq(&again, &shared.default),
             "no second sweep within a second"
         );
         tokio::time::advance(SWEEP_EVERY).await;
-        let later = shared.partition(&key(MAX_PARTITIONS));
+        let later = shared.partition(&key(MAX_PARTITIONS), b"");
         assert!(!Arc::ptr_eq(&later, &shared.default));
         assert_eq!(partitions(&shared), 1);
     }

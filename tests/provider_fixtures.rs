@@ -411,9 +411,21 @@ async fn a_429_pauses_the_partition_for_its_explicit_hint() {
             .await
             .unwrap();
         let config = RetryConfig::default();
-        let read = Throttle::read(&f.headers, &f.body, &config, deadline - Instant::now(), SystemTime::now());
+        let read = Throttle::read(
+            &f.headers,
+            &f.body,
+            &config,
+            deadline - Instant::now(),
+            SystemTime::now(),
+        );
         assert_eq!(read.reason, Reason::Rate, "{name}");
-        partition.observe(tickets, Outcome::Throttled(429), Some(&read), Some(&f.headers), &metrics);
+        partition.observe(
+            tickets,
+            Outcome::Throttled(429),
+            Some(&read),
+            Some(&f.headers),
+            &metrics,
+        );
         let paused = partition.status()["paused_ms"].as_u64().expect("paused");
         assert!(
             (hint_ms - 100..=hint_ms).contains(&paused),

@@ -354,13 +354,13 @@ impl UpstreamConfig {
     /// How the rate limit is split: `limits.partition`, or when unset credential x model
     /// (the upstream's alone when its breaker counts throttles: one breaker, one partition).
     pub fn partition(&self) -> Partition {
-        self.limits.partition.unwrap_or(
-            if self.breaker.enabled && self.breaker.count_throttles {
+        self.limits
+            .partition
+            .unwrap_or(if self.breaker.enabled && self.breaker.count_throttles {
                 Partition::Upstream
             } else {
                 Partition::ApiKeyModel
-            },
-        )
+            })
     }
 
     /// An upstream with every knob at its default.

@@ -186,7 +186,10 @@ pub(super) fn validate(config: &Config) -> Result<(), Invalid> {
                     .into(),
             ));
         }
-        let split = up.limits.partition.filter(|p| *p != super::Partition::Upstream);
+        let split = up
+            .limits
+            .partition
+            .filter(|p| *p != super::Partition::Upstream);
         if let Some(partition) = split.filter(|_| b.enabled && b.count_throttles) {
             return Err(at(
                 "breaker.count_throttles",

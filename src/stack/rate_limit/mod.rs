@@ -463,13 +463,19 @@ mod tests {
         );
         assert!(first.upgrade().is_none(), "an idle partition was freed");
         let same = |key_n: usize, before: &Weak<Partition>| {
-            Arc::ptr_eq(&shared.partition(&key(key_n), b""), &before.upgrade().unwrap())
+            Arc::ptr_eq(
+                &shared.partition(&key(key_n), b""),
+                &before.upgrade().unwrap(),
+            )
         };
         assert!(Arc::ptr_eq(&shared.partition(&key(1), b""), &held));
         assert!(same(2, &paused), "a paused partition keeps its pause");
         assert!(same(3, &recent));
         // An evicted key comes back as a new partition of its own.
-        assert!(!Arc::ptr_eq(&shared.partition(&key(0), b""), &shared.default));
+        assert!(!Arc::ptr_eq(
+            &shared.partition(&key(0), b""),
+            &shared.default
+        ));
         assert_eq!(partitions(&shared), 5);
     }
 

@@ -307,4 +307,110 @@ mod tests {
             assert!(!s(fine).is_upstream_failure(), "{fine}");
         }
     }
+
+    fn read(headers: &[(&str, &str)], body: &str, left: Duration) -> Throttle {
+        let h: HeaderMap = headers
+            .iter()
+            .map(|(k, v)| {
+                (
+                    http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                )
+            })
+            .collect();
+        Throttle::read(
+            &h,
+            body.as_bytes(),
+            &RetryConfig::default(),
+            left,
+            SystemTime::now(),
+        )
+    }
+
+    const HEALTHY: [(&str, &str); 3] = [
+        ("x-ratelimit-limit-requests", "5000"),
+        ("x-ratelimit-remaining-requests", "4990"),
+        ("x-ratelimit-reset-requests", "12ms"),
+    ];
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn openais_overload_wording_is_an_overload() {
+        let body = r#"{"error":{"message":"The engine is currently overloaded, please try again later","type":"server_error","param":null,"code":null}}"#;
+        let t = read(&HEALTHY, body, MINUTE);
+        assert_eq!(t.reason, Reason::Overload);
+        assert!(!t.named, "no wait named");
+    }
+
+    #[test]
+    fn a_429_with_clear_headroom_and_no_wait_named_is_an_overload() {
+        assert_eq!(read(&HEALTHY, "", MINUTE).reason, Reason::Overload);
+        // The same headroom with a wait named is the bucket: enforcement finer than the report.
+        let mut named = HEALTHY.to_vec();
+        named.push(("retry-after-ms", "250"));
+        let t = read(&named, "", MINUTE);
+        assert_eq!(t.reason, Reason::Rate);
+        assert_eq!(t.hint, Some(Duration::from_millis(250)));
+        assert!(t.named);
+    }
+
+    #[test]
+    fn an_empty_bucket_reported_is_a_rate_429_with_its_reset_as_hint() {
+        let empty = [
+            ("x-ratelimit-limit-requests", "5000"),
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "1.5s"),
+        ];
+        let t = read(&empty, "", MINUTE);
+        assert_eq!(t.reason, Reason::Rate);
+        assert_eq!(t.hint, Some(Duration::from_millis(1500)));
+        assert!(!t.named, "a reset, not a named wait");
+    }
+
+    #[test]
+    fn a_bare_429_is_unknown() {
+        assert_eq!(read(&[], "", MINUTE).reason, Reason::Unknown);
+        assert_eq!(read(&[], "not json", MINUTE).reason, Reason::Unknown);
+    }
+
+    #[test]
+    fn a_wait_beyond_the_deadline_or_a_daily_quota_is_a_long_window() {
+        let t = read(&[("retry-after", "30")], "", Duration::from_secs(10));
+        assert_eq!(t.reason, Reason::LongWindow);
+        assert_eq!(
+            read(&[("retry-after", "30")], "", MINUTE).reason,
+            Reason::Rate
+        );
+        let daily = r#"{"error":{"message":"Rate limit reached for model in organization on requests per day (RPD): Limit 200, Used 200, Requested 1.","type":"requests","code":"rate_limit_exceeded"}}"#;
+        assert_eq!(read(&[], daily, MINUTE).reason, Reason::LongWindow);
+    }
+
+    #[test]
+    fn a_billing_429_is_a_quota_unless_a_wait_is_named_even_in_the_body() {
+        let quota = r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+        assert_eq!(read(&HEALTHY, quota, MINUTE).reason, Reason::Quota);
+        // Gemini's per-minute 429 speaks of quota and names its wait only in the body.
+        let gemini = r#"[{"error":{"code":429,"message":"You exceeded your current quota, please check your plan and billing details.","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaMetric":"generativelanguage.googleapis.com/generate_content_free_tier_requests","quotaId":"GenerateRequestsPerMinutePerProjectPerModel-FreeTier"}]},{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"1.5s"}]}}]"#;
+        let t = read(&[], gemini, MINUTE);
+        assert_eq!(t.reason, Reason::Rate);
+        assert_eq!(t.hint, Some(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn an_overload_read_on_a_429_is_an_upstream_failure() {
+        let mut response = Response::builder().status(429).body(()).unwrap();
+        assert_eq!(
+            Outcome::of_head(response.status(), response.extensions()),
+            Outcome::Throttled(429)
+        );
+        response.extensions_mut().insert(Throttle {
+            reason: Reason::Overload,
+            hint: None,
+            named: false,
+        });
+        let outcome = Outcome::of_head(response.status(), response.extensions());
+        assert_eq!(outcome, Outcome::Overloaded(429));
+        assert!(outcome.is_upstream_failure());
+        assert_eq!(outcome.label(), "429_overload");
+    }
 }

@@ -13,7 +13,7 @@ use corral::config::{Config, UpstreamConfig};
 use serde_json::Value;
 
 /// Tables whose keys are the user's (header names), documented as one key.
-const FREE_FORM: &[&str] = &["upstream.headers"];
+const FREE_FORM: &[&str] = &["upstream.headers", "upstream.limits.model_groups"];
 
 /// The README's section, and the table (`""` for the top level) each `### ` heading documents.
 fn readme_tables() -> BTreeMap<String, Vec<(String, String)>> {

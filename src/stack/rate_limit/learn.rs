@@ -318,6 +318,8 @@ pub struct Pacer {
     demotions: u32,
     /// The last `remaining` reported, for `/status` and the gauge.
     pub last_remaining: Option<f64>,
+    /// The last `reset` reported: when the bucket is full again.
+    last_reset: Option<Duration>,
     /// 429s and 529s attributed to this bucket.
     pub throttles: u64,
     admitted: Admitted,
@@ -357,6 +359,7 @@ impl Pacer {
             distrust_until: None,
             demotions: 0,
             last_remaining: None,
+            last_reset: None,
             throttles: 0,
             admitted: Admitted::default(),
         }
@@ -669,6 +672,20 @@ impl Pacer {
         }
     }
 
+    /// A 429 named its wait, and this pacer's report says the bucket is full again by then
+    /// (its `reset` is no later): the refusal is no sign that sending as fast as the report
+    /// allows overran it (an admission control's queue, not a bucket's edge), so the headroom
+    /// the report shows after the wait needs no confirming. A client that honours the hint
+    /// resends every refused request then; so may corral.
+    pub fn full_after(&mut self, wait: Duration) {
+        let full_by = self
+            .last_reset
+            .is_some_and(|reset| reset <= wait + RESYNC_SLACK_TIME);
+        if full_by && self.source == Source::Headers {
+            self.verified = self.verified.max(self.burst);
+        }
+    }
+
     /// Cut the pace by `BETA` (from the measured send rate when nothing paces yet), never
     /// below what the upstream admitted over the last window.
     fn cut(&mut self, now: Instant) {
@@ -712,6 +729,7 @@ impl Pacer {
     fn learn_headers(&mut self, ticket: Ticket, answer: Answer, r: Report, now: Instant) {
         let throttled = matches!(answer, Answer::RateLimited | Answer::Overloaded);
         self.last_remaining = Some(r.remaining);
+        self.last_reset = r.reset;
         if answer == Answer::RateLimited {
             // Only a 429 says where the bucket refuses (a 529 is the whole service).
             match self.floor {

@@ -233,6 +233,7 @@ impl RateLimitShared {
             m.tokens_charged.inc_by(u64::from(cost));
         }
         let deadline = req.ctx.deadline;
+        let sent_at = Instant::now();
         let result = match next.oneshot(req).await {
             Ok(response) if response.status() == StatusCode::TOO_MANY_REQUESTS => {
                 Ok(self.read_429(response, deadline).await)
@@ -244,7 +245,7 @@ impl RateLimitShared {
         let throttle = response.and_then(|r| r.extensions().get::<Throttle>());
         if tickets.is_some() || throttle.is_some() {
             let headers = response.map(Response::headers);
-            partition.observe(tickets, outcome, throttle, headers, m);
+            partition.observe(tickets, outcome, throttle, headers, Some(sent_at), m);
         }
         result
     }
@@ -445,7 +446,14 @@ mod tests {
             hint: Some(Duration::from_secs(3600)),
             named: true,
         };
-        paused.observe(None, Outcome::Throttled(429), Some(&rate), Some(&hint), &m);
+        paused.observe(
+            None,
+            Outcome::Throttled(429),
+            Some(&rate),
+            Some(&hint),
+            None,
+            &m,
+        );
         let paused = Arc::downgrade(&paused);
         tokio::time::advance(PARTITION_IDLE - Duration::from_secs(1)).await;
         let recent = Arc::downgrade(&shared.partition(&key(3), b""));

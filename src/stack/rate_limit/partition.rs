@@ -71,6 +71,8 @@ struct Pause {
     origin: Instant,
     /// Nanoseconds after `origin`; 0 = never paused.
     until: AtomicU64,
+    /// When the pause in force was set, nanoseconds after `origin`.
+    set_at: AtomicU64,
 }
 
 impl Pause {
@@ -78,13 +80,28 @@ impl Pause {
         Self {
             origin: Instant::now(),
             until: AtomicU64::new(0),
+            set_at: AtomicU64::new(0),
         }
     }
 
     fn extend(&self, until: Instant) {
-        let nanos = until.saturating_duration_since(self.origin).as_nanos();
-        self.until
-            .fetch_max(u64::try_from(nanos).unwrap_or(u64::MAX), Ordering::AcqRel);
+        self.until.fetch_max(self.nanos(until), Ordering::AcqRel);
+    }
+
+    /// Extend the pause for a 429 of an attempt sent at `sent_at`, unless the attempt left
+    /// before the pause in force was set: its 429 is part of the event that set it (as TCP
+    /// takes one loss per round trip), so refusals of one round, however many, pause once.
+    fn extend_for(&self, until: Instant, sent_at: Instant, now: Instant) {
+        let set = self.set_at.load(Ordering::Acquire);
+        if self.until(now).is_some() && self.nanos(sent_at) < set {
+            return;
+        }
+        self.set_at.fetch_max(self.nanos(now), Ordering::AcqRel);
+        self.extend(until);
+    }
+
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// The end of the pause in force at `now`, if any.
@@ -128,6 +145,9 @@ pub struct Partition {
     default_pause: Duration,
     rng: Mutex<SmallRng>,
 }
+
+/// A bucket reported full again within this of a named wait's end counts as full by then.
+const FULL_SLACK: Duration = Duration::from_millis(10);
 
 /// How long one request may wait in a partition.
 #[derive(Debug, Clone, Copy)]
@@ -409,6 +429,7 @@ impl Partition {
         outcome: Outcome,
         throttle: Option<&Throttle>,
         headers: Option<&HeaderMap>,
+        sent_at: Option<Instant>,
         metrics: &UpstreamMetrics,
     ) {
         let wall = SystemTime::now();
@@ -429,13 +450,32 @@ impl Partition {
                 )
             });
             let (requests_report, tokens_report) = reports.unwrap_or((None, None));
-            let (for_requests, for_tokens) = attribute(
+            let (mut for_requests, mut for_tokens) = attribute(
                 outcome,
                 reason,
                 requests_report,
                 tokens_report,
                 tickets.tokens.cost(),
             );
+            // A named wait by whose end the bucket's own report says it is full again: the
+            // pause covers it, and it is no evidence about the pace (see `Pacer::full_after`).
+            let named_wait = throttle
+                .filter(|t| rate_limited && t.named)
+                .and_then(|t| t.hint);
+            let full_by = |r: Option<Report>| {
+                let reset = r.and_then(|r| r.reset);
+                reset
+                    .zip(named_wait)
+                    .is_some_and(|(reset, wait)| reset <= wait + FULL_SLACK)
+            };
+            for (answer, report) in [
+                (&mut for_requests, requests_report),
+                (&mut for_tokens, tokens_report),
+            ] {
+                if *answer == Answer::RateLimited && full_by(report) {
+                    *answer = Answer::RefusedElsewhere;
+                }
+            }
             p.requests
                 .observe(tickets.requests, for_requests, requests_report, now);
             p.tokens
@@ -447,6 +487,10 @@ impl Partition {
             if let Some(lease) = &self.lease {
                 lease.learned(0, p.requests.upstream_model());
                 lease.learned(1, p.tokens.upstream_model());
+            }
+            if let Some(wait) = named_wait {
+                p.requests.full_after(wait);
+                p.tokens.full_after(wait);
             }
             if rate_limited {
                 let refusing = if for_tokens == Answer::RateLimited {
@@ -484,10 +528,16 @@ impl Partition {
         };
         if let Some((wait, hinted)) = pause {
             let wait = wait.min(provider::hints::MAX_HINT);
-            if hinted {
-                self.pause.extend(now + wait);
+            let target = if hinted {
+                &*self.pause
             } else {
-                self.guessed_pause.extend(now + wait);
+                &self.guessed_pause
+            };
+            match (reason, sent_at) {
+                (Some(r), Some(sent)) if r.empties_bucket() => {
+                    target.extend_for(now + wait, sent, now)
+                }
+                _ => target.extend(now + wait),
             }
             if let Some(lease) = &self.lease {
                 lease.throttled(wait, refused.0, refused.1);
@@ -706,6 +756,7 @@ mod tests {
             Outcome::Throttled(429),
             Some(&t),
             Some(&h),
+            None,
             &metrics,
         );
         let waiters: Vec<_> = (0..3)
@@ -733,6 +784,7 @@ mod tests {
             Outcome::Throttled(429),
             Some(&t),
             Some(&h),
+            None,
             &metrics,
         );
         let err = p

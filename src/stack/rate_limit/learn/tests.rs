@@ -514,3 +514,118 @@ async fn print_scenarios() {
         );
     }
 }
+
+/// An overload (529, or a 429 read as overload) moves no pace, with or without headers.
+#[test]
+fn an_overload_moves_no_pace() {
+    let mut now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
+    for _ in 0..10 {
+        let t = pacer.try_acquire(1.0, now).unwrap();
+        pacer.observe(t, Answer::Overloaded, None, now);
+        now += Duration::from_millis(20);
+    }
+    assert_eq!(
+        pacer.source(),
+        Source::SlowStart,
+        "no cut: still in slow start"
+    );
+    assert!(pacer.cap.is_none());
+}
+
+/// A cut never goes below what the upstream admitted over the last second, and the successes
+/// after it double the pace per round trip back to where the cut found it.
+#[test]
+fn a_cut_is_bounded_by_what_was_admitted_and_recovers_by_doubling() {
+    let mut now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 4096, 1.0, now);
+    // 100 requests a second for a second, answered in 100 ms, all admitted.
+    let mut in_flight = VecDeque::new();
+    for ms in 0..1000u64 {
+        now = Instant::now() + Duration::from_millis(ms);
+        if ms % 10 == 0 {
+            in_flight.push_back((now, pacer.try_acquire(1.0, now).unwrap()));
+        }
+        while in_flight
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) >= Duration::from_millis(100))
+        {
+            let (_, t) = in_flight.pop_front().unwrap();
+            pacer.observe(t, Answer::Ok, None, now);
+        }
+    }
+    // Then a bare 429 (no headers): the cut keeps what the upstream admitted, about 90/s.
+    let t = pacer.try_acquire(1.0, now).unwrap();
+    pacer.observe(t, Answer::RateLimited, None, now);
+    let cut = pacer.cap.unwrap();
+    assert!(cut.rate >= 80.0, "cut to {} /s", cut.rate);
+    // A storm of cuts: each a round trip apart, all answered 429.
+    for _ in 0..5 {
+        now += Duration::from_millis(100);
+        let t = pacer.admit_anyway(1.0, now);
+        pacer.observe(t, Answer::RateLimited, None, now);
+    }
+    let low = pacer.cap.unwrap().rate;
+    let before = pacer.cap.unwrap().recover_to.unwrap();
+    // Successes sent after the last cut, answered in 100 ms: the pace doubles per round trip.
+    let mut rate = low;
+    for round in 0..12 {
+        let sent = now;
+        let n = (rate * 0.1).ceil().max(1.0) as usize;
+        let tickets: Vec<_> = (0..n).map(|_| pacer.admit_anyway(1.0, sent)).collect();
+        now += Duration::from_millis(100);
+        for t in tickets {
+            pacer.observe(t, Answer::Ok, None, now);
+        }
+        let next = pacer.cap.unwrap().rate;
+        assert!(
+            next >= (2.0 * rate).min(before) * 0.99,
+            "round {round}: {rate} -> {next}"
+        );
+        rate = next;
+    }
+    assert!((rate - before).abs() < 1e-6, "back to {before}, at {rate}");
+}
+
+/// With nothing in flight for a while, one request goes whatever the level.
+#[test]
+fn a_lone_request_after_a_storm_goes_at_once() {
+    let mut now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
+    // Twenty 429s, nothing admitted: the pace is cut to its floor.
+    for _ in 0..20 {
+        let t = pacer.admit_anyway(1.0, now);
+        pacer.observe(t, Answer::RateLimited, None, now);
+        now += Duration::from_millis(50);
+    }
+    assert!(pacer.try_acquire(1.0, now).is_err(), "busy: the pace holds");
+    now += IDLE;
+    assert!(pacer.try_acquire(1.0, now).is_ok(), "idle: one goes");
+}
+
+/// A request larger than the token bucket goes at once, charged nothing; one admitted past the
+/// pace owes at most one burst.
+#[test]
+fn a_token_request_larger_than_the_bucket_goes_at_once_and_debt_is_bounded() {
+    let now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Tokens, 10, 1.0, now);
+    let report = Report {
+        limit: 10_000.0,
+        remaining: 9_000.0,
+        reset: Some(Duration::from_secs(6)),
+    };
+    let t = pacer.try_acquire(100.0, now).unwrap();
+    pacer.observe(t, Answer::Ok, Some(report), now);
+    assert_eq!(pacer.source(), Source::Headers);
+    let huge = pacer.try_acquire(2.0e9, now).expect("goes at once");
+    assert_eq!(huge.cost(), 0.0, "charged nothing");
+    for _ in 0..100 {
+        pacer.admit_anyway(5_000.0, now);
+    }
+    assert!(
+        pacer.level >= -pacer.burst(),
+        "owes {} of a burst of {}",
+        -pacer.level,
+        pacer.burst()
+    );
+}

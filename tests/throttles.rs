@@ -1,0 +1,347 @@
+//! What a 429 says decides what it may change, checked over real sockets through
+//! `server::run`: an overload is retried like a 503 and moves no pace; a storm of refusals the
+//! sender did not cause costs its hints and leaves no crawl behind; two models on one key are
+//! two partitions; a request larger than any token bucket is not held. Timing bounds are
+//! generous (a loaded two-core machine) and stated per assert.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use support::*;
+use tokio::time::Instant;
+
+/// OpenAI's documented overload answer: no wait named, healthy `x-ratelimit-*`.
+fn overloaded() -> http::Response<corral::body::Body> {
+    let mut r = json(
+        429,
+        serde_json::json!({"error": {
+            "message": "The engine is currently overloaded, please try again later",
+            "type": "server_error", "param": null, "code": null}}),
+    );
+    healthy(&mut r);
+    r
+}
+
+fn healthy(r: &mut http::Response<corral::body::Body>) {
+    let h = r.headers_mut();
+    for (k, v) in [
+        ("x-ratelimit-limit-requests", "10000"),
+        ("x-ratelimit-remaining-requests", "9990"),
+        ("x-ratelimit-reset-requests", "6ms"),
+    ] {
+        h.insert(k, v.parse().unwrap());
+    }
+}
+
+fn metric(text: &str, line_start: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(line_start))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+async fn metrics(c: &TestClient, corral: &Corral) -> String {
+    let req = http::Request::get(corral.url("/metrics"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let (_, body) = send(c, req).await;
+    String::from_utf8(body.to_vec()).unwrap()
+}
+
+/// One request in five is answered with an overload 429 the first time, then 200. Clients that
+/// never retry all get their 200 through corral, the 429s are counted as overload, retried
+/// as failures, and the learned pace is never cut: a second burst goes out as fast as the
+/// first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_429s_are_retried_like_503s_and_never_slow_the_pace() {
+    let seen: Arc<Mutex<HashMap<bytes::Bytes, u32>>> = Arc::default();
+    let s = Arc::clone(&seen);
+    let upstream = MockUpstream::start(move |req| {
+        let n = {
+            let mut seen = s.lock().unwrap();
+            let n = seen.entry(req.body.clone()).or_default();
+            *n += 1;
+            *n
+        };
+        // One request in five, as in the overload world (the breaker stays closed).
+        let chosen = String::from_utf8_lossy(&req.body).contains(r#""overload":true"#);
+        async move {
+            if n == 1 && chosen {
+                overloaded()
+            } else {
+                let mut r = json(200, serde_json::json!({"ok": true}));
+                healthy(&mut r);
+                r
+            }
+        }
+    })
+    .await;
+    let corral = Corral::start(&one_upstream(&upstream, "")).await;
+    let c = client();
+    let url = corral.url("/v1/chat/completions");
+    let burst = |round: usize| {
+        let (c, url) = (c.clone(), url.clone());
+        async move {
+            let start = Instant::now();
+            let tasks: Vec<_> = (0..60)
+                .map(|i| {
+                    let (c, url) = (c.clone(), url.clone());
+                    tokio::spawn(async move {
+                        let overload = i % 5 == 0;
+                        let body = format!(
+                            r#"{{"model":"m","input":"{round}-{i}","overload":{overload}}}"#
+                        );
+                        send(&c, post(&url, &body)).await.0.status
+                    })
+                })
+                .collect();
+            for t in tasks {
+                assert_eq!(t.await.unwrap(), 200, "every client is served");
+            }
+            start.elapsed()
+        }
+    };
+    let first = burst(0).await;
+    let second = burst(1).await;
+    // Each request waits one full-jitter backoff, U(0, 0.5 s): well under 5 s even loaded.
+    assert!(first < Duration::from_secs(5), "first burst {first:?}");
+    assert!(second < Duration::from_secs(5), "second burst {second:?}");
+    assert_eq!(
+        upstream.calls(),
+        144,
+        "one overload per chosen request, one success each"
+    );
+    let text = metrics(&c, &corral).await;
+    let overloads = metric(
+        &text,
+        r#"corral_upstream_429_reasons_total{reason="overload",upstream="mock"}"#,
+    );
+    assert_eq!(overloads, 24.0, "every overload read as one");
+    let rate = metric(
+        &text,
+        r#"corral_upstream_429_reasons_total{reason="rate",upstream="mock"}"#,
+    );
+    assert_eq!(rate, 0.0);
+    let retried = metric(
+        &text,
+        r#"corral_retries_total{reason="429_overload",upstream="mock"}"#,
+    );
+    assert_eq!(retried, 24.0, "retried as overloads");
+}
+
+/// An upstream's admission control refuses each "storm" request three times with
+/// `retry-after: 1` and an empty bucket, whatever the rate, then serves it. Ten parallel
+/// clients are done after about three hints; then requests with a 2 s deadline go out at once
+/// and none is refused by corral itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_storm_costs_its_hints_and_leaves_no_crawl() {
+    let seen: Arc<Mutex<HashMap<bytes::Bytes, u32>>> = Arc::default();
+    let arrivals: Arc<Mutex<Vec<(String, Instant)>>> = Arc::default();
+    let (s, a) = (Arc::clone(&seen), Arc::clone(&arrivals));
+    let upstream = MockUpstream::start(move |req| {
+        let body = String::from_utf8_lossy(&req.body).into_owned();
+        a.lock().unwrap().push((body.clone(), Instant::now()));
+        let n = {
+            let mut seen = s.lock().unwrap();
+            let n = seen.entry(req.body.clone()).or_default();
+            *n += 1;
+            *n
+        };
+        async move {
+            let refuse = body.contains("storm") && n <= 3;
+            let mut r = if refuse {
+                json(
+                    429,
+                    serde_json::json!({"error": {"message": "Too many requests, please retry",
+                        "type": "requests", "code": "rate_limit_exceeded"}}),
+                )
+            } else {
+                json(200, serde_json::json!({"ok": true}))
+            };
+            let h = r.headers_mut();
+            let remaining = if refuse { "0" } else { "99" };
+            for (k, v) in [
+                ("x-ratelimit-limit-requests", "100"),
+                ("x-ratelimit-remaining-requests", remaining),
+                ("x-ratelimit-reset-requests", "1s"),
+            ] {
+                h.insert(k, v.parse().unwrap());
+            }
+            if refuse {
+                h.insert("retry-after", "1".parse().unwrap());
+            }
+            r
+        }
+    })
+    .await;
+    let corral = Corral::start(&one_upstream(&upstream, "")).await;
+    let c = client();
+    let url = corral.url("/v1/chat/completions");
+    let start = Instant::now();
+    let storm: Vec<_> = (0..10)
+        .map(|i| {
+            let (c, url) = (c.clone(), url.clone());
+            tokio::spawn(async move {
+                let mut req = post(&url, &format!(r#"{{"model":"m","input":"storm {i}"}}"#));
+                req.headers_mut()
+                    .insert("x-corral-deadline-ms", "10000".parse().unwrap());
+                let (parts, body) = send(&c, req).await;
+                (parts.status, format!("{parts:?} {body:?}"))
+            })
+        })
+        .collect();
+    for t in storm {
+        let (status, what) = t.await.unwrap();
+        if status != 200 {
+            let text = metrics(&c, &corral).await;
+            let gave_up: Vec<_> = text
+                .lines()
+                .filter(|l| l.starts_with("corral_retry_gave_up_total") && !l.ends_with(" 0"))
+                .collect();
+            panic!("a storm request failed: {what}; gave up: {gave_up:?}");
+        }
+    }
+    // Three hints of 1 s each (plus their jitter): about 3 s; 8 s on a loaded machine.
+    let storm_time = start.elapsed();
+    assert!(
+        storm_time < Duration::from_secs(8),
+        "storm took {storm_time:?}"
+    );
+
+    // After the storm: requests with a 2 s deadline, one alone, then twenty at once.
+    let sent = Instant::now();
+    let mut req = post(&url, r#"{"model":"m","input":"after"}"#);
+    req.headers_mut()
+        .insert("x-corral-deadline-ms", "2000".parse().unwrap());
+    let (parts, _) = send(&c, req).await;
+    assert_eq!(parts.status, 200);
+    let reached = arrivals
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(b, _)| b.contains("after"))
+        .map(|(_, at)| *at)
+        .expect("the upstream saw it");
+    // Target 100 ms; bound 300 ms for a loaded machine. A crawl left by the storm (a pace of
+    // one a second) would hold it a second, and a refusal would never reach the upstream.
+    let waited = reached - sent;
+    assert!(waited < Duration::from_millis(300), "held {waited:?}");
+    let followers: Vec<_> = (0..20)
+        .map(|i| {
+            let (c, url) = (c.clone(), url.clone());
+            tokio::spawn(async move {
+                let mut req = post(&url, &format!(r#"{{"model":"m","input":"later {i}"}}"#));
+                req.headers_mut()
+                    .insert("x-corral-deadline-ms", "2000".parse().unwrap());
+                let (parts, _) = send(&c, req).await;
+                (parts.status, parts.headers.contains_key("x-corral-error"))
+            })
+        })
+        .collect();
+    for t in followers {
+        let (status, corrals_own) = t.await.unwrap();
+        assert!(
+            !corrals_own,
+            "corral refused a request on a pace it guessed"
+        );
+        assert_eq!(status, 200);
+    }
+}
+
+/// Two models on one key: the slow model's long 429 pauses its own partition only, and the
+/// fast model's requests go at once; `/status` counts two partitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_models_on_one_key_are_two_partitions() {
+    let upstream = MockUpstream::start(|req| async move {
+        if String::from_utf8_lossy(&req.body).contains("slow-model") {
+            let mut r = json(
+                429,
+                serde_json::json!({"error": {"message": "Rate limit reached for slow-model",
+                    "type": "requests", "code": "rate_limit_exceeded"}}),
+            );
+            r.headers_mut().insert("retry-after", "20".parse().unwrap());
+            r
+        } else {
+            json(200, serde_json::json!({"ok": true}))
+        }
+    })
+    .await;
+    let corral = Corral::start(&one_upstream(&upstream, "")).await;
+    let c = client();
+    let url = corral.url("/v1/chat/completions");
+    let mut slow = post(&url, r#"{"model":"slow-model","input":"x"}"#);
+    slow.headers_mut()
+        .insert("x-corral-deadline-ms", "5000".parse().unwrap());
+    let (parts, _) = send(&c, slow).await;
+    assert_eq!(
+        parts.status, 429,
+        "a 20 s wait beyond a 5 s deadline passes through"
+    );
+    assert_eq!(parts.headers["x-should-retry"], "false");
+    let start = Instant::now();
+    for i in 0..5 {
+        let mut fast = post(&url, &format!(r#"{{"input":"{i}","model":"fast-model"}}"#));
+        fast.headers_mut()
+            .insert("x-corral-deadline-ms", "5000".parse().unwrap());
+        let (parts, _) = send(&c, fast).await;
+        assert_eq!(
+            parts.status, 200,
+            "the fast model is not paused by the slow one"
+        );
+    }
+    // Bound: five unpaced requests in 2 s on a loaded machine (one shared partition would
+    // have refused them, the pause being 20 s).
+    assert!(start.elapsed() < Duration::from_secs(2));
+    let req = http::Request::get(corral.url("/status"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let (_, body) = send(&c, req).await;
+    let status: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        status["upstreams"][0]["rate_limit"]["partitions"], 2,
+        "{status}"
+    );
+}
+
+/// A token limit learned from OpenAI's headers, then a request whose `max_tokens` no bucket
+/// can hold: it goes at once (the upstream's answer is the truth), and the next request is not
+/// held behind a debt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_larger_than_any_token_bucket_is_not_held() {
+    let upstream = MockUpstream::start(|_| async {
+        let mut r = json(200, serde_json::json!({"ok": true}));
+        let h = r.headers_mut();
+        for (k, v) in [
+            ("x-ratelimit-limit-tokens", "10000"),
+            ("x-ratelimit-remaining-tokens", "9000"),
+            ("x-ratelimit-reset-tokens", "6s"),
+        ] {
+            h.insert(k, v.parse().unwrap());
+        }
+        r
+    })
+    .await;
+    let corral = Corral::start(&one_upstream(&upstream, "")).await;
+    let c = client();
+    let url = corral.url("/v1/chat/completions");
+    let small = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":10}"#;
+    for _ in 0..3 {
+        assert_eq!(send(&c, post(&url, small)).await.0.status, 200);
+    }
+    let start = Instant::now();
+    let absurd =
+        r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2000000000}"#;
+    let mut req = post(&url, absurd);
+    req.headers_mut()
+        .insert("x-corral-deadline-ms", "5000".parse().unwrap());
+    assert_eq!(send(&c, req).await.0.status, 200, "sent, not held");
+    assert_eq!(send(&c, post(&url, small)).await.0.status, 200);
+    // Bound: two unpaced requests in 2 s on a loaded machine; held, the first would have
+    // waited for its 5 s deadline.
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+}

@@ -424,6 +424,7 @@ async fn a_429_pauses_the_partition_for_its_explicit_hint() {
             Outcome::Throttled(429),
             Some(&read),
             Some(&f.headers),
+            None,
             &metrics,
         );
         let paused = partition.status()["paused_ms"].as_u64().expect("paused");

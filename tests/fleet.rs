@@ -94,6 +94,15 @@ async fn wait_for_mode(corral: &Corral, mode: &str, limit: Duration) -> bool {
 }
 
 /// `n` requests through `corral` from `concurrency` clients at once; the statuses.
+/// `/status` of the partition of model `m` (the one `burst` sends to).
+fn model_m(status: &serde_json::Value) -> serde_json::Value {
+    status["upstreams"][0]["rate_limit"]["by_partition"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["model"] == "m"))
+        .cloned()
+        .unwrap_or_default()
+}
+
 async fn burst(corral: &Corral, n: usize, concurrency: usize) -> Vec<u16> {
     let next = Arc::new(AtomicUsize::new(0));
     let statuses = Arc::new(Mutex::new(Vec::new()));
@@ -294,7 +303,13 @@ async fn one_429_pauses_every_replica() {
     let b = Corral::start(&toml).await;
     subscribed(&server, 2).await;
     let url = a.url("/v1/chat/completions");
-    let first = tokio::spawn(async move { send(&client(), post(&url, "{}")).await.0.status });
+    // The same model as `burst`'s: one partition, paused as one.
+    let first = tokio::spawn(async move {
+        send(&client(), post(&url, r#"{"model":"m"}"#))
+            .await
+            .0
+            .status
+    });
     assert!(
         eventually(Duration::from_secs(5), || !arrivals
             .lock()
@@ -350,15 +365,13 @@ async fn what_one_learns_all_know() {
     let b = Corral::start(&toml).await;
     subscribed(&server, 2).await;
     assert_eq!(burst(&a, 3, 1).await, [200, 200, 200]);
-    let learned = get_json(&a, "/status").await["upstreams"][0]["rate_limit"]["learned"][0]
-        ["rate_per_second"]
+    let learned = model_m(&get_json(&a, "/status").await)["learned"][0]["rate_per_second"]
         .as_f64()
         .unwrap();
     assert!(learned > 0.0, "A learned a pace from the headers");
     assert_eq!(burst(&b, 1, 1).await, [200]);
-    let shared = |v: &serde_json::Value| {
-        v["upstreams"][0]["rate_limit"]["fleet"]["requests"]["shared_rate_per_second"].as_f64()
-    };
+    let shared =
+        |v: &serde_json::Value| model_m(v)["fleet"]["requests"]["shared_rate_per_second"].as_f64();
     let mut seen = None;
     for _ in 0..100 {
         seen = shared(&get_json(&b, "/status").await);

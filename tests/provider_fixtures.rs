@@ -274,7 +274,7 @@ fn anthropic_429s_learn_the_empty_token_bucket() {
 /// the 529. Absence is "unknown", never zero: no report. The 429 then blames the requests
 /// bucket (nothing shows the tokens one empty) and, with no headers, cuts the measured send
 /// rate: one request in the meter's first 0.1 s is 10/s, times 0.7 = 7/s, source `aimd`. The
-/// 529 (overload, not our bucket) cuts the same way; the tokens pacer stays ungated.
+/// 529 (overload, not our bucket) moves no pace; the tokens pacer stays ungated.
 #[test]
 fn headerless_answers_learn_from_the_throttle_alone() {
     for name in [
@@ -289,12 +289,13 @@ fn headerless_answers_learn_from_the_throttle_alone() {
         for kind in [Kind::Requests, Kind::Tokens] {
             assert_eq!(f.report(kind), None, "{name} {kind:?}");
         }
-        let answer = if f.status == 529 {
-            Answer::Overloaded
-        } else {
-            Answer::RateLimited
-        };
-        let r = learn(Kind::Requests, answer, None);
+        if f.status == 529 {
+            // An overload is not this bucket's: no pace moves.
+            let r = learn(Kind::Requests, Answer::Overloaded, None);
+            assert_eq!(r.source(), Source::SlowStart, "{name}");
+            continue;
+        }
+        let r = learn(Kind::Requests, Answer::RateLimited, None);
         assert_eq!(r.source(), Source::Aimd, "{name}");
         assert_close(r.rate(), 7.0, name);
         let t = learn(Kind::Tokens, Answer::RefusedElsewhere, None);
@@ -435,9 +436,17 @@ async fn a_429_pauses_the_partition_for_its_explicit_hint() {
     }
 }
 
-/// The `/status` entry of the learned pacer of `kind` (source, rate, burst, remaining).
+/// The `/status` entry of the learned pacer of `kind` (source, rate, burst, remaining), in the
+/// partition of model `m`.
 fn learned(status: &serde_json::Value, kind: &str) -> serde_json::Value {
-    status["upstreams"][0]["rate_limit"]["learned"]
+    let partitions = status["upstreams"][0]["rate_limit"]["by_partition"]
+        .as_array()
+        .expect("partitions");
+    let m = partitions
+        .iter()
+        .find(|p| p["model"] == "m")
+        .expect("model m");
+    m["learned"]
         .as_array()
         .expect("learned pacers")
         .iter()

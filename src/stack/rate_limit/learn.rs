@@ -31,10 +31,11 @@
 //! - **Evidence bounds every cut.** Only 429s read as "the bucket is empty" reach
 //!   [`Answer::RateLimited`] (an overload moves no pace). A cut never goes below what the
 //!   upstream admitted from this pacer over the last `ADMITTED_WINDOW`, and 429s of attempts
-//!   sent before the last cut belong to it (at most one cut per round trip, as TCP does). After
-//!   a cut, each success of an attempt sent after it adds its units per its own round trip, so
-//!   the pace doubles per round trip back to where it was before the cut: one storm leaves no
-//!   crawl behind it.
+//!   sent before the last cut belong to it (at most one cut per round trip, as TCP does). When
+//!   the upstream names a long wait (`STORM`), the cuts are a storm's, not a bucket edge's: after
+//!   it each success of an attempt sent after the last cut adds its units per its own round
+//!   trip, so the pace doubles per round trip back to where it was before the cuts (TCP's slow
+//!   start after a timeout): one storm leaves no crawl behind it.
 //! - **Settled, never owed.** A request larger than the burst goes at once, charged nothing
 //!   here (the upstream's answer is the truth, and its report resynchronises the level); a
 //!   request admitted past the pace is charged at most the burst, and the level never owes
@@ -91,6 +92,8 @@ const SHARE_GROWTH: f64 = 0.01;
 /// second.
 const GUESS_HOLD: Duration = Duration::from_millis(500);
 const GUESS_GROWTH: f64 = 0.1;
+/// A named wait this long makes the cuts before it recover by doubling.
+pub const STORM: Duration = Duration::from_secs(1);
 /// A cut never goes below what the upstream admitted over this window.
 const ADMITTED_WINDOW: Duration = Duration::from_secs(1);
 /// Admitted units are counted in slots of this length.
@@ -259,9 +262,11 @@ struct Cap {
     hold: Duration,
     /// Growth after the hold, units per second per second.
     slope: f64,
-    /// A cut's way back: successes raise `rate` toward this (the pace before the cut),
-    /// doubling it per round trip. `None` for an estimate, which is evidence, not a guess.
-    recover_to: Option<f64>,
+    /// The pace before a cut (`None` for an estimate, which is evidence, not a guess).
+    before: Option<f64>,
+    /// Whether the cut is on its way back: set when a long pause followed it (a storm, not a
+    /// bucket's edge), successes then raise `rate` toward `before`, doubling it per round trip.
+    recovering: bool,
 }
 
 impl Cap {
@@ -592,8 +597,8 @@ impl Pacer {
     /// pace doubles per round trip until it is back where the cut found it.
     fn recover(&mut self, ticket: Ticket, units: f64, rtt: f64) {
         let after_cut = ticket.seq > self.throttle_log.cut_seq;
-        if let Some(cap) = self.cap.as_mut().filter(|_| after_cut) {
-            if let Some(to) = cap.recover_to.filter(|to| cap.rate < *to) {
+        if let Some(cap) = self.cap.as_mut().filter(|c| after_cut && c.recovering) {
+            if let Some(to) = cap.before.filter(|to| cap.rate < *to) {
                 let rtt = rtt.max(self.min_rtt.unwrap_or(0.0)).max(1e-3);
                 cap.rate = (cap.rate + units / rtt).min(to);
             }
@@ -652,7 +657,8 @@ impl Pacer {
                         since: now,
                         hold: HOLD,
                         slope: GROWTH * e,
-                        recover_to: None,
+                        before: None,
+                        recovering: false,
                     }
                 } else {
                     Cap {
@@ -660,7 +666,8 @@ impl Pacer {
                         since: now,
                         hold: Duration::ZERO,
                         slope: SHARE_GROWTH * self.header_rate,
-                        recover_to: None,
+                        before: None,
+                        recovering: false,
                     }
                 });
             }
@@ -686,6 +693,17 @@ impl Pacer {
         }
     }
 
+    /// The upstream named a long wait ([`STORM`] or more): what follows is a storm, not a
+    /// bucket's edge found by pacing, so a cut's way back is by doubling per round trip
+    /// (TCP's slow start after a timeout) rather than by its slow growth.
+    pub fn long_pause(&mut self, wait: Duration) {
+        if wait >= STORM {
+            if let Some(cap) = self.cap.as_mut().filter(|c| c.before.is_some()) {
+                cap.recovering = true;
+            }
+        }
+    }
+
     /// Cut the pace by `BETA` (from the measured send rate when nothing paces yet), never
     /// below what the upstream admitted over the last window.
     fn cut(&mut self, now: Instant) {
@@ -696,11 +714,10 @@ impl Pacer {
         };
         let rate = (current * BETA).max(self.admitted.rate(now)).max(MIN_RATE);
         // A cut of a cut still recovers to where the first one found the pace.
-        let recover_to = match self.cap {
+        let before = match self.cap {
             Some(Cap {
-                recover_to: Some(to),
-                ..
-            }) => to.max(current),
+                before: Some(b), ..
+            }) => b.max(current),
             _ => current,
         };
         self.cap = Some(Cap {
@@ -708,7 +725,8 @@ impl Pacer {
             since: now,
             hold: GUESS_HOLD,
             slope: GUESS_GROWTH * rate,
-            recover_to: Some(recover_to),
+            before: Some(before),
+            recovering: false,
         });
         self.level = self.level.min(0.0);
         if matches!(self.source, Source::SlowStart | Source::None) {

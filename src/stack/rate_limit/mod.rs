@@ -60,11 +60,18 @@ pub const PARTITION_IDLE: Duration = Duration::from_secs(10 * 60);
 /// a map of busy ones costs one scan a second, not one per request.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
-/// One credential's partition and when a request last took it.
+/// One partition of credential and model, and when a request last took it.
 struct Keyed {
     partition: Arc<Partition>,
     last_used: Instant,
+    /// For `/status`: the model (or limit group), and whether a credential names it too (the
+    /// credential itself is never kept).
+    model: Option<Box<str>>,
+    keyed: bool,
 }
+
+/// Partitions listed by name in `/status`, the most recently used first.
+const STATUS_PARTITIONS: usize = 32;
 
 /// Partitions per hash of credential and model.
 #[derive(Default)]
@@ -193,6 +200,8 @@ impl RateLimitShared {
         let keyed = Keyed {
             partition: Arc::clone(&partition),
             last_used: now,
+            model: model.as_deref().map(Box::from),
+            keyed: credential.is_some(),
         };
         map.by_hash.insert(key, keyed);
         partition
@@ -201,7 +210,21 @@ impl RateLimitShared {
     pub fn status(&self) -> serde_json::Value {
         let mut v = self.default.status();
         if let Some((map, _)) = &self.by_key {
-            v["partitions"] = serde_json::json!(lock(map).by_hash.len());
+            let map = lock(map);
+            v["partitions"] = serde_json::json!(map.by_hash.len());
+            let mut recent: Vec<&Keyed> = map.by_hash.values().collect();
+            recent.sort_by_key(|k| std::cmp::Reverse(k.last_used));
+            let listed: Vec<_> = recent
+                .into_iter()
+                .take(STATUS_PARTITIONS)
+                .map(|k| {
+                    let mut p = k.partition.status();
+                    p["model"] = serde_json::json!(k.model);
+                    p["per_credential"] = serde_json::json!(k.keyed);
+                    p
+                })
+                .collect();
+            v["by_partition"] = serde_json::json!(listed);
         }
         if let Some(pool) = &self.pool {
             v["keys"] = pool.status();

@@ -491,6 +491,8 @@ impl Partition {
             if let Some(wait) = named_wait {
                 p.requests.full_after(wait);
                 p.tokens.full_after(wait);
+                p.requests.long_pause(wait);
+                p.tokens.long_pause(wait);
             }
             if rate_limited {
                 let refusing = if for_tokens == Answer::RateLimited {

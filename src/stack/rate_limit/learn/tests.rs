@@ -533,8 +533,8 @@ fn an_overload_moves_no_pace() {
     assert!(pacer.cap.is_none());
 }
 
-/// A cut never goes below what the upstream admitted over the last second, and the successes
-/// after it double the pace per round trip back to where the cut found it.
+/// A cut never goes below what the upstream admitted over the last second, and after a long
+/// named wait the successes double the pace per round trip back to where the cuts found it.
 #[test]
 fn a_cut_is_bounded_by_what_was_admitted_and_recovers_by_doubling() {
     let mut now = Instant::now();
@@ -566,7 +566,9 @@ fn a_cut_is_bounded_by_what_was_admitted_and_recovers_by_doubling() {
         pacer.observe(t, Answer::RateLimited, None, now);
     }
     let low = pacer.cap.unwrap().rate;
-    let before = pacer.cap.unwrap().recover_to.unwrap();
+    let before = pacer.cap.unwrap().before.unwrap();
+    // Without a long wait named, the cut grows slowly (a bucket's edge); with one, it doubles.
+    pacer.long_pause(STORM);
     // Successes sent after the last cut, answered in 100 ms: the pace doubles per round trip.
     let mut rate = low;
     for round in 0..12 {

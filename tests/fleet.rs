@@ -274,7 +274,8 @@ async fn two_corrals_share_one_limit_leasing_in_blocks() {
 }
 
 /// A 429 (with `retry-after-ms: 1500`) seen by one corral pauses the other at once: its
-/// request reaches the upstream only after the hint passed, though it never saw a 429.
+/// request reaches the upstream only after the hint passed, though it never saw a 429. (B has
+/// used the partition before, so it has joined the fleet's pause channel for it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_429_pauses_every_replica() {
     let Some(server) = redis() else { return };
@@ -287,7 +288,7 @@ async fn one_429_pauses_every_replica() {
             a.len()
         };
         async move {
-            if n == 1 {
+            if n == 2 {
                 let mut r = json(429, serde_json::json!({"error": {"type": "rate_limit"}}));
                 r.headers_mut()
                     .insert("retry-after-ms", "1500".parse().unwrap());
@@ -302,6 +303,11 @@ async fn one_429_pauses_every_replica() {
     let a = Corral::start(&toml).await;
     let b = Corral::start(&toml).await;
     subscribed(&server, 2).await;
+    assert_eq!(
+        burst(&b, 1, 1).await,
+        [200],
+        "B's partition of model m is in use"
+    );
     let url = a.url("/v1/chat/completions");
     // The same model as `burst`'s: one partition, paused as one.
     let first = tokio::spawn(async move {
@@ -311,14 +317,12 @@ async fn one_429_pauses_every_replica() {
             .status
     });
     assert!(
-        eventually(Duration::from_secs(5), || !arrivals
-            .lock()
-            .unwrap()
-            .is_empty())
+        eventually(Duration::from_secs(5), || arrivals.lock().unwrap().len()
+            >= 2)
         .await,
         "corral A's request reached the upstream"
     );
-    let refused_at = arrivals.lock().unwrap()[0];
+    let refused_at = arrivals.lock().unwrap()[1];
     // The pause travels: A's answer, its lease call, the script's PUBLISH, B's listener. A
     // few milliseconds; 400 ms allowed.
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -329,8 +333,8 @@ async fn one_429_pauses_every_replica() {
         "A retried its 429 after the pause"
     );
     let seen = arrivals.lock().unwrap().clone();
-    assert_eq!(seen.len(), 3, "the 429, A's retry, B's request");
-    for t in &seen[1..] {
+    assert_eq!(seen.len(), 4, "B's first, the 429, A's retry, B's request");
+    for t in &seen[2..] {
         let after = t.duration_since(refused_at);
         assert!(
             after >= Duration::from_millis(1400),

@@ -345,3 +345,48 @@ async fn a_request_larger_than_any_token_bucket_is_not_held() {
     let took = start.elapsed();
     assert!(took < Duration::from_secs(2), "took {took:?}");
 }
+
+/// The answers' `usage` calibrates the prompt estimate: an upstream that counts twice the
+/// characters / 4 guess moves the ratio in `/status` toward 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_calibrates_the_prompt_estimate() {
+    let upstream = MockUpstream::start(|_| async {
+        // The prompt below is 400 characters: 100 tokens guessed, 200 counted.
+        let mut r = json(
+            200,
+            serde_json::json!({"usage": {"prompt_tokens": 200, "completion_tokens": 5,
+                "total_tokens": 205}}),
+        );
+        let h = r.headers_mut();
+        for (k, v) in [
+            ("x-ratelimit-limit-tokens", "100000"),
+            ("x-ratelimit-remaining-tokens", "99000"),
+            ("x-ratelimit-reset-tokens", "6s"),
+        ] {
+            h.insert(k, v.parse().unwrap());
+        }
+        r
+    })
+    .await;
+    let corral = Corral::start(&one_upstream(&upstream, "")).await;
+    let c = client();
+    let url = corral.url("/v1/chat/completions");
+    let prompt = "x".repeat(400);
+    let body = format!(
+        r#"{{"model":"m","messages":[{{"role":"user","content":"{prompt}"}}],"max_tokens":5}}"#
+    );
+    for _ in 0..40 {
+        assert_eq!(send(&c, post(&url, &body)).await.0.status, 200);
+    }
+    let req = http::Request::get(corral.url("/status"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let (_, body) = send(&c, req).await;
+    let status: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let ratio = status["upstreams"][0]["rate_limit"]["prompt_tokens_per_estimated"]
+        .as_f64()
+        .unwrap();
+    // 0.9^39 of the distance left after 39 samples (the first answer teaches the token
+    // limit): about 1.98; 1.9 allowed.
+    assert!(ratio > 1.9, "ratio {ratio}");
+}

@@ -24,10 +24,37 @@ const TEXT_KEYS: [&str; 2] = ["content", "text"];
 
 /// Estimated tokens a request will use.
 pub fn estimate_tokens(body: &[u8], default_max_tokens: u32) -> u32 {
+    let e = estimate(body, default_max_tokens);
+    e.prompt.saturating_add(e.completion)
+}
+
+/// A request's estimate in its two parts: the prompt (a guess from its characters, which the
+/// upstream's `usage` can calibrate) and the completion budget (what providers charge at
+/// admission).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Estimate {
+    pub prompt: u32,
+    pub completion: u32,
+}
+
+impl Estimate {
+    /// The charge with the prompt's part scaled by `prompt_ratio` (tokens counted per token
+    /// guessed, as the upstream's answers showed it).
+    pub fn charge(self, prompt_ratio: f64) -> u32 {
+        let prompt = (f64::from(self.prompt) * prompt_ratio)
+            .ceil()
+            .min(f64::from(u32::MAX));
+        (prompt as u32).saturating_add(self.completion)
+    }
+}
+
+/// Estimated tokens a request will use, by part.
+pub fn estimate(body: &[u8], default_max_tokens: u32) -> Estimate {
     let Ok(counts) = read_body(body) else {
-        return u32::try_from(body.len() / 4)
-            .unwrap_or(u32::MAX)
-            .saturating_add(default_max_tokens);
+        return Estimate {
+            prompt: u32::try_from(body.len() / 4).unwrap_or(u32::MAX),
+            completion: default_max_tokens,
+        };
     };
     let chars: usize = counts.prompt.iter().sum();
     let completion = counts
@@ -37,7 +64,10 @@ pub fn estimate_tokens(body: &[u8], default_max_tokens: u32) -> u32 {
         .map_or(default_max_tokens, |n| {
             n.min(u64::from(u32::MAX / 2)) as u32
         });
-    ((chars / 4) as u32).saturating_add(completion)
+    Estimate {
+        prompt: u32::try_from(chars / 4).unwrap_or(u32::MAX),
+        completion,
+    }
 }
 
 /// What a body holds for the estimate, by position in `PROMPT_KEYS` and `COMPLETION_KEYS`.

@@ -507,6 +507,18 @@ impl Pacer {
         self.admit(charge, now)
     }
 
+    /// The upstream counted `actual` units for the attempt admitted with `ticket`: the level
+    /// gets back what was over-charged, or gives what was under-charged, never owing more than
+    /// one burst. (The next report resynchronises the level anyway; this closes the gap until
+    /// then.)
+    pub fn settle(&mut self, ticket: Ticket, actual: f64, now: Instant) {
+        if self.source == Source::None || ticket.cost == 0.0 {
+            return;
+        }
+        self.refill(now);
+        self.level = (self.level + ticket.cost - actual).clamp(-self.burst, self.burst);
+    }
+
     fn admit(&mut self, cost: f64, now: Instant) -> Ticket {
         self.sent += cost;
         self.meter.record(now, cost.max(1.0));
@@ -758,10 +770,11 @@ impl Pacer {
                 None => self.floor = Some(r.remaining),
             }
         }
+        // In the pacer's units: a tokens pacer confirms a request's tokens per answer.
         self.verified = if throttled {
             (self.verified / 2.0).max(1.0)
         } else {
-            self.verified + 1.0
+            self.verified + ticket.cost.max(1.0)
         };
         if let Some(reset) = r.reset.filter(|d| !d.is_zero()) {
             if r.limit > r.remaining {

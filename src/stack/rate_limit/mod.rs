@@ -27,6 +27,7 @@ pub mod usage;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -34,6 +35,7 @@ use http::{HeaderMap, Response, StatusCode};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
+use self::estimate::Estimate;
 use self::partition::Partition;
 use self::pool::Pool;
 use crate::body::Body;
@@ -118,6 +120,40 @@ pub struct RateLimitShared {
     fleet: Option<Arc<Fleet>>,
     /// With `keys`: a partition per pooled key.
     pool: Option<Pool>,
+    /// Tokens the upstream counted per prompt token estimated.
+    prompt_ratio: Arc<PromptRatio>,
+}
+
+/// Tokens the upstream counted per prompt token estimated (characters / 4), smoothed over the
+/// answers' `usage`: the estimate calibrates itself to the provider's tokenizer.
+pub struct PromptRatio(AtomicU64);
+
+impl PromptRatio {
+    /// Prompts shorter than this (estimated) teach nothing: rounding swamps them.
+    const MIN_PROMPT: u32 = 16;
+    /// The ratio stays within these.
+    const RANGE: (f64, f64) = (0.25, 4.0);
+
+    fn new() -> Self {
+        Self(AtomicU64::new(1.0f64.to_bits()))
+    }
+
+    pub fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+
+    /// One answer's evidence: `counted` input tokens for `estimated` prompt tokens.
+    pub fn learn(&self, estimated: u32, counted: u64) {
+        if estimated < Self::MIN_PROMPT || counted == 0 {
+            return;
+        }
+        let sample = (counted as f64 / f64::from(estimated)).clamp(Self::RANGE.0, Self::RANGE.1);
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                Some((0.9 * f64::from_bits(bits) + 0.1 * sample).to_bits())
+            });
+    }
 }
 
 impl RateLimitShared {
@@ -142,6 +178,7 @@ impl RateLimitShared {
             metrics,
             pool: Pool::new(config, fleet.as_ref()),
             fleet,
+            prompt_ratio: Arc::new(PromptRatio::new()),
         })
     }
 
@@ -229,6 +266,7 @@ impl RateLimitShared {
         if let Some(pool) = &self.pool {
             v["keys"] = pool.status();
         }
+        v["prompt_tokens_per_estimated"] = serde_json::json!(self.prompt_ratio.get());
         v
     }
 
@@ -236,17 +274,18 @@ impl RateLimitShared {
     /// the answer.
     async fn through<S: Next>(
         &self,
-        partition: &Partition,
+        partition: &Arc<Partition>,
         next: S,
         req: ProxyRequest,
     ) -> Result<Response<Body>, ProxyError> {
         let m = &self.metrics;
         // The JSON estimate only where a token bucket will be charged.
-        let cost = if partition.charges_tokens() {
-            estimate::estimate_tokens(&req.body, self.config.limits.default_max_tokens)
+        let estimate = if partition.charges_tokens() {
+            estimate::estimate(&req.body, self.config.limits.default_max_tokens)
         } else {
-            0
+            Estimate::default()
         };
+        let cost = estimate.charge(self.prompt_ratio.get());
         let start = Instant::now();
         let tickets = partition
             .acquire(cost, req.ctx.wait_deadline, req.ctx.priority, m.name())
@@ -263,6 +302,12 @@ impl RateLimitShared {
             }
             other => other,
         };
+        let result = match (result, tickets) {
+            (Ok(response), Some(t)) if t.charged_tokens() > 0.0 => {
+                Ok(self.settle_on_usage(response, partition, t, estimate))
+            }
+            (other, _) => other,
+        };
         let outcome = Outcome::of(&result);
         let response = result.as_ref().ok();
         let throttle = response.and_then(|r| r.extensions().get::<Throttle>());
@@ -271,6 +316,35 @@ impl RateLimitShared {
             partition.observe(tickets, outcome, throttle, headers, Some(sent_at), m);
         }
         result
+    }
+
+    /// A success charged tokens at admission: its body is tapped for the `usage` the upstream
+    /// reports, which settles the charge (the pacer gets back what it over-charged, or gives
+    /// what it under-charged) and calibrates the prompt estimate. The answer passes unchanged.
+    fn settle_on_usage(
+        &self,
+        response: Response<Body>,
+        partition: &Arc<Partition>,
+        tickets: partition::Tickets,
+        estimate: Estimate,
+    ) -> Response<Body> {
+        let format = usage::Format::of(response.headers());
+        let Some(format) = format.filter(|_| response.status().is_success()) else {
+            return response;
+        };
+        let (partition, ratio) = (Arc::clone(partition), Arc::clone(&self.prompt_ratio));
+        response.map(|body| {
+            usage::tap(
+                body,
+                format,
+                Box::new(move |counted| {
+                    if let Some(u) = counted {
+                        partition.settle(tickets, u.total() as f64);
+                        ratio.learn(estimate.prompt, u.input);
+                    }
+                }),
+            )
+        })
     }
 
     /// Read a 429 ([`Throttle::read`]) from its head and its buffered body, and carry the
@@ -444,6 +518,21 @@ mod tests {
 
     fn partitions(shared: &RateLimitShared) -> usize {
         lock(&shared.by_key.as_ref().unwrap().0).by_hash.len()
+    }
+
+    #[test]
+    fn the_prompt_ratio_follows_what_the_upstream_counted_within_bounds() {
+        let r = PromptRatio::new();
+        r.learn(8, 100); // too short to teach anything
+        assert_eq!(r.get(), 1.0);
+        for _ in 0..100 {
+            r.learn(100, 150);
+        }
+        assert!((r.get() - 1.5).abs() < 0.01, "{}", r.get());
+        for _ in 0..100 {
+            r.learn(100, 100_000);
+        }
+        assert!(r.get() <= PromptRatio::RANGE.1, "{}", r.get());
     }
 
     #[tokio::test(start_paused = true)]

@@ -64,6 +64,13 @@ pub struct Tickets {
     tokens: Ticket,
 }
 
+impl Tickets {
+    /// Tokens the tokens pacer charged at admission.
+    pub fn charged_tokens(&self) -> f64 {
+        self.tokens.cost()
+    }
+}
+
 /// "No sends before": an instant that each 429 may push later, never earlier. Lock-free: one
 /// atomic read on the fast path.
 #[derive(Debug)]
@@ -547,6 +554,16 @@ impl Partition {
         }
         if self.queued.load(Ordering::Acquire) > 0 {
             self.answered.notify_waiters();
+        }
+    }
+
+    /// The upstream counted `tokens` for the attempt admitted with `tickets`: settle what the
+    /// tokens pacer charged for it.
+    pub fn settle(&self, tickets: Tickets, tokens: f64) {
+        if let Some(pacers) = &self.pacers {
+            lock(pacers)
+                .tokens
+                .settle(tickets.tokens, tokens, Instant::now());
         }
     }
 

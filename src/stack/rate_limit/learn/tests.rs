@@ -631,3 +631,26 @@ fn a_token_request_larger_than_the_bucket_goes_at_once_and_debt_is_bounded() {
         pacer.burst()
     );
 }
+
+/// What the upstream counted settles the charge: an over-charge comes back to the level.
+#[test]
+fn usage_settles_what_was_charged() {
+    let now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Tokens, 10, 1.0, now);
+    let report = Report {
+        limit: 10_000.0,
+        remaining: 9_000.0,
+        reset: Some(Duration::from_secs(6)),
+    };
+    let t = pacer.try_acquire(100.0, now).unwrap();
+    pacer.observe(t, Answer::Ok, Some(report), now);
+    assert_eq!(pacer.source(), Source::Headers);
+    let t = pacer.admit_anyway(4_000.0, now);
+    let charged = pacer.level;
+    pacer.settle(t, 1_000.0, now);
+    assert!(
+        (pacer.level - (charged + 3_000.0)).abs() < 1e-6,
+        "the 3000 over-charged came back: {} from {charged}",
+        pacer.level
+    );
+}

@@ -12,6 +12,7 @@ pub mod fleet;
 pub mod redis_server;
 mod report;
 pub mod scenario;
+pub mod sdk;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -82,6 +82,7 @@ pub use self::config::{
     SimConfig, SimulateArgs,
 };
 pub use self::error::SimulateError;
+pub use self::gateway::RETRY_AFTER as ADMISSION_RETRY_AFTER;
 pub use self::stats::{Stats, Throttle};
 
 /// The simulated upstream; clones share buckets and stats.

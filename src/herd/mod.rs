@@ -222,7 +222,10 @@ pub struct RunResult {
     pub backend_queue_p99: Duration,
     pub makespan: Duration,
     pub ok: usize,
+    /// Tasks without a 200, the abandoned included.
     pub failed: usize,
+    /// Tasks that gave up waiting after the world's patience (`World::patience`).
+    pub abandoned: usize,
     /// Every 429 the simulator answered.
     pub upstream_429: u64,
     /// Upstream 429s the sender's rate caused: a bucket was empty.
@@ -294,11 +297,12 @@ pub async fn run(spec: &Spec, strategies: &[Strategy]) -> std::io::Result<Vec<Ru
     for s in strategies {
         let result = run_one(spec, *s).await?;
         eprintln!(
-            "{:<30} makespan {:>7.2}s  ok {:>4}  failed {:>4}  upstream 429s {:>5} (rate {}, other {})",
+            "{:<30} makespan {:>7.2}s  ok {:>4}  failed {:>4} (abandoned {})  upstream 429s {:>5} (rate {}, other {})",
             s.label(),
             result.makespan.as_secs_f64(),
             result.ok,
             result.failed,
+            result.abandoned,
             result.upstream_429,
             result.rate_429,
             result.other_429,
@@ -391,7 +395,8 @@ pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResu
     let slots = (makespan.as_millis() / 100) as usize + 1;
     let mut arrivals = stats.arrivals_per_100ms.clone();
     arrivals.resize(slots, 0);
-    let ok = outcomes.iter().filter(|(ok, _)| *ok).count();
+    let ok = outcomes.iter().filter(|t| t.ok).count();
+    let abandoned = outcomes.iter().filter(|t| t.abandoned).count();
     let upstream_429 = stats.by_status.get("429").copied().unwrap_or(0);
     let rate_429 = stats.throttles_by_reason.get("rate").copied().unwrap_or(0);
     Ok(RunResult {
@@ -403,13 +408,14 @@ pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResu
         makespan,
         ok,
         failed: world.tasks - ok,
+        abandoned,
         upstream_429,
         rate_429,
         other_429: upstream_429.saturating_sub(rate_429),
         client_429: client_429.load(Ordering::Relaxed),
         upstream_requests: stats.requests,
         per_model: per_model(&world, &outcomes),
-        latencies: outcomes.into_iter().map(|(_, latency)| latency).collect(),
+        latencies: outcomes.into_iter().map(|t| t.latency).collect(),
         arrivals_per_100ms: arrivals,
         replicas: targets.len(),
         uneven,
@@ -482,8 +488,19 @@ fn retries(spec: &Spec, strategy: Strategy) -> Retries {
     }
 }
 
-/// Fires the world's tasks at once at `targets` and returns each task's (success, latency) in
-/// task order.
+/// What became of one task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TaskOutcome {
+    /// It got a 200.
+    ok: bool,
+    /// From the start to its last answer (or to when it gave up).
+    latency: Duration,
+    /// It gave up waiting after the world's patience.
+    abandoned: bool,
+}
+
+/// Fires the world's tasks at once at `targets` and returns what became of each, in task
+/// order; a task still waiting after the world's patience is abandoned.
 async fn fire(
     world: &World,
     targets: &[String],
@@ -491,7 +508,7 @@ async fn fire(
     retries: Retries,
     client_429: &Arc<AtomicU64>,
     start: Instant,
-) -> std::io::Result<Vec<(bool, Duration)>> {
+) -> std::io::Result<Vec<TaskOutcome>> {
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     let n = targets.len();
     let handles: Vec<_> = (0..world.tasks)
@@ -516,9 +533,15 @@ async fn fire(
                 i % 10_000
             ));
             let (client, client_429) = (client.clone(), Arc::clone(client_429));
+            let patience = world.patience;
             tokio::spawn(async move {
-                let ok = task(&client, &target, body, retries, &client_429).await;
-                (ok, start.elapsed())
+                let done = task(&client, &target, body, retries, &client_429);
+                let finished = tokio::time::timeout(patience, done).await;
+                TaskOutcome {
+                    ok: finished == Ok(true),
+                    latency: start.elapsed(),
+                    abandoned: finished.is_err(),
+                }
             })
         })
         .collect();
@@ -586,21 +609,20 @@ async fn task(
 }
 
 /// Each model's share of a run: its tasks are those whose index picks it.
-fn per_model(world: &World, outcomes: &[(bool, Duration)]) -> Vec<ModelRun> {
+fn per_model(world: &World, outcomes: &[TaskOutcome]) -> Vec<ModelRun> {
     let len = world.models.len();
     world
         .models
         .iter()
         .enumerate()
         .map(|(m, model)| {
-            let mine: Vec<(bool, Duration)> =
-                outcomes.iter().skip(m).step_by(len).copied().collect();
-            let mut latencies: Vec<Duration> = mine.iter().map(|(_, l)| *l).collect();
+            let mine: Vec<TaskOutcome> = outcomes.iter().skip(m).step_by(len).copied().collect();
+            let mut latencies: Vec<Duration> = mine.iter().map(|t| t.latency).collect();
             latencies.sort();
             ModelRun {
                 model: model.name,
                 tasks: mine.len(),
-                failed: mine.iter().filter(|(ok, _)| !ok).count(),
+                failed: mine.iter().filter(|t| !t.ok).count(),
                 bound: model.bound,
                 makespan: latencies.last().copied().unwrap_or_default(),
                 median: latencies
@@ -731,13 +753,14 @@ mod tests {
         let world = spec.world();
         let ms = Duration::from_millis;
         // Tasks 0, 2, 4 name `fast`; 1 and 3 name `slow`.
-        let outcomes = [
-            (true, ms(10)),
-            (false, ms(70)),
-            (true, ms(30)),
-            (true, ms(50)),
-            (true, ms(20)),
-        ];
+        let outcomes =
+            [(true, 10), (false, 70), (true, 30), (true, 50), (true, 20)].map(|(ok, latency)| {
+                TaskOutcome {
+                    ok,
+                    latency: ms(latency),
+                    abandoned: false,
+                }
+            });
         let figures: Vec<_> = per_model(&world, &outcomes)
             .into_iter()
             .map(|m| (m.model, m.tasks, m.failed, m.makespan, m.median))

@@ -39,23 +39,25 @@ pub fn table(spec: &Spec, results: &[RunResult]) -> String {
     out
 }
 
-/// One row per (scenario, strategy): client failures, makespan against that world's bound,
+/// One row per (scenario, strategy): client failures (and those that gave up waiting after
+/// the world's patience), makespan against that world's bound,
 /// upstream 429s the sender's rate caused (and as a share of the tasks) apart from the others
 /// (overload, admission control, a spent day), median and p99 task latency, p99 wait in the
 /// backend's own queue. A world of several models adds a row per model against its own bound.
 pub fn scenario_table(results: &[RunResult]) -> String {
     let mut out = String::new();
-    out.push_str("| scenario | strategy | tasks | failed | makespan s | bound s | vs bound | rate 429s | rate 429s / tasks | other 429s | median task s | p99 task s | backend queue p99 s |\n");
-    out.push_str("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    out.push_str("| scenario | strategy | tasks | failed | abandoned | makespan s | bound s | vs bound | rate 429s | rate 429s / tasks | other 429s | median task s | p99 task s | backend queue p99 s |\n");
+    out.push_str("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for r in results {
         let scenario = r.scenario.map_or("classic", |s| s.label());
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {:.2} | {:.2} | {} | {} | {:.1}% | {} | {:.2} | {:.2} | {:.2} |",
+            "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {} | {} | {:.1}% | {} | {:.2} | {:.2} | {:.2} |",
             scenario,
             r.strategy.label(),
             r.tasks,
             r.failed,
+            r.abandoned,
             r.makespan.as_secs_f64(),
             r.bound.as_secs_f64(),
             ratio(r.makespan, r.bound),
@@ -69,7 +71,7 @@ pub fn scenario_table(results: &[RunResult]) -> String {
         for m in &r.per_model {
             let _ = writeln!(
                 out,
-                "| {scenario}: model {} | {} | {} | {} | {:.2} | {:.2} | {} | | | | {:.2} | | |",
+                "| {scenario}: model {} | {} | {} | {} | | {:.2} | {:.2} | {} | | | | {:.2} | | |",
                 m.model,
                 r.strategy.label(),
                 m.tasks,
@@ -252,6 +254,7 @@ mod tests {
             makespan: Duration::from_secs(3),
             ok: 90,
             failed: 10,
+            abandoned: 2,
             upstream_429: 30,
             rate_429: 20,
             other_429: 10,
@@ -285,11 +288,11 @@ mod tests {
         assert_eq!(rows.len(), 5, "{table}");
         assert_eq!(
             rows[2],
-            "| overload | openai SDK alone, no corral | 100 | 10 | 3.00 | 2.00 | 1.50x | 20 | 20.0% | 10 | 1.00 | 1.00 | 0.00 |"
+            "| overload | openai SDK alone, no corral | 100 | 10 | 2 | 3.00 | 2.00 | 1.50x | 20 | 20.0% | 10 | 1.00 | 1.00 | 0.00 |"
         );
         assert_eq!(
             rows[4],
-            "| models: model fast | openai SDK alone, no corral | 50 | 0 | 0.50 | 0.00 | - | | | | 0.25 | | |"
+            "| models: model fast | openai SDK alone, no corral | 50 | 0 | | 0.50 | 0.00 | - | | | | 0.25 | | |"
         );
     }
 }

@@ -121,6 +121,10 @@ pub struct World {
     pub limits_toml: String,
     /// The physical bound on the makespan.
     pub bound: Duration,
+    /// How long a client waits for its answer before it gives up (10 bounds, at least a
+    /// minute of scaled time): the herd's own guard, so that a run stays bounded in time
+    /// whatever the strategy does. A run that needs it has failed anyway.
+    pub patience: Duration,
     /// Models the clients alternate by index (task `i` names `models[i % len]`), each with its
     /// own bound; empty: every client names the one model `sim`.
     pub models: Vec<ModelWorld>,
@@ -338,6 +342,7 @@ pub fn world(
         upstream_toml,
         limits_toml,
         bound,
+        patience: (bound * 10).max(Duration::from_secs(60).div_f64(scale)),
         models,
     }
 }
@@ -432,6 +437,12 @@ mod tests {
         };
         assert_eq!(w(Scenario::Admission).bound, Duration::from_millis(3020));
         assert_eq!(w(Scenario::Overload).bound, Duration::from_millis(20));
+        // Patience: 10 bounds, at least a scaled minute.
+        assert_eq!(
+            w(Scenario::Admission).patience,
+            Duration::from_millis(30_200)
+        );
+        assert_eq!(w(Scenario::Overload).patience, Duration::from_secs(6));
         let quota = w(Scenario::DailyQuota);
         assert_eq!(quota.sim.requests_per_day, Some(300));
         assert_eq!(quota.bound, Duration::from_secs_f64(1.25));

@@ -150,14 +150,17 @@ pub struct SimulateArgs {
     /// Share (0..1) of arrivals answered `429` "The engine is currently overloaded, please try
     /// again later" (OpenAI's overload: it says nothing about the sender's rate). Rolled before
     /// the buckets, which it leaves untouched (the request was never admitted); the answer has
-    /// the usual rate-limit headers, `remaining` as it is, and no `retry-after`.
+    /// the usual rate-limit headers, `remaining` as it is, and no `retry-after`. The body is
+    /// OpenAI's (`type` `server_error`, `code` null) whatever `--header-style`; the Anthropic
+    /// route answers Anthropic's overload instead, `529 overloaded_error`.
     #[arg(long = "overload-429", value_name = "SHARE", default_value_t = 0.0)]
     pub overload_429: f64,
     /// Admission storms (a gateway whose queue is full): each distinct request body is
     /// refused K times with `429`, `retry-after: 1`, `retry-after-ms: 1000`,
     /// `x-ratelimit-remaining-requests: 0` and `x-ratelimit-reset-requests: 1s`, whatever the
-    /// rate, then goes on to the buckets. Bodies are told apart by a hash; the last 65,536 are
-    /// remembered. 0: off.
+    /// rate, then goes on to the buckets. These headers are the gateway's, sent whatever
+    /// `--header-style` (the Anthropic route sends its own names, `remaining` 0). Bodies are
+    /// told apart by a hash; the last 65,536 are remembered. 0: off.
     #[arg(long, value_name = "K", default_value_t = 0)]
     pub admission_refusals: u32,
     /// `MODEL=CAPACITY@REFILL` (e.g. `fast=50@20`): requests whose body names `model` MODEL

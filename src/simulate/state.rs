@@ -120,12 +120,13 @@ impl Shared {
 
     /// Takes `arrival` through the gateway, the overload dice, the day's quota and the
     /// buckets, in that order (see the module doc); an admitted request also gets its
-    /// [`Fate`], a 503 if it arrived in a `--fail-503-window`.
+    /// [`Fate`], a 503 if it arrived in a `--fail-503-window`. With a day quota the request
+    /// headers describe the day, whatever the outcome.
     pub fn admit(&self, arrival: Arrival<'_>) -> Decision {
         let mut core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
         let (mut admission, outcome) = self.decide(&mut core, arrival);
         if let Some(quota) = &mut core.quota {
-            // The gateway's refusal says "remaining 0, back in a second" of whatever it reports.
+            // The gateway's refusal still says "none left, back in a second".
             let view = quota.view(arrival.at);
             admission.requests = match outcome {
                 Outcome::Refused(Throttle::Admission) => View {

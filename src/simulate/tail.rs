@@ -30,7 +30,7 @@ pub enum ServiceTail {
 
 impl ServiceTail {
     /// The service time for a uniform draw `u` in `[0, 1)`, around `median`, capped at
-    /// [`CAP`] medians. The same `u` always gives the same time.
+    /// 20 medians. The same `u` always gives the same time.
     pub fn draw(self, median: Duration, u: f64) -> Duration {
         match self {
             ServiceTail::Pareto { alpha } => {

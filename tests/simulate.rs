@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use corral::simulate::{
-    FailWindow, HeaderStyle, LimitReport, RefillChange, SimConfig, Simulator, Stats,
+    FailWindow, HeaderStyle, LimitReport, ModelLimit, RefillChange, ServiceTail, SimConfig,
+    Simulator, Stats,
 };
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -894,6 +895,260 @@ async fn anthropic_429_and_529_bodies() {
         assert_eq!(v["type"], "error");
         assert_eq!(v["error"]["type"], "rate_limit_error");
         assert!(v["error"]["message"].is_string());
+    })
+    .await;
+    bounded(sim.shutdown()).await;
+}
+
+// ===== worlds built from what providers document =====
+
+fn has_retry_hint(h: &HeaderMap) -> bool {
+    h.keys().any(|k| k.as_str().contains("retry-after"))
+}
+
+fn throttles(stats: &Stats) -> (u64, u64, u64, u64) {
+    let t = &stats.throttles_by_reason;
+    (t["rate"], t["overload"], t["admission"], t["quota"])
+}
+
+#[tokio::test]
+async fn an_overload_429_has_openai_s_message_no_retry_hint_and_healthy_headers() {
+    let sim = start(SimConfig {
+        capacity: 50,
+        refill: 0.0,
+        overload_429: 1.0,
+        ..fast()
+    })
+    .await;
+    bounded(async {
+        for _ in 0..3 {
+            let res = sim.post("/v1/chat/completions", chat(false)).await;
+            assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+            let h = res.headers();
+            assert!(!has_retry_hint(h), "{h:?}");
+            assert_eq!(header(h, "x-ratelimit-remaining-requests"), "50");
+            let v = json_body(res).await;
+            let e = &v["error"];
+            assert_eq!(
+                e["message"],
+                "The engine is currently overloaded, please try again later"
+            );
+            assert_eq!(
+                (e["type"].as_str(), e["code"].as_null()),
+                (Some("server_error"), Some(()))
+            );
+        }
+        // Anthropic says overload with 529.
+        let res = sim.post("/v1/messages", anthropic_msg(false)).await;
+        assert_eq!(res.status().as_u16(), 529);
+        assert!(!has_retry_hint(res.headers()));
+        assert_eq!(json_body(res).await["error"]["type"], "overloaded_error");
+        let stats = sim.stats().await;
+        assert_eq!(stats.by_status["429"], 3);
+        assert_eq!(throttles(&stats), (0, 3, 0, 0));
+    })
+    .await;
+    bounded(sim.shutdown()).await;
+}
+
+#[tokio::test]
+async fn an_admission_storm_refuses_each_body_k_times_like_an_empty_bucket_then_serves_it() {
+    let sim = start(SimConfig {
+        capacity: 50,
+        refill: 0.0,
+        admission_refusals: 2,
+        // The gateway speaks for itself, whatever the API behind it sends.
+        header_style: HeaderStyle::None,
+        ..fast()
+    })
+    .await;
+    bounded(async {
+        for _ in 0..2 {
+            let res = sim.post("/v1/chat/completions", chat(false)).await;
+            assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+            let h = res.headers();
+            assert_eq!(header(h, "retry-after"), "1");
+            assert_eq!(header(h, "retry-after-ms"), "1000");
+            assert_eq!(header(h, "x-ratelimit-remaining-requests"), "0");
+            assert_eq!(header(h, "x-ratelimit-reset-requests"), "1s");
+            let v = json_body(res).await;
+            assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+        }
+        let res = sim.post("/v1/chat/completions", chat(false)).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        let other =
+            json!({"model": "gpt-test", "messages": [{"role": "user", "content": "other"}]});
+        let res = sim.post("/v1/chat/completions", other).await;
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        let stats = sim.stats().await;
+        assert_eq!(throttles(&stats), (0, 0, 3, 0));
+    })
+    .await;
+    bounded(sim.shutdown()).await;
+}
+
+#[tokio::test]
+async fn each_listed_model_has_its_own_bucket_and_headers() {
+    let sim = start(SimConfig {
+        capacity: 50,
+        refill: 0.0,
+        model_limits: vec![
+            ModelLimit {
+                model: "fast".into(),
+                capacity: 5,
+                refill: 0.0,
+            },
+            ModelLimit {
+                model: "slow".into(),
+                capacity: 1,
+                refill: 0.5,
+            },
+        ],
+        ..fast()
+    })
+    .await;
+    let body =
+        |model: &str| json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
+    bounded(async {
+        let res = sim.post("/v1/chat/completions", body("slow")).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        let res = sim.post("/v1/chat/completions", body("slow")).await;
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(header(res.headers(), "x-ratelimit-limit-requests"), "1");
+        assert_eq!(header(res.headers(), "retry-after"), "2");
+        let res = sim.post("/v1/chat/completions", body("fast")).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(header(res.headers(), "x-ratelimit-limit-requests"), "5");
+        assert_eq!(header(res.headers(), "x-ratelimit-remaining-requests"), "4");
+        let res = sim.post("/v1/chat/completions", body("unlisted")).await;
+        assert_eq!(header(res.headers(), "x-ratelimit-limit-requests"), "50");
+        assert_eq!(
+            header(res.headers(), "x-ratelimit-remaining-requests"),
+            "49"
+        );
+        assert_eq!(throttles(&sim.stats().await), (1, 0, 0, 0));
+    })
+    .await;
+    bounded(sim.shutdown()).await;
+}
+
+#[tokio::test]
+async fn a_spent_day_answers_429_hours_away_with_the_day_in_the_headers() {
+    let sim = start(SimConfig {
+        capacity: 50,
+        refill: 0.0,
+        requests_per_day: Some(2),
+        ..fast()
+    })
+    .await;
+    bounded(async {
+        for left in ["1", "0"] {
+            let res = sim.post("/v1/chat/completions", chat(false)).await;
+            assert_eq!(res.status(), StatusCode::OK);
+            assert_eq!(header(res.headers(), "x-ratelimit-limit-requests"), "2");
+            assert_eq!(
+                header(res.headers(), "x-ratelimit-remaining-requests"),
+                left
+            );
+        }
+        let res = sim.post("/v1/chat/completions", chat(false)).await;
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        let h = res.headers();
+        let retry: u64 = header(h, "retry-after").parse().unwrap();
+        assert!((86_000..=86_400).contains(&retry), "{retry}");
+        let reset = parse_go_duration(header(h, "x-ratelimit-reset-requests"));
+        assert!(reset > Duration::from_secs(23 * 3600), "{reset:?}");
+        assert_eq!(header(h, "x-ratelimit-remaining-requests"), "0");
+        let v = json_body(res).await;
+        assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains("requests per day"), "{message}");
+        assert_eq!(throttles(&sim.stats().await), (0, 0, 0, 1));
+    })
+    .await;
+    bounded(sim.shutdown()).await;
+}
+
+#[tokio::test]
+async fn gemini_style_puts_the_true_wait_in_the_body_and_sends_no_headers() {
+    let config = SimConfig {
+        capacity: 1,
+        refill: 2.0,
+        header_style: HeaderStyle::Gemini,
+        ..fast()
+    };
+    let sim = start(config.clone()).await;
+    bounded(async {
+        let ok = sim.post("/v1/chat/completions", chat(false)).await;
+        assert_eq!(ok.status(), StatusCode::OK);
+        let refused = sim.post("/v1/chat/completions", chat(false)).await;
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        for h in [ok.headers(), refused.headers()] {
+            let names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+            assert!(
+                !names
+                    .iter()
+                    .any(|n| n.starts_with("x-ratelimit-") || n.contains("retry-after")),
+                "{names:?}"
+            );
+        }
+        let v = json_body(refused).await;
+        let e = &v["error"];
+        assert_eq!(
+            (e["code"].as_u64(), e["status"].as_str()),
+            (Some(429), Some("RESOURCE_EXHAUSTED"))
+        );
+        let details = e["details"].as_array().unwrap();
+        let quota = &details[0]["violations"][0]["quotaId"];
+        assert_eq!(quota, "GenerateRequestsPerMinutePerProjectPerModel");
+        assert_eq!(
+            details[1]["@type"],
+            "type.googleapis.com/google.rpc.RetryInfo"
+        );
+        let delay = details[1]["retryDelay"].as_str().unwrap();
+        let secs: f64 = delay.strip_suffix('s').unwrap().parse().unwrap();
+        assert!(secs > 0.0 && secs <= 0.5, "{delay}");
+    })
+    .await;
+    bounded(sim.shutdown()).await;
+    // With --gemini-array the same error comes wrapped in an array.
+    let sim = start(SimConfig {
+        gemini_array: 1.0,
+        ..config
+    })
+    .await;
+    bounded(async {
+        sim.post("/v1/chat/completions", chat(false)).await;
+        let refused = sim.post("/v1/chat/completions", chat(false)).await;
+        let v = json_body(refused).await;
+        assert_eq!(v[0]["error"]["status"], "RESOURCE_EXHAUSTED", "{v}");
+    })
+    .await;
+    bounded(sim.shutdown()).await;
+}
+
+#[tokio::test]
+async fn a_heavy_tail_makes_some_answers_several_medians_long() {
+    let sim = start(SimConfig {
+        capacity: 1000,
+        service_time: Duration::from_millis(5),
+        service_tail: Some(ServiceTail::Pareto { alpha: 1.0 }),
+        ..fast()
+    })
+    .await;
+    bounded(async {
+        let mut times = Vec::new();
+        for _ in 0..40 {
+            let sent = Instant::now();
+            let res = sim.post("/v1/chat/completions", chat(false)).await;
+            assert_eq!(res.status(), StatusCode::OK);
+            json_body(res).await;
+            times.push(sent.elapsed());
+        }
+        times.sort();
+        // Seeded: a third of Pareto(1) draws exceed 3 medians; a response never comes before
+        // its draw.
+        assert!(times[39] >= Duration::from_millis(15), "{times:?}");
     })
     .await;
     bounded(sim.shutdown()).await;

@@ -1,34 +1,36 @@
 //! `corral bench herd`: the thundering-herd benchmark. N tasks fired at once at `corral
 //! simulate` (a token bucket answering OpenAI-style 429s), once per strategy, in one run:
 //! hand-written client retry loops (deterministic exponential backoff, equal jitter, full
-//! jitter; base 1 s, cap 30 s, 6 retries, Retry-After ignored as such loops do) and clients that
-//! never retry going through corral, unconfigured (learning the limit) and with its rate limit
-//! set to the simulator's. Everything runs in this process on 127.0.0.1; the simulator is fresh
+//! jitter; base 1 s, cap 30 s, 6 retries, Retry-After ignored as such loops do), the official
+//! openai-python SDK's default retry policy with no corral (`sdk`), and clients that never
+//! retry going through corral, unconfigured (learning the limit) and with its rate limit set to
+//! the simulator's. Everything runs in this process on 127.0.0.1; the simulator is fresh
 //! for each strategy. `--scenario` runs corral in other worlds instead (`scenario`): upstreams
 //! that report their limits differently, lie about them, move them, queue, or fail for a moment,
 //! and several corrals on one key (`--replicas`).
 
+mod clients;
 pub mod fleet;
 pub mod redis_server;
 mod report;
 pub mod scenario;
+pub mod sdk;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use self::clients::{fire, Retries, TaskOutcome};
 pub use self::report::{fleet_table, scenario_table, svg, table};
-pub use self::scenario::{Scenario, World};
+pub use self::scenario::{ModelWorld, Scenario, World};
+pub use self::sdk::{SdkPolicy, OPENAI_PYTHON};
 use crate::config::{self, Jitter};
 use crate::simulate::{LimitReport, Simulator};
 use crate::stack::retry::backoff::Backoff;
@@ -56,8 +58,9 @@ pub struct HerdArgs {
     /// `--scenario` sets its own.
     #[arg(long, value_enum, default_value_t = LimitReport::Capacity)]
     pub limit_report: LimitReport,
-    /// Run these worlds (`all`: every one), corral unconfigured and with the limit set, and
-    /// print one table of them (instead of the strategies' table and chart).
+    /// Run these worlds (`all`: every one), the openai SDK alone, corral unconfigured and
+    /// corral with the limit set (or `--strategy`), and print one table of them (instead of
+    /// the strategies' table and chart).
     #[arg(long, value_parser = parse_scenarios)]
     pub scenario: Vec<Vec<Scenario>>,
     /// corrals on the one simulator, the clients split evenly among them.
@@ -91,6 +94,13 @@ pub enum Strategy {
     EqualJitter,
     /// Client-side full jitter.
     FullJitter,
+    /// Each client is the official openai-python SDK with its default retry policy, straight
+    /// at the upstream, no corral (see `sdk`): 2 retries of 408, 409, 429, >= 500 and
+    /// connection errors; a `retry-after-ms`/`retry-after` of up to 120 s slept exactly, a
+    /// longer one not retried; else `min(0.5 * 2^n, 8)` s times `1 - 0.25 * random()`, divided
+    /// by the time scale at `--quick` like the other clients' backoff.
+    #[value(name = "openai-sdk")]
+    OpenAiSdk,
     /// Clients that never retry, through corral with default settings.
     CorralAuto,
     /// Clients that never retry, through corral with its limit set to the simulator's.
@@ -98,10 +108,11 @@ pub enum Strategy {
 }
 
 impl Strategy {
-    pub const ALL: [Strategy; 5] = [
+    pub const ALL: [Strategy; 6] = [
         Strategy::Deterministic,
         Strategy::EqualJitter,
         Strategy::FullJitter,
+        Strategy::OpenAiSdk,
         Strategy::CorralAuto,
         Strategy::CorralConfigured,
     ];
@@ -111,6 +122,7 @@ impl Strategy {
             Strategy::Deterministic => "client: deterministic backoff",
             Strategy::EqualJitter => "client: equal jitter",
             Strategy::FullJitter => "client: full jitter",
+            Strategy::OpenAiSdk => "openai SDK alone, no corral",
             Strategy::CorralAuto => "corral, unconfigured",
             Strategy::CorralConfigured => "corral, limit set",
         }
@@ -208,11 +220,23 @@ pub struct RunResult {
     pub backend_queue_p99: Duration,
     pub makespan: Duration,
     pub ok: usize,
+    /// Tasks without a 200, the abandoned included.
     pub failed: usize,
+    /// Tasks that gave up waiting after the world's patience (`World::patience`).
+    pub abandoned: usize,
+    /// Every 429 the simulator answered.
     pub upstream_429: u64,
+    /// Upstream 429s the sender's rate caused: a bucket was empty.
+    pub rate_429: u64,
+    /// Upstream 429s that say nothing about the sender's rate: overload, the gateway's
+    /// admission control, a spent day.
+    pub other_429: u64,
     pub client_429: u64,
     pub upstream_requests: u64,
+    /// Each task's time from the start to its last answer, in task order.
     pub latencies: Vec<Duration>,
+    /// In a world of several models (`--scenario models`), each one's figures.
+    pub per_model: Vec<ModelRun>,
     pub arrivals_per_100ms: Vec<u32>,
     /// corrals, and whether the first had half the clients.
     pub replicas: usize,
@@ -220,6 +244,20 @@ pub struct RunResult {
     /// Lease script calls Redis served during the run (its own `INFO commandstats`).
     pub redis_calls: Option<u64>,
     pub redis_killed: bool,
+}
+
+/// One model's share of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelRun {
+    pub model: &'static str,
+    pub tasks: usize,
+    pub failed: usize,
+    /// When all its tasks can have gone through its own bucket.
+    pub bound: Duration,
+    /// Its last task's latency.
+    pub makespan: Duration,
+    /// Its median task latency.
+    pub median: Duration,
 }
 
 impl RunResult {
@@ -257,19 +295,23 @@ pub async fn run(spec: &Spec, strategies: &[Strategy]) -> std::io::Result<Vec<Ru
     for s in strategies {
         let result = run_one(spec, *s).await?;
         eprintln!(
-            "{:<30} makespan {:>7.2}s  ok {:>4}  failed {:>4}  upstream 429s {:>5}",
+            "{:<30} makespan {:>7.2}s  ok {:>4}  failed {:>4} (abandoned {})  upstream 429s {:>5} (rate {}, other {})",
             s.label(),
             result.makespan.as_secs_f64(),
             result.ok,
             result.failed,
-            result.upstream_429
+            result.abandoned,
+            result.upstream_429,
+            result.rate_429,
+            result.other_429,
         );
         results.push(result);
     }
     Ok(results)
 }
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
+/// A corral started for one run: its stop signal and its task.
+type Corral = (oneshot::Sender<()>, JoinHandle<std::io::Result<()>>);
 
 /// One strategy against a fresh simulator, in the spec's world.
 pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResult> {
@@ -281,61 +323,12 @@ pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResu
     let sim_task = tokio::spawn(sim.clone().serve(sim_listener, async {
         let _ = sim_stopped.await;
     }));
-
-    let mut corrals = Vec::new();
-    let targets: Vec<String> = match strategy {
+    let (corrals, targets) = match strategy {
         Strategy::CorralAuto | Strategy::CorralConfigured => {
-            // Unconfigured: the world's upstream keys (e.g. `concurrency = "auto"`); limit
-            // set: its limits (e.g. a fixed window of the backend's slots).
-            let extra = if strategy == Strategy::CorralConfigured {
-                format!("[upstream.limits]\n{}", world.limits_toml)
-            } else {
-                world.upstream_toml.clone()
-            };
-            // A fleet name of its own per run: runs never share buckets.
-            let fleet = spec.redis.as_ref().map_or(String::new(), |url| {
-                let name = format!("herd-{:08x}", SmallRng::from_os_rng().random::<u32>());
-                format!("[fleet]\nredis = \"{url}\"\nname = \"{name}\"\n")
-            });
-            let toml = format!(
-                "{fleet}[[upstream]]\nname = \"sim\"\nroute = \"/v1\"\nbase_url = \"http://{sim_addr}/v1\"\n{extra}"
-            );
-            let config =
-                config::load_str("(herd benchmark)", &toml).map_err(std::io::Error::other)?;
-            let mut targets = Vec::new();
-            for _ in 0..world.replicas {
-                let listener = TcpListener::bind("127.0.0.1:0").await?;
-                let addr = listener.local_addr()?;
-                let (stop, stopped) = oneshot::channel::<()>();
-                let task = tokio::spawn(crate::server::run(
-                    crate::server::App::new(&config),
-                    listener,
-                    None,
-                    async {
-                        let _ = stopped.await;
-                    },
-                ));
-                corrals.push((stop, task));
-                targets.push(format!("http://{addr}{}", world.path));
-            }
-            targets
+            start_corrals(spec, &world, strategy, sim_addr).await?
         }
-        _ => vec![format!("http://{sim_addr}{}", world.path)],
+        _ => (Vec::new(), vec![format!("http://{sim_addr}{}", world.path)]),
     };
-
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
-    let client_429 = Arc::new(AtomicU64::new(0));
-    let jitter = match strategy {
-        Strategy::Deterministic => Some(Jitter::None),
-        Strategy::EqualJitter => Some(Jitter::Equal),
-        Strategy::FullJitter => Some(Jitter::Full),
-        _ => None,
-    };
-    let backoff = jitter.map(|jitter| Backoff {
-        base: spec.base,
-        cap: spec.cap,
-        jitter,
-    });
     let redis_before = match &spec.redis {
         Some(url) => redis_server::script_calls(url).await.ok(),
         None => None,
@@ -351,58 +344,16 @@ pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResu
         })
     });
     let uneven = spec.uneven && targets.len() > 1;
-    let handles: Vec<_> = (0..world.tasks)
-        .map(|i| {
-            // Uneven: every other client goes to the first corral, the rest round the others.
-            let n = targets.len();
-            let target = if uneven {
-                if i % 2 == 0 {
-                    targets[0].clone()
-                } else {
-                    targets[1 + (i / 2) % (n - 1)].clone()
-                }
-            } else {
-                targets[i % n].clone()
-            };
-            let (client, client_429) = (client.clone(), Arc::clone(&client_429));
-            let max_retries = spec.max_retries;
-            tokio::spawn(async move {
-                // Nine characters of content: every request costs the same tokens.
-                let body = Bytes::from(format!(
-                    r#"{{"model":"sim","messages":[{{"role":"user","content":"task {:04}"}}],"max_tokens":16}}"#,
-                    i % 10_000
-                ));
-                let mut rng = SmallRng::from_os_rng();
-                let mut previous = Duration::ZERO;
-                let mut attempt = 0;
-                let ok = loop {
-                    let status = post(&client, &target, body.clone()).await;
-                    if status == Some(200) {
-                        break true;
-                    }
-                    if status == Some(429) {
-                        client_429.fetch_add(1, Ordering::Relaxed);
-                    }
-                    let Some(backoff) = backoff else { break false };
-                    if attempt >= max_retries {
-                        break false;
-                    }
-                    let sleep = backoff.sleep(attempt, previous, &mut rng);
-                    tokio::time::sleep(sleep).await;
-                    previous = sleep;
-                    attempt += 1;
-                };
-                (ok, start.elapsed())
-            })
-        })
-        .collect();
-    let mut latencies = Vec::with_capacity(world.tasks);
-    let mut ok = 0;
-    for h in handles {
-        let (success, latency) = h.await.map_err(std::io::Error::other)?;
-        ok += usize::from(success);
-        latencies.push(latency);
-    }
+    let client_429 = Arc::new(AtomicU64::new(0));
+    let outcomes = fire(
+        &world,
+        &targets,
+        uneven,
+        retries(spec, strategy),
+        &client_429,
+        start,
+    )
+    .await?;
     let makespan = start.elapsed();
     if let Some(fault) = fault {
         let _ = fault.await;
@@ -429,6 +380,10 @@ pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResu
     let slots = (makespan.as_millis() / 100) as usize + 1;
     let mut arrivals = stats.arrivals_per_100ms.clone();
     arrivals.resize(slots, 0);
+    let ok = outcomes.iter().filter(|t| t.ok).count();
+    let abandoned = outcomes.iter().filter(|t| t.abandoned).count();
+    let upstream_429 = stats.by_status.get("429").copied().unwrap_or(0);
+    let rate_429 = stats.throttles_by_reason.get("rate").copied().unwrap_or(0);
     Ok(RunResult {
         strategy,
         scenario: spec.scenario,
@@ -438,10 +393,14 @@ pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResu
         makespan,
         ok,
         failed: world.tasks - ok,
-        upstream_429: stats.by_status.get("429").copied().unwrap_or(0),
+        abandoned,
+        upstream_429,
+        rate_429,
+        other_429: upstream_429.saturating_sub(rate_429),
         client_429: client_429.load(Ordering::Relaxed),
         upstream_requests: stats.requests,
-        latencies,
+        per_model: per_model(&world, &outcomes),
+        latencies: outcomes.into_iter().map(|t| t.latency).collect(),
         arrivals_per_100ms: arrivals,
         replicas: targets.len(),
         uneven,
@@ -450,16 +409,94 @@ pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResu
     })
 }
 
-/// POST and drain the answer; `None` when the connection failed.
-async fn post(client: &HttpClient, url: &str, body: Bytes) -> Option<u16> {
-    let req = http::Request::post(url)
-        .header("content-type", "application/json")
-        .body(Full::new(body))
-        .ok()?;
-    let response = client.request(req).await.ok()?;
-    let status = response.status().as_u16();
-    let _ = response.into_body().collect().await;
-    Some(status)
+/// The world's corrals in front of the simulator at `sim_addr`, and the URLs clients post to.
+async fn start_corrals(
+    spec: &Spec,
+    world: &World,
+    strategy: Strategy,
+    sim_addr: std::net::SocketAddr,
+) -> std::io::Result<(Vec<Corral>, Vec<String>)> {
+    // Unconfigured: the world's upstream keys (e.g. `concurrency = "auto"`); limit set: its
+    // limits (e.g. a fixed window of the backend's slots).
+    let extra = if strategy == Strategy::CorralConfigured {
+        format!("[upstream.limits]\n{}", world.limits_toml)
+    } else {
+        world.upstream_toml.clone()
+    };
+    // A fleet name of its own per run: runs never share buckets.
+    let fleet = spec.redis.as_ref().map_or(String::new(), |url| {
+        let name = format!("herd-{:08x}", SmallRng::from_os_rng().random::<u32>());
+        format!("[fleet]\nredis = \"{url}\"\nname = \"{name}\"\n")
+    });
+    let toml = format!(
+        "{fleet}[[upstream]]\nname = \"sim\"\nroute = \"/v1\"\nbase_url = \"http://{sim_addr}/v1\"\n{extra}"
+    );
+    let config = config::load_str("(herd benchmark)", &toml).map_err(std::io::Error::other)?;
+    let (mut corrals, mut targets) = (Vec::new(), Vec::new());
+    for _ in 0..world.replicas {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(crate::server::run(
+            crate::server::App::new(&config),
+            listener,
+            None,
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        corrals.push((stop, task));
+        targets.push(format!("http://{addr}{}", world.path));
+    }
+    Ok((corrals, targets))
+}
+
+/// The retry policy of `strategy`'s clients.
+fn retries(spec: &Spec, strategy: Strategy) -> Retries {
+    let hand_written = |jitter| Retries::HandWritten {
+        backoff: Backoff {
+            base: spec.base,
+            cap: spec.cap,
+            jitter,
+        },
+        max_retries: spec.max_retries,
+    };
+    match strategy {
+        Strategy::Deterministic => hand_written(Jitter::None),
+        Strategy::EqualJitter => hand_written(Jitter::Equal),
+        Strategy::FullJitter => hand_written(Jitter::Full),
+        Strategy::OpenAiSdk => Retries::Sdk {
+            policy: sdk::OPENAI_PYTHON,
+            scale: spec.scale,
+        },
+        Strategy::CorralAuto | Strategy::CorralConfigured => Retries::Never,
+    }
+}
+
+/// Each model's share of a run: its tasks are those whose index picks it.
+fn per_model(world: &World, outcomes: &[TaskOutcome]) -> Vec<ModelRun> {
+    let len = world.models.len();
+    world
+        .models
+        .iter()
+        .enumerate()
+        .map(|(m, model)| {
+            let mine: Vec<TaskOutcome> = outcomes.iter().skip(m).step_by(len).copied().collect();
+            let mut latencies: Vec<Duration> = mine.iter().map(|t| t.latency).collect();
+            latencies.sort();
+            ModelRun {
+                model: model.name,
+                tasks: mine.len(),
+                failed: mine.iter().filter(|t| !t.ok).count(),
+                bound: model.bound,
+                makespan: latencies.last().copied().unwrap_or_default(),
+                median: latencies
+                    .get(latencies.len().saturating_sub(1) / 2)
+                    .copied()
+                    .unwrap_or_default(),
+            }
+        })
+        .collect()
 }
 
 /// `corral bench herd`: run, print the table, write `herd.md` and `herd.svg` (or, with
@@ -509,14 +546,19 @@ pub async fn main(args: HerdArgs) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Each scenario, corral unconfigured and with the limit set (or the `--strategy` given).
+/// Each scenario: the openai SDK alone, corral unconfigured and corral with the limit set (or
+/// the `--strategy` given).
 async fn scenarios_main(
     args: &HerdArgs,
     spec: Spec,
     scenarios: &[Scenario],
 ) -> std::io::Result<()> {
     let strategies: Vec<Strategy> = if args.strategy.is_empty() {
-        vec![Strategy::CorralAuto, Strategy::CorralConfigured]
+        vec![
+            Strategy::OpenAiSdk,
+            Strategy::CorralAuto,
+            Strategy::CorralConfigured,
+        ]
     } else {
         args.strategy.clone()
     };
@@ -542,4 +584,41 @@ async fn scenarios_main(
     std::fs::write(args.out.join("scenarios.md"), &md)?;
     eprintln!("wrote {}", args.out.join("scenarios.md").display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_model_figures_take_the_tasks_whose_index_picks_the_model() {
+        let spec = Spec {
+            scenario: Some(Scenario::Models),
+            ..Spec::reference(5, 10.0)
+        };
+        let world = spec.world();
+        let ms = Duration::from_millis;
+        // Tasks 0, 2, 4 name `fast`; 1 and 3 name `slow`.
+        let outcomes =
+            [(true, 10), (false, 70), (true, 30), (true, 50), (true, 20)].map(|(ok, latency)| {
+                TaskOutcome {
+                    ok,
+                    latency: ms(latency),
+                    abandoned: false,
+                }
+            });
+        let figures: Vec<_> = per_model(&world, &outcomes)
+            .into_iter()
+            .map(|m| (m.model, m.tasks, m.failed, m.makespan, m.median))
+            .collect();
+        assert_eq!(
+            figures,
+            [
+                ("fast", 3, 0, ms(30), ms(20)),
+                ("slow", 2, 1, ms(70), ms(50)),
+            ]
+        );
+        let none = Spec::reference(5, 10.0).world();
+        assert!(per_model(&none, &outcomes).is_empty());
+    }
 }

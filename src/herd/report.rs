@@ -39,31 +39,61 @@ pub fn table(spec: &Spec, results: &[RunResult]) -> String {
     out
 }
 
-/// One row per (scenario, strategy): makespan against that world's bound, upstream 429s,
-/// client failures, p99 client wait, p99 wait in the backend's own queue.
+/// One row per (scenario, strategy): client failures (and those that gave up waiting after
+/// the world's patience), makespan against that world's bound,
+/// upstream 429s the sender's rate caused (and as a share of the tasks) apart from the others
+/// (overload, admission control, a spent day), median and p99 task latency, p99 wait in the
+/// backend's own queue. A world of several models adds a row per model against its own bound.
 pub fn scenario_table(results: &[RunResult]) -> String {
     let mut out = String::new();
-    out.push_str("| scenario | corral | tasks | makespan s | bound s | vs bound | upstream 429s | 429s / tasks | failed | p99 wait s | backend queue p99 s |\n");
-    out.push_str("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    out.push_str("| scenario | strategy | tasks | failed | abandoned | makespan s | bound s | vs bound | rate 429s | rate 429s / tasks | other 429s | median task s | p99 task s | backend queue p99 s |\n");
+    out.push_str("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for r in results {
-        let bound = r.bound.as_secs_f64();
+        let scenario = r.scenario.map_or("classic", |s| s.label());
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.2} | {:.2} | {:.2}x | {} | {:.1}% | {} | {:.2} | {:.2} |",
-            r.scenario.map_or("classic", |s| s.label()),
+            "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {} | {} | {:.1}% | {} | {:.2} | {:.2} | {:.2} |",
+            scenario,
             r.strategy.label(),
             r.tasks,
-            r.makespan.as_secs_f64(),
-            bound,
-            r.makespan.as_secs_f64() / bound.max(1e-9),
-            r.upstream_429,
-            100.0 * r.upstream_429 as f64 / r.tasks.max(1) as f64,
             r.failed,
+            r.abandoned,
+            r.makespan.as_secs_f64(),
+            r.bound.as_secs_f64(),
+            ratio(r.makespan, r.bound),
+            r.rate_429,
+            100.0 * r.rate_429 as f64 / r.tasks.max(1) as f64,
+            r.other_429,
+            r.percentile(0.5).as_secs_f64(),
             r.percentile(0.99).as_secs_f64(),
             r.backend_queue_p99.as_secs_f64(),
         );
+        for m in &r.per_model {
+            let _ = writeln!(
+                out,
+                "| {scenario}: model {} | {} | {} | {} | | {:.2} | {:.2} | {} | | | | {:.2} | | |",
+                m.model,
+                r.strategy.label(),
+                m.tasks,
+                m.failed,
+                m.makespan.as_secs_f64(),
+                m.bound.as_secs_f64(),
+                ratio(m.makespan, m.bound),
+                m.median.as_secs_f64(),
+            );
+        }
     }
     out
+}
+
+/// `a / b` as "1.23x"; "-" when `b` is under a millisecond (e.g. every task fits in the burst),
+/// where a ratio would only measure the machine.
+fn ratio(a: std::time::Duration, b: std::time::Duration) -> String {
+    if b < std::time::Duration::from_millis(1) {
+        "-".to_owned()
+    } else {
+        format!("{:.2}x", a.as_secs_f64() / b.as_secs_f64())
+    }
 }
 
 /// One row per fleet run: corrals, split, Redis or not, makespan against the bound, upstream
@@ -206,4 +236,63 @@ pub fn svg(spec: &Spec, results: &[RunResult]) -> String {
     }
     s.push_str("</svg>\n");
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::herd::{ModelRun, Scenario, Strategy};
+    use std::time::Duration;
+
+    fn run(scenario: Scenario, per_model: Vec<ModelRun>) -> RunResult {
+        RunResult {
+            strategy: Strategy::OpenAiSdk,
+            scenario: Some(scenario),
+            tasks: 100,
+            bound: Duration::from_secs(2),
+            backend_queue_p99: Duration::ZERO,
+            makespan: Duration::from_secs(3),
+            ok: 90,
+            failed: 10,
+            abandoned: 2,
+            upstream_429: 30,
+            rate_429: 20,
+            other_429: 10,
+            client_429: 30,
+            upstream_requests: 130,
+            latencies: vec![Duration::from_secs(1); 100],
+            per_model,
+            arrivals_per_100ms: Vec::new(),
+            replicas: 1,
+            uneven: false,
+            redis_calls: None,
+            redis_killed: false,
+        }
+    }
+
+    #[test]
+    fn the_scenario_table_splits_429s_by_cause_and_adds_a_row_per_model() {
+        let fast = ModelRun {
+            model: "fast",
+            tasks: 50,
+            failed: 0,
+            bound: Duration::ZERO,
+            makespan: Duration::from_millis(500),
+            median: Duration::from_millis(250),
+        };
+        let table = scenario_table(&[
+            run(Scenario::Overload, Vec::new()),
+            run(Scenario::Models, vec![fast]),
+        ]);
+        let rows: Vec<&str> = table.lines().collect();
+        assert_eq!(rows.len(), 5, "{table}");
+        assert_eq!(
+            rows[2],
+            "| overload | openai SDK alone, no corral | 100 | 10 | 2 | 3.00 | 2.00 | 1.50x | 20 | 20.0% | 10 | 1.00 | 1.00 | 0.00 |"
+        );
+        assert_eq!(
+            rows[4],
+            "| models: model fast | openai SDK alone, no corral | 50 | 0 | | 0.50 | 0.00 | - | | | | 0.25 | | |"
+        );
+    }
 }

@@ -1,9 +1,17 @@
 //! The worlds the herd runs in (`--scenario`): upstreams that signal their limits in different
-//! ways, each with its physical bound. corral is tuned on none of them in particular.
+//! ways, each with its physical bound. corral is tuned on none of them in particular: each
+//! world plays what a provider documents, not what corral expects.
+//!
+//! Some worlds answer 429s that say nothing about the sender's rate (an overloaded engine, a
+//! gateway's full queue, a spent day): the simulator counts them apart, so a run reports "429s
+//! the sender's rate caused" separately from the rest.
 
 use std::time::Duration;
 
-use crate::simulate::{FailWindow, HeaderStyle, LimitReport, RefillChange, SimConfig};
+use crate::simulate::{
+    FailWindow, HeaderStyle, LimitReport, ModelLimit, RefillChange, ServiceTail, SimConfig,
+    ADMISSION_RETRY_AFTER,
+};
 
 /// One world.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -32,10 +40,29 @@ pub enum Scenario {
     /// A vLLM-like backend: 16 slots, an unbounded queue, no headers, never a 429;
     /// corral with `concurrency = "auto"`.
     Queue,
+    /// No rate limit, but one arrival in five is OpenAI's documented overload, `429 - The engine
+    /// is currently overloaded, please try again later`: no retry hint, healthy `remaining`.
+    Overload,
+    /// A gateway whose queue is full (admission control): each request is refused 3 times with
+    /// `retry-after: 1` and `remaining` 0, whatever the rate; the bucket is generous.
+    Admission,
+    /// Two models on one key, limited apart as OpenAI documents (per project and model): the
+    /// clients alternate `fast` and `slow`, whose limit is a fifth of `fast`'s.
+    Models,
+    /// The classic bucket plus a requests-per-day quota of three fifths of the tasks (Groq's
+    /// and Gemini's RPD): the rest must fail; the 429 is a day away and the request headers
+    /// describe the day, as Groq's do.
+    DailyQuota,
+    /// The classic bucket speaking Gemini: no rate-limit headers and no `retry-after`, the wait
+    /// in the body's `RetryInfo.retryDelay`, half the bodies wrapped in a JSON array.
+    Gemini,
+    /// The classic bucket with Pareto (alpha 1.5) service times around the usual median,
+    /// capped at 20 medians: long answers are many times the median.
+    HeavyTail,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 11] = [
+    pub const ALL: [Scenario; 17] = [
         Scenario::Capacity,
         Scenario::PerMinute,
         Scenario::Quantized,
@@ -47,6 +74,12 @@ impl Scenario {
         Scenario::Fleet,
         Scenario::Blip,
         Scenario::Queue,
+        Scenario::Overload,
+        Scenario::Admission,
+        Scenario::Models,
+        Scenario::DailyQuota,
+        Scenario::Gemini,
+        Scenario::HeavyTail,
     ];
 
     pub fn label(self) -> &'static str {
@@ -62,6 +95,12 @@ impl Scenario {
             Scenario::Fleet => "fleet",
             Scenario::Blip => "blip",
             Scenario::Queue => "queue",
+            Scenario::Overload => "overload",
+            Scenario::Admission => "admission",
+            Scenario::Models => "models",
+            Scenario::DailyQuota => "daily-quota",
+            Scenario::Gemini => "gemini",
+            Scenario::HeavyTail => "heavy-tail",
         }
     }
 }
@@ -82,7 +121,36 @@ pub struct World {
     pub limits_toml: String,
     /// The physical bound on the makespan.
     pub bound: Duration,
+    /// How long a client waits for its answer before it gives up (10 bounds, at least a
+    /// minute of scaled time): the herd's own guard, so that a run stays bounded in time
+    /// whatever the strategy does. A run that needs it has failed anyway.
+    pub patience: Duration,
+    /// Models the clients alternate by index (task `i` names `models[i % len]`), each with its
+    /// own bound; empty: every client names the one model `sim`.
+    pub models: Vec<ModelWorld>,
 }
+
+/// One model of a world with several, as its clients see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelWorld {
+    /// The body's `model`.
+    pub name: &'static str,
+    /// Tasks naming it.
+    pub tasks: usize,
+    /// When all of them can have gone through its own bucket.
+    pub bound: Duration,
+}
+
+/// `--scenario overload`: the share of arrivals answered OpenAI's overload 429.
+pub const OVERLOAD_SHARE: f64 = 0.2;
+/// `--scenario admission`: refusals per request before the gateway lets it through.
+pub const ADMISSION_REFUSALS: u32 = 3;
+/// `--scenario models`: how many times the slow model's limit the fast model has.
+pub const FAST_OVER_SLOW: f64 = 5.0;
+/// `--scenario daily-quota`: the day's requests as a share of the tasks.
+pub const DAY_SHARE: f64 = 0.6;
+/// `--scenario heavy-tail`: the Pareto shape of service times.
+pub const TAIL_ALPHA: f64 = 1.5;
 
 /// Tokens a herd request costs the simulator: `"task NNNN"` (9 chars / 4) + `max_tokens` 16.
 pub const TOKENS_PER_REQUEST: u64 = 2 + 16;
@@ -121,6 +189,7 @@ pub fn world(
         per_replica(f64::from(capacity)).round() as u64
     );
     let mut bound = bucket_bound(tasks, f64::from(capacity), refill, None);
+    let mut models = Vec::new();
     match scenario {
         None | Some(Scenario::Capacity) => {}
         Some(Scenario::PerMinute) => sim.limit_report = LimitReport::PerMinute,
@@ -196,6 +265,74 @@ pub fn world(
             );
             bound = service.mul_f64(tasks as f64 / f64::from(slots));
         }
+        Some(Scenario::Overload) => {
+            sim.capacity = 1_000_000;
+            sim.refill = 1_000_000.0;
+            sim.overload_429 = OVERLOAD_SHARE;
+            limits_toml = String::new();
+            // No limit: every task could be answered in one service time (an overload 429
+            // comes back at once).
+            bound = service;
+        }
+        Some(Scenario::Admission) => {
+            sim.capacity = 1_000_000;
+            sim.refill = 1_000_000.0;
+            sim.admission_refusals = ADMISSION_REFUSALS;
+            limits_toml = String::new();
+            // A client that waits as each refusal asks (the gateway's own second, not scaled
+            // with the herd) is let through after K of them.
+            bound = ADMISSION_RETRY_AFTER * ADMISSION_REFUSALS + service;
+        }
+        Some(Scenario::Models) => {
+            let slow = (f64::from(capacity) / FAST_OVER_SLOW).round().max(1.0);
+            let slow_refill = refill / FAST_OVER_SLOW;
+            sim.model_limits = vec![
+                ModelLimit {
+                    model: "fast".into(),
+                    capacity,
+                    refill,
+                },
+                ModelLimit {
+                    model: "slow".into(),
+                    capacity: slow as u32,
+                    refill: slow_refill,
+                },
+            ];
+            // One limit for the key cannot say two; told the sum, as one might add the two rows
+            // of a limits page.
+            limits_toml = format!(
+                "rpm = {}\nburst = {}\n",
+                per_replica((refill + slow_refill) * 60.0).round() as u64,
+                per_replica(f64::from(capacity) + slow).round() as u64
+            );
+            let (fast_tasks, slow_tasks) = (tasks.div_ceil(2), tasks / 2);
+            models = vec![
+                ModelWorld {
+                    name: "fast",
+                    tasks: fast_tasks,
+                    bound: bucket_bound(fast_tasks, f64::from(capacity), refill, None),
+                },
+                ModelWorld {
+                    name: "slow",
+                    tasks: slow_tasks,
+                    bound: bucket_bound(slow_tasks, slow, slow_refill, None),
+                },
+            ];
+            bound = models.iter().map(|m| m.bound).max().unwrap_or_default();
+        }
+        Some(Scenario::DailyQuota) => {
+            let day = day_quota(tasks);
+            sim.requests_per_day = Some(day);
+            // The day's requests go through the bucket; the rest fail at once, whoever sends.
+            bound = bucket_bound(tasks.min(day as usize), f64::from(capacity), refill, None);
+        }
+        Some(Scenario::Gemini) => {
+            sim.header_style = HeaderStyle::Gemini;
+            sim.gemini_array = 0.5;
+        }
+        Some(Scenario::HeavyTail) => {
+            sim.service_tail = Some(ServiceTail::Pareto { alpha: TAIL_ALPHA });
+        }
     }
     World {
         sim,
@@ -205,7 +342,14 @@ pub fn world(
         upstream_toml,
         limits_toml,
         bound,
+        patience: (bound * 10).max(Duration::from_secs(60).div_f64(scale)),
+        models,
     }
+}
+
+/// `--scenario daily-quota`: the day's requests for `tasks` clients, at least 1.
+pub fn day_quota(tasks: usize) -> u64 {
+    ((tasks as f64 * DAY_SHARE).round() as u64).max(1)
 }
 
 /// When `tasks` requests can all have gone through a bucket of `capacity` refilled at `rate`
@@ -236,5 +380,72 @@ mod tests {
         assert_eq!(w(Scenario::Queue), Duration::from_secs_f64(6.25));
         // tokens: 5 requests' worth per second, a minute's burst of 300: (500 - 300) / 5.
         assert_eq!(w(Scenario::Tokens), Duration::from_secs(40));
+        // No limit: one service time.
+        assert_eq!(w(Scenario::Overload), Duration::from_millis(200));
+        // Three refusals a second apart, then the service time.
+        assert_eq!(w(Scenario::Admission), Duration::from_millis(3200));
+        // The slow model's 250 tasks through a bucket of 10 refilled at 4/s.
+        assert_eq!(w(Scenario::Models), Duration::from_secs(60));
+        // 300 of the day's requests through the classic bucket: (300 - 50) / 20.
+        assert_eq!(w(Scenario::DailyQuota), Duration::from_secs_f64(12.5));
+        assert_eq!(w(Scenario::Gemini), Duration::from_secs_f64(22.5));
+        assert_eq!(w(Scenario::HeavyTail), Duration::from_secs_f64(22.5));
+    }
+
+    #[test]
+    fn two_models_have_a_bound_each_and_the_slow_one_binds() {
+        let w = world(
+            Some(Scenario::Models),
+            501,
+            50,
+            200.0,
+            10.0,
+            1,
+            LimitReport::Capacity,
+            false,
+        );
+        let figures: Vec<_> = w.models.iter().map(|m| (m.name, m.tasks)).collect();
+        assert_eq!(figures, [("fast", 251), ("slow", 250)]);
+        // fast: (251 - 50) / 200; slow: (250 - 10) / 40.
+        assert_eq!(w.models[0].bound, Duration::from_secs_f64(1.005));
+        assert_eq!(w.models[1].bound, Duration::from_secs(6));
+        assert_eq!(w.bound, Duration::from_secs(6));
+        let limits: Vec<_> = w
+            .sim
+            .model_limits
+            .iter()
+            .map(|m| (m.capacity, m.refill))
+            .collect();
+        assert_eq!(limits, [(50, 200.0), (10, 40.0)]);
+        // corral told the key's sum: 240/s and a burst of 60.
+        assert_eq!(w.limits_toml, "rpm = 14400\nburst = 60\n");
+    }
+
+    #[test]
+    fn the_quick_scale_keeps_the_gateway_s_second_and_scales_the_rest() {
+        let w = |s| {
+            world(
+                Some(s),
+                500,
+                50,
+                200.0,
+                10.0,
+                1,
+                LimitReport::Capacity,
+                false,
+            )
+        };
+        assert_eq!(w(Scenario::Admission).bound, Duration::from_millis(3020));
+        assert_eq!(w(Scenario::Overload).bound, Duration::from_millis(20));
+        // Patience: 10 bounds, at least a scaled minute.
+        assert_eq!(
+            w(Scenario::Admission).patience,
+            Duration::from_millis(30_200)
+        );
+        assert_eq!(w(Scenario::Overload).patience, Duration::from_secs(6));
+        let quota = w(Scenario::DailyQuota);
+        assert_eq!(quota.sim.requests_per_day, Some(300));
+        assert_eq!(quota.bound, Duration::from_secs_f64(1.25));
+        assert!(w(Scenario::Capacity).models.is_empty());
     }
 }

@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+pub use super::tail::{parse_service_tail, ServiceTail};
+
 /// What `x-ratelimit-limit-requests` (and Anthropic's `-limit`) reports.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LimitReport {
@@ -37,6 +39,23 @@ pub enum HeaderStyle {
     /// No rate-limit headers and no retry hint (neither header nor "try again in" in the
     /// message): a bare 429 with OpenAI's error JSON.
     None,
+    /// Gemini: no rate-limit headers and no `retry-after`; a 429 is Gemini's JSON,
+    /// `{"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "message", "details"}}`, whose
+    /// details carry a `google.rpc.QuotaFailure` naming the window in its `quotaId` and a
+    /// `google.rpc.RetryInfo` whose `retryDelay` ("1.5s") is the true wait. With
+    /// `--gemini-array` some of them come wrapped in a JSON array.
+    Gemini,
+}
+
+/// `MODEL=CAPACITY@REFILL`: requests naming `model` draw on a bucket of their own.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelLimit {
+    /// The request body's `model`, matched exactly.
+    pub model: String,
+    /// Bucket size (burst); it starts full.
+    pub capacity: u32,
+    /// Refill, in requests per second.
+    pub refill: f64,
 }
 
 /// `AT=RATE`: from `AT` after start (or the last reset) on, the request refill rate is `RATE`/s.
@@ -128,6 +147,42 @@ pub struct SimulateArgs {
     /// Delay between streamed content events.
     #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
     pub stream_interval: Duration,
+    /// Share (0..1) of arrivals answered `429` "The engine is currently overloaded, please try
+    /// again later" (OpenAI's overload: it says nothing about the sender's rate). Rolled before
+    /// the buckets, which it leaves untouched (the request was never admitted); the answer has
+    /// the usual rate-limit headers, `remaining` as it is, and no `retry-after`. The body is
+    /// OpenAI's (`type` `server_error`, `code` null) whatever `--header-style`; the Anthropic
+    /// route answers Anthropic's overload instead, `529 overloaded_error`.
+    #[arg(long = "overload-429", value_name = "SHARE", default_value_t = 0.0)]
+    pub overload_429: f64,
+    /// Admission storms (a gateway whose queue is full): each distinct request body is
+    /// refused K times with `429`, `retry-after: 1`, `retry-after-ms: 1000`,
+    /// `x-ratelimit-remaining-requests: 0` and `x-ratelimit-reset-requests: 1s`, whatever the
+    /// rate, then goes on to the buckets. These headers are the gateway's, sent whatever
+    /// `--header-style` (the Anthropic route sends its own names, `remaining` 0). Bodies are
+    /// told apart by a hash; the last 65,536 are remembered. 0: off.
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub admission_refusals: u32,
+    /// `MODEL=CAPACITY@REFILL` (e.g. `fast=50@20`): requests whose body names `model` MODEL
+    /// draw on a request bucket of their own, reported in their own rate-limit headers (OpenAI
+    /// limits each model apart on one key); other models use `--capacity`/`--refill`.
+    /// Repeatable. The `--tpm` bucket stays one for the key.
+    #[arg(long = "model-limit", value_name = "MODEL=CAPACITY@REFILL", value_parser = parse_model_limit)]
+    pub model_limits: Vec<ModelLimit>,
+    /// A per-day request quota (Groq, Gemini): after N admitted requests, every request gets
+    /// `429` until the simulated midnight, 24 h after start (or the last reset); its
+    /// `retry-after` is the time until then. The request rate-limit headers then describe the
+    /// day, as Groq's do: `limit` N, `remaining` what is left of it, `reset` in hours.
+    #[arg(long, value_name = "N")]
+    pub requests_per_day: Option<u64>,
+    /// With `--header-style gemini`: the share (0..1) of 429 bodies wrapped in a JSON array,
+    /// as some Gemini answers are.
+    #[arg(long, value_name = "SHARE", default_value_t = 0.0)]
+    pub gemini_array: f64,
+    /// `pareto:ALPHA` (e.g. `pareto:1.5`): draw each service time from a Pareto distribution
+    /// whose median is `--service-time` (smaller ALPHA: heavier tail), capped at 20 medians.
+    #[arg(long, value_name = "pareto:ALPHA", value_parser = parse_service_tail)]
+    pub service_tail: Option<ServiceTail>,
     /// Seed for jitter and fault rolls (random when absent).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -175,6 +230,19 @@ pub struct SimConfig {
     pub stream_chunks: u32,
     /// `--stream-interval`: delay between streamed content events.
     pub stream_interval: Duration,
+    /// `--overload-429`: share of arrivals answered OpenAI's overload 429, before the buckets.
+    pub overload_429: f64,
+    /// `--admission-refusals`: times each distinct body is refused before it may pass; 0: off.
+    pub admission_refusals: u32,
+    /// `--model-limit`: request buckets of their own for these models (names unique).
+    pub model_limits: Vec<ModelLimit>,
+    /// `--requests-per-day`: admitted requests per simulated day; `None`: no day quota.
+    pub requests_per_day: Option<u64>,
+    /// `--gemini-array`: share of Gemini 429 bodies wrapped in a JSON array.
+    pub gemini_array: f64,
+    /// `--service-tail`: the distribution of service times around `service_time`; `None`:
+    /// every request takes `service_time` (plus jitter).
+    pub service_tail: Option<ServiceTail>,
     /// `--seed`: seed for jitter and fault rolls; `None`: random.
     pub seed: Option<u64>,
 }
@@ -200,6 +268,12 @@ impl Default for SimConfig {
             slow_fraction: 0.0,
             stream_chunks: 8,
             stream_interval: Duration::from_millis(20),
+            overload_429: 0.0,
+            admission_refusals: 0,
+            model_limits: Vec::new(),
+            requests_per_day: None,
+            gemini_array: 0.0,
+            service_tail: None,
             seed: None,
         }
     }
@@ -224,6 +298,16 @@ pub enum ConfigError {
     ZeroQueueSlots,
     #[error("`--fail-503-window` must last longer than 0, got `{}+0s`", humantime::format_duration(*at))]
     EmptyFailWindow { at: Duration },
+    #[error("`--model-limit` for `{model}` must have a capacity of at least 1")]
+    ZeroModelCapacity { model: String },
+    #[error("`--model-limit` names `{model}` twice")]
+    DuplicateModel { model: String },
+    #[error("`--requests-per-day` must be at least 1")]
+    ZeroRequestsPerDay,
+    #[error("`--gemini-array` needs `--header-style gemini`")]
+    GeminiArrayWithoutGemini,
+    #[error("`--service-tail` needs a finite ALPHA > 0, got {alpha}")]
+    BadTail { alpha: f64 },
 }
 
 impl SimulateArgs {
@@ -252,6 +336,8 @@ impl TryFrom<SimulateArgs> for SimConfig {
             ("fail-529", a.fail_529),
             ("fail-reset", a.fail_reset),
             ("slow-fraction", a.slow_fraction),
+            ("overload-429", a.overload_429),
+            ("gemini-array", a.gemini_array),
         ] {
             if !(0.0..=1.0).contains(&value) {
                 return Err(ConfigError::BadFraction { flag, value });
@@ -269,6 +355,18 @@ impl TryFrom<SimulateArgs> for SimConfig {
         }
         if let Some(w) = a.fail_503_windows.iter().find(|w| w.duration.is_zero()) {
             return Err(ConfigError::EmptyFailWindow { at: w.at });
+        }
+        check_model_limits(&a.model_limits)?;
+        if a.requests_per_day == Some(0) {
+            return Err(ConfigError::ZeroRequestsPerDay);
+        }
+        if a.gemini_array > 0.0 && a.header_style != HeaderStyle::Gemini {
+            return Err(ConfigError::GeminiArrayWithoutGemini);
+        }
+        if let Some(ServiceTail::Pareto { alpha }) = a.service_tail {
+            if !(alpha.is_finite() && alpha > 0.0) {
+                return Err(ConfigError::BadTail { alpha });
+            }
         }
         let mut refill_changes = a.refill_changes;
         refill_changes.sort_by_key(|c| c.at);
@@ -293,6 +391,12 @@ impl TryFrom<SimulateArgs> for SimConfig {
             slow_fraction: a.slow_fraction,
             stream_chunks: a.stream_chunks,
             stream_interval: a.stream_interval,
+            overload_429: a.overload_429,
+            admission_refusals: a.admission_refusals,
+            model_limits: a.model_limits,
+            requests_per_day: a.requests_per_day,
+            gemini_array: a.gemini_array,
+            service_tail: a.service_tail,
             seed: a.seed,
         })
     }
@@ -304,6 +408,47 @@ fn check_rate(flag: &'static str, value: f64) -> Result<(), ConfigError> {
     } else {
         Err(ConfigError::BadRate { flag, value })
     }
+}
+
+fn check_model_limits(limits: &[ModelLimit]) -> Result<(), ConfigError> {
+    for (i, limit) in limits.iter().enumerate() {
+        if limit.capacity == 0 {
+            return Err(ConfigError::ZeroModelCapacity {
+                model: limit.model.clone(),
+            });
+        }
+        check_rate("model-limit", limit.refill)?;
+        if limits[..i].iter().any(|l| l.model == limit.model) {
+            return Err(ConfigError::DuplicateModel {
+                model: limit.model.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// clap value parser for `MODEL=CAPACITY@REFILL`.
+pub fn parse_model_limit(s: &str) -> Result<ModelLimit, String> {
+    let format = || format!("expected MODEL=CAPACITY@REFILL (e.g. `fast=50@20`), got `{s}`");
+    let (model, limit) = s.rsplit_once('=').ok_or_else(format)?;
+    let (capacity, refill) = limit.split_once('@').ok_or_else(format)?;
+    let model = model.trim();
+    if model.is_empty() {
+        return Err(format());
+    }
+    let capacity = capacity
+        .trim()
+        .parse()
+        .map_err(|e| format!("CAPACITY `{capacity}`: {e}"))?;
+    let refill = refill
+        .trim()
+        .parse()
+        .map_err(|e| format!("REFILL `{refill}`: {e}"))?;
+    Ok(ModelLimit {
+        model: model.to_owned(),
+        capacity,
+        refill,
+    })
 }
 
 /// clap value parser for `AT=RATE`.

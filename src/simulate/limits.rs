@@ -1,11 +1,12 @@
-//! The request bucket and optional tokens-per-minute bucket, and what their headers report.
+//! The request buckets (one per `--model-limit` model, one for the rest) and the optional
+//! tokens-per-minute bucket of the key, and what their headers report.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::bucket::Bucket;
-use super::config::{LimitReport, SimConfig};
+use super::config::{LimitReport, RefillChange, SimConfig};
 
 /// Tokens assumed for the answer when a request names no `max_tokens`.
 pub const DEFAULT_MAX_TOKENS: u64 = 16;
@@ -41,89 +42,52 @@ pub struct Admission {
     pub denied: Option<Denied>,
 }
 
-/// Both buckets; lives behind the simulator's mutex.
+/// The request buckets of one model (or of every model without a `--model-limit`), with the
+/// shadow a quantized report describes.
 #[derive(Debug)]
-pub struct Limiter {
+struct RequestBuckets {
     requests: Bucket,
     /// `--limit-report quantized`: the per-minute bucket the request headers describe. Its
     /// capacity is the largest `rate * 60` of the schedule, so its deficit (requests admitted
     /// and not yet refilled) is the same whichever rate is in effect; see [`quantized`].
     shadow: Option<Bucket>,
-    tokens: Option<Bucket>,
-    report: LimitReport,
 }
 
-impl Limiter {
-    pub fn new(config: &SimConfig, now: Instant) -> Self {
-        let requests = Bucket::new(
-            f64::from(config.capacity),
-            config.refill,
-            config.refill_changes.clone(),
-            now,
-        );
-        let shadow = (config.limit_report == LimitReport::Quantized).then(|| {
-            let rates = config.refill_changes.iter().map(|c| c.rate);
-            let capacity = std::iter::once(config.refill)
+impl RequestBuckets {
+    fn new(
+        capacity: u32,
+        refill: f64,
+        schedule: &[RefillChange],
+        report: LimitReport,
+        now: Instant,
+    ) -> Self {
+        let requests = Bucket::new(f64::from(capacity), refill, schedule.to_vec(), now);
+        let shadow = (report == LimitReport::Quantized).then(|| {
+            let rates = schedule.iter().map(|c| c.rate);
+            let capacity = std::iter::once(refill)
                 .chain(rates)
                 .map(per_minute)
                 .max()
                 .unwrap_or(0);
-            Bucket::new(
-                capacity as f64,
-                config.refill,
-                config.refill_changes.clone(),
-                now,
-            )
+            Bucket::new(capacity as f64, refill, schedule.to_vec(), now)
         });
-        let tokens = config
-            .tpm
-            .map(|tpm| Bucket::new(tpm as f64, tpm as f64 / 60.0, Vec::new(), now));
-        Self {
-            requests,
-            shadow,
-            tokens,
-            report: config.limit_report,
-        }
+        Self { requests, shadow }
     }
 
-    pub fn reset(&mut self, now: Instant) {
+    fn reset(&mut self, now: Instant) {
         self.requests.reset(now);
-        for bucket in [&mut self.shadow, &mut self.tokens].into_iter().flatten() {
-            bucket.reset(now);
+        if let Some(shadow) = &mut self.shadow {
+            shadow.reset(now);
         }
     }
 
-    /// Takes one request token and `cost` tokens-per-minute tokens, or neither.
-    pub fn admit(&mut self, now: Instant, cost: u64) -> Admission {
-        self.requests.refill(now);
-        if let Some(t) = &mut self.tokens {
-            t.refill(now);
-        }
-        let cost = cost as f64;
-        let denied = if self.requests.tokens() < 1.0 {
-            Some(Denied {
-                kind: Kind::Requests,
-                retry_after: self.requests.time_until(1.0),
-            })
-        } else {
-            match &self.tokens {
-                Some(t) if t.tokens() < cost => Some(Denied {
-                    kind: Kind::Tokens,
-                    retry_after: t.time_until(cost),
-                }),
-                _ => None,
-            }
-        };
-        if denied.is_none() {
-            self.requests.try_take(now, 1.0);
-            if let Some(t) = &mut self.tokens {
-                t.try_take(now, cost);
-            }
-        }
-        let requests = match &mut self.shadow {
+    /// What the request headers report after refilling to `now` and charging the shadow for
+    /// an admitted request (`admitted`).
+    fn view(&mut self, report: LimitReport, now: Instant, admitted: bool) -> View {
+        match &mut self.shadow {
             Some(shadow) => {
                 shadow.refill(now);
-                if denied.is_none() {
+                if admitted {
                     shadow.charge(now, 1.0);
                 }
                 let (limit, remaining) =
@@ -134,16 +98,123 @@ impl Limiter {
                     reset: shadow.time_until_full(),
                 }
             }
-            None => view(self.report, &self.requests, now),
+            None => view(report, &self.requests, now),
+        }
+    }
+}
+
+/// The request buckets (one per `--model-limit` model, one for every other model) and the
+/// optional tokens-per-minute bucket of the key; lives behind the simulator's mutex.
+#[derive(Debug)]
+pub struct Limiter {
+    default: RequestBuckets,
+    models: Vec<(String, RequestBuckets)>,
+    tokens: Option<Bucket>,
+    report: LimitReport,
+}
+
+impl Limiter {
+    pub fn new(config: &SimConfig, now: Instant) -> Self {
+        let report = config.limit_report;
+        let default = RequestBuckets::new(
+            config.capacity,
+            config.refill,
+            &config.refill_changes,
+            report,
+            now,
+        );
+        let models = config
+            .model_limits
+            .iter()
+            .map(|m| {
+                let buckets = RequestBuckets::new(m.capacity, m.refill, &[], report, now);
+                (m.model.clone(), buckets)
+            })
+            .collect();
+        let tokens = config
+            .tpm
+            .map(|tpm| Bucket::new(tpm as f64, tpm as f64 / 60.0, Vec::new(), now));
+        Self {
+            default,
+            models,
+            tokens,
+            report,
+        }
+    }
+
+    pub fn reset(&mut self, now: Instant) {
+        self.default.reset(now);
+        for (_, buckets) in &mut self.models {
+            buckets.reset(now);
+        }
+        if let Some(tokens) = &mut self.tokens {
+            tokens.reset(now);
+        }
+    }
+
+    /// Takes one request token from `model`'s bucket (the default one for a model without a
+    /// limit of its own) and `cost` tokens-per-minute tokens, or neither.
+    pub fn admit(&mut self, now: Instant, model: Option<&str>, cost: u64) -> Admission {
+        self.decide(now, model, Some(cost))
+    }
+
+    /// The headers' view as of `now` for `model`, taking nothing: for an answer refused
+    /// before the buckets (overload, admission control).
+    pub fn peek(&mut self, now: Instant, model: Option<&str>) -> Admission {
+        self.decide(now, model, None)
+    }
+
+    /// Admits a request of `cost` tokens if both buckets allow; `None`: only look.
+    fn decide(&mut self, now: Instant, model: Option<&str>, cost: Option<u64>) -> Admission {
+        let Self {
+            default,
+            models,
+            tokens,
+            report,
+        } = self;
+        let buckets = match model {
+            Some(name) => models
+                .iter_mut()
+                .find(|(m, _)| m == name)
+                .map_or(default, |(_, b)| b),
+            None => default,
         };
+        buckets.requests.refill(now);
+        if let Some(t) = tokens.as_mut() {
+            t.refill(now);
+        }
+        let denied = cost.and_then(|cost| {
+            let cost = cost as f64;
+            if buckets.requests.tokens() < 1.0 {
+                return Some(Denied {
+                    kind: Kind::Requests,
+                    retry_after: buckets.requests.time_until(1.0),
+                });
+            }
+            match tokens.as_ref() {
+                Some(t) if t.tokens() < cost => Some(Denied {
+                    kind: Kind::Tokens,
+                    retry_after: t.time_until(cost),
+                }),
+                _ => None,
+            }
+        });
+        let admitted = cost.is_some() && denied.is_none();
+        if admitted {
+            buckets.requests.try_take(now, 1.0);
+            if let Some(t) = tokens.as_mut() {
+                t.try_take(now, cost.unwrap_or(0) as f64);
+            }
+        }
+        let requests = buckets.view(*report, now, admitted);
         // Tokens are reported honestly: per-minute is the same as capacity for a TPM bucket.
-        let token_report = match self.report {
+        let token_report = match *report {
             LimitReport::Quantized => LimitReport::Capacity,
             other => other,
         };
         Admission {
             requests,
-            tokens: self.tokens.as_ref().map(|t| view(token_report, t, now)),
+            tokens: tokens.as_ref().map(|t| view(token_report, t, now)),
             denied,
         }
     }

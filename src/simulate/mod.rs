@@ -22,6 +22,18 @@
 //!   `--fail-503-window AT+DURATION` plays a blip: every admitted request arriving in that
 //!   window after start (or the last reset) is answered 503 like `--fail-503`, after its
 //!   service time; retries after the window succeed.
+//! - Refusals that say nothing about the sender's rate, each counted apart in
+//!   `throttles_by_reason`: `--overload-429 SHARE` (OpenAI's "The engine is currently
+//!   overloaded" 429, no retry hint, healthy headers), `--admission-refusals K` (a gateway that
+//!   refuses each distinct body K times with `retry-after: 1` and `remaining` 0) and
+//!   `--requests-per-day N` (a quota whose 429 is hours away, the request headers describing
+//!   the day as Groq's do). The order an arrival meets them in is `state`'s module doc.
+//! - `--model-limit MODEL=CAPACITY@REFILL`: a request bucket of its own per model, picked by
+//!   the body's `model` (OpenAI limits each model apart on one key).
+//! - `--header-style gemini`: no rate-limit headers; a 429 is Gemini's `RESOURCE_EXHAUSTED`
+//!   body whose `RetryInfo.retryDelay` is the true wait (`--gemini-array`: some wrapped in an
+//!   array).
+//! - `--service-tail pareto:ALPHA`: heavy-tailed service times around `--service-time`.
 //! - `--queue-slots N` (a vLLM-like backend): at most N admitted requests are served at once;
 //!   the rest wait in a FIFO queue (refused by nothing) and their service time starts when
 //!   they get a slot; a stream holds its slot until its last event. The buckets still apply,
@@ -32,11 +44,13 @@
 //!
 //! # Layout
 //! - `config`: [`SimulateArgs`] (clap) -> [`SimConfig`].
-//! - `bucket`, `limits`: token buckets and the values their headers report.
+//! - `bucket`, `limits`: token buckets and the values their headers report; `quota`: the
+//!   per-day quota; `gateway`: admission storms; `tail`: heavy-tailed service times.
 //! - `headers`: OpenAI/Azure/Anthropic rate-limit headers, Go duration strings.
 //! - `state`: buckets, fault dice and fail windows behind one mutex, the queue's semaphore;
 //!   `stats`: counters for `/_stats`; `histogram`: fixed-size histogram of queue waits.
-//! - `service`: routing and the request flow; `openai`, `anthropic`, `request`: bodies.
+//! - `service`: routing and the request flow; `openai`, `anthropic`, `gemini`, `request`:
+//!   bodies.
 //! - `body`: buffered or channel-fed streaming response body; `server`: accept loop.
 
 mod anthropic;
@@ -44,15 +58,19 @@ mod body;
 mod bucket;
 mod config;
 mod error;
+mod gateway;
+mod gemini;
 mod headers;
 mod histogram;
 mod limits;
 mod openai;
+mod quota;
 mod request;
 mod server;
 mod service;
 mod state;
 mod stats;
+mod tail;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -60,10 +78,12 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 pub use self::config::{
-    ConfigError, FailWindow, HeaderStyle, LimitReport, RefillChange, SimConfig, SimulateArgs,
+    ConfigError, FailWindow, HeaderStyle, LimitReport, ModelLimit, RefillChange, ServiceTail,
+    SimConfig, SimulateArgs,
 };
 pub use self::error::SimulateError;
-pub use self::stats::Stats;
+pub use self::gateway::RETRY_AFTER as ADMISSION_RETRY_AFTER;
+pub use self::stats::{Stats, Throttle};
 
 /// The simulated upstream; clones share buckets and stats.
 #[derive(Debug, Clone)]

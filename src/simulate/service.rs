@@ -1,10 +1,11 @@
 //! Routes one request: admin (`/_stats`, `/_reset`), `/v1/models`, and the two rate-limited
 //! chat routes.
 //!
-//! A chat request is stamped on arrival, its body read, then charged to the buckets as of
-//! the arrival instant: a refusal is a 429 at once; an admitted request waits for a slot
-//! (`--queue-slots` only), then its service time (plus jitter and any slow-first-byte delay)
-//! before its fault roll (or fail window) is applied.
+//! A chat request is stamped on arrival, its body read, then taken through the gateway, the
+//! overload dice, the day's quota and the buckets as of the arrival instant (`state`): a
+//! refusal is a 429 at once (Anthropic's overload a 529), counted by reason; an admitted
+//! request waits for a slot (`--queue-slots` only), then its service time (plus jitter and any
+//! slow-first-byte delay) before its fault roll (or fail window) is applied.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -19,8 +20,12 @@ use super::config::HeaderStyle;
 use super::error::ConnectionReset;
 use super::limits::{token_cost, Admission, Kind};
 use super::request::{Answer, ChatRequest};
-use super::state::{Fault, Shared};
-use super::{anthropic, headers, openai};
+use super::state::{Arrival, Decision, Fault, Outcome, Shared};
+use super::stats::Throttle;
+use super::{anthropic, gemini, headers, openai};
+
+/// OpenAI's documented overload message: a 429 that says nothing about the sender's rate.
+pub const OVERLOAD_MESSAGE: &str = "The engine is currently overloaded, please try again later";
 
 /// Largest request body read; more is a 413.
 const MAX_BODY: usize = 8 * 1024 * 1024;
@@ -97,21 +102,21 @@ where
         }
     };
     let parsed = ChatRequest::parse(&bytes);
-    let cost = parsed
-        .as_ref()
-        .map_or(0, |r| token_cost(r.prompt_chars, r.max_tokens));
-    let (admission, fate) = shared.admit(arrival, cost);
-    let style = shared.config.header_style;
-    let headers = rate_headers(api, style, &admission);
-    let (Some(fate), None) = (fate, admission.denied) else {
-        let hint = !(api == Api::OpenAi && style == HeaderStyle::None);
-        return Ok(finish(
-            shared,
-            StatusCode::TOO_MANY_REQUESTS,
-            headers,
-            refusal(api, &admission, hint),
-        ));
+    let (cost, model) = match &parsed {
+        Ok(r) => (token_cost(r.prompt_chars, r.max_tokens), r.model.as_deref()),
+        Err(_) => (0, None),
     };
+    let decision = shared.admit(Arrival {
+        at: arrival,
+        body: &bytes,
+        model,
+        cost,
+    });
+    let fate = match decision.outcome {
+        Outcome::Admitted(fate) => fate,
+        Outcome::Refused(reason) => return Ok(refuse(shared, api, &decision, reason, model)),
+    };
+    let headers = rate_headers(api, shared.config.header_style, &decision.admission);
     let request = match parsed {
         Ok(request) => request,
         Err(e) => {
@@ -190,21 +195,76 @@ fn rate_headers(api: Api, style: HeaderStyle, admission: &Admission) -> HeaderMa
     match (api, style) {
         (Api::OpenAi, HeaderStyle::OpenAi) => headers::openai(&mut h, admission),
         (Api::OpenAi, HeaderStyle::Azure) => headers::azure(&mut h, admission),
-        (Api::OpenAi, HeaderStyle::None) => {}
+        (Api::OpenAi, HeaderStyle::None | HeaderStyle::Gemini) => {}
         (Api::Anthropic, _) => headers::anthropic(&mut h, admission, SystemTime::now()),
     }
     h
 }
 
-/// The 429 body; without `hint` its message does not say when to try again.
-fn refusal(api: Api, admission: &Admission, hint: bool) -> Bytes {
+/// The answer to a refused arrival: a 429 counted by `reason`, except an overload on the
+/// Anthropic route, which Anthropic signals with 529 `overloaded_error`.
+fn refuse(
+    shared: &Shared,
+    api: Api,
+    decision: &Decision,
+    reason: Throttle,
+    model: Option<&str>,
+) -> Response<SimBody> {
+    let style = shared.config.header_style;
+    let admission = &decision.admission;
+    let headers = match (reason, api) {
+        // The gateway in front speaks for itself, whatever the API behind it sends.
+        (Throttle::Admission, Api::OpenAi) => {
+            let mut h = HeaderMap::with_capacity(8);
+            headers::openai(&mut h, admission);
+            h
+        }
+        _ => rate_headers(api, style, admission),
+    };
+    if (reason, api) == (Throttle::Overload, Api::Anthropic) {
+        let status = StatusCode::from_u16(529).expect("529 is a valid status");
+        let body = anthropic::error("overloaded_error", "Overloaded");
+        return finish(shared, status, headers, body);
+    }
+    shared.stats.throttle(reason);
+    let body = match reason {
+        Throttle::Overload => openai::error(OVERLOAD_MESSAGE, "server_error", None),
+        Throttle::Admission => {
+            let message = "Too many requests are queued (corral simulate admission control). \
+                           Please try again in 1s.";
+            match api {
+                Api::OpenAi => openai::error(message, "requests", Some("rate_limit_exceeded")),
+                Api::Anthropic => anthropic::error("rate_limit_error", message),
+            }
+        }
+        Throttle::Rate | Throttle::Quota if api == Api::OpenAi && style == HeaderStyle::Gemini => {
+            gemini_refusal(decision, reason, model.unwrap_or(openai::MODEL))
+        }
+        Throttle::Rate | Throttle::Quota => {
+            let hint = !(api == Api::OpenAi && style == HeaderStyle::None);
+            refusal(api, admission, reason == Throttle::Quota, hint)
+        }
+    };
+    finish(shared, StatusCode::TOO_MANY_REQUESTS, headers, body)
+}
+
+/// The 429 body of an empty bucket or a spent `day`; without `hint` its message does not say
+/// when to try again.
+fn refusal(api: Api, admission: &Admission, day: bool, hint: bool) -> Bytes {
     let kind = admission.denied.map_or(Kind::Requests, |d| d.kind);
     let (what, limit) = match kind {
         Kind::Requests => ("requests", admission.requests.limit),
         Kind::Tokens => ("tokens", admission.tokens.map_or(0, |t| t.limit)),
     };
     let retry = admission.denied.map_or(Duration::ZERO, |d| d.retry_after);
-    let mut message = format!("Rate limit reached for {what} (corral simulate): limit {limit}.");
+    let mut message = if day {
+        format!(
+            "Rate limit reached for requests per day (RPD) (corral simulate): \
+             Limit {limit}, Used {limit}, Requested 1."
+        )
+    } else {
+        format!("Rate limit reached for {what} (corral simulate): limit {limit}.")
+    };
     if hint {
         let retry = headers::go_duration(Duration::from_millis(headers::ceil_millis(retry)));
         message.push_str(&format!(" Please try again in {retry}."));
@@ -213,6 +273,23 @@ fn refusal(api: Api, admission: &Admission, hint: bool) -> Bytes {
         Api::OpenAi => openai::error(&message, what, Some("rate_limit_exceeded")),
         Api::Anthropic => anthropic::error("rate_limit_error", &message),
     }
+}
+
+/// Gemini's `RESOURCE_EXHAUSTED` for an empty bucket or a spent day, its `retryDelay` the
+/// true wait.
+fn gemini_refusal(decision: &Decision, reason: Throttle, model: &str) -> Bytes {
+    let admission = &decision.admission;
+    let kind = admission.denied.map_or(Kind::Requests, |d| d.kind);
+    let (quota, limit) = match (reason, kind) {
+        (Throttle::Quota, _) => (gemini::Quota::RequestsPerDay, admission.requests.limit),
+        (_, Kind::Requests) => (gemini::Quota::RequestsPerMinute, admission.requests.limit),
+        (_, Kind::Tokens) => (
+            gemini::Quota::InputTokensPerMinute,
+            admission.tokens.map_or(0, |t| t.limit),
+        ),
+    };
+    let delay = admission.denied.map_or(Duration::ZERO, |d| d.retry_after);
+    gemini::resource_exhausted(quota, limit, model, delay, decision.array)
 }
 
 fn fault_body(api: Api, status: StatusCode) -> Bytes {

@@ -1,5 +1,5 @@
-//! What the simulator saw: request counts by status, arrivals over time, peak concurrency,
-//! and with `--queue-slots` the queue's length and waits.
+//! What the simulator saw: request counts by status, 429s by reason, arrivals over time, peak
+//! concurrency, and with `--queue-slots` the queue's length and waits.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -17,6 +17,39 @@ pub const MAX_SLOTS: usize = 6 * 60 * 60 * 10;
 /// Statuses counted (0..=599); anything else is folded into 599.
 const STATUSES: usize = 600;
 
+/// Why a request was answered 429. Only [`Throttle::Rate`] says the sender went too fast.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Throttle {
+    /// A bucket was empty: the request bucket (the model's own with `--model-limit`) or the
+    /// tokens-per-minute one.
+    Rate,
+    /// `--overload-429`: the engine is overloaded, whatever the sender's rate.
+    Overload,
+    /// `--admission-refusals`: the gateway's queue is full, whatever the sender's rate.
+    Admission,
+    /// `--requests-per-day`: the day's quota is spent.
+    Quota,
+}
+
+impl Throttle {
+    pub const ALL: [Throttle; 4] = [
+        Throttle::Rate,
+        Throttle::Overload,
+        Throttle::Admission,
+        Throttle::Quota,
+    ];
+
+    /// The key in [`Stats::throttles_by_reason`].
+    pub fn label(self) -> &'static str {
+        match self {
+            Throttle::Rate => "rate",
+            Throttle::Overload => "overload",
+            Throttle::Admission => "admission",
+            Throttle::Quota => "quota",
+        }
+    }
+}
+
 /// Snapshot served at `GET /_stats`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Stats {
@@ -26,6 +59,10 @@ pub struct Stats {
     pub requests: u64,
     /// Responses by status code, e.g. `{"200": 40, "429": 10}`.
     pub by_status: BTreeMap<String, u64>,
+    /// 429 answers by reason, every reason present: `rate` (a bucket was empty: the sender's
+    /// rate), `overload`, `admission` and `quota`; they add up to `by_status["429"]`.
+    #[serde(default)]
+    pub throttles_by_reason: BTreeMap<String, u64>,
     /// Connections closed without a response by `--fail-reset`.
     pub resets: u64,
     /// Arrivals per 100 ms slot since start/reset (index = slot).
@@ -57,6 +94,8 @@ pub struct Recorder {
     requests: AtomicU64,
     resets: AtomicU64,
     by_status: Box<[AtomicU64]>,
+    /// Indexed like [`Throttle::ALL`].
+    throttles: [AtomicU64; 4],
     in_flight: Arc<AtomicU64>,
     max_in_flight: AtomicU64,
     arrivals: Mutex<Arrivals>,
@@ -98,6 +137,7 @@ impl Recorder {
             requests: AtomicU64::new(0),
             resets: AtomicU64::new(0),
             by_status: (0..STATUSES).map(|_| AtomicU64::new(0)).collect(),
+            throttles: Default::default(),
             in_flight: Arc::new(AtomicU64::new(0)),
             max_in_flight: AtomicU64::new(0),
             arrivals: Mutex::new(Arrivals {
@@ -146,6 +186,11 @@ impl Recorder {
         self.by_status[i].fetch_add(1, Relaxed);
     }
 
+    /// Counts a 429 answered for `reason` (its status is counted by [`Recorder::status`]).
+    pub fn throttle(&self, reason: Throttle) {
+        self.throttles[reason as usize].fetch_add(1, Relaxed);
+    }
+
     pub fn reset_connection(&self) {
         self.resets.fetch_add(1, Relaxed);
     }
@@ -162,7 +207,7 @@ impl Recorder {
         arrivals.slots.clear();
         self.requests.store(0, Relaxed);
         self.resets.store(0, Relaxed);
-        for count in self.by_status.iter() {
+        for count in self.by_status.iter().chain(&self.throttles) {
             count.store(0, Relaxed);
         }
         self.max_in_flight
@@ -180,11 +225,21 @@ impl Recorder {
                 (n > 0).then(|| (code.to_string(), n))
             })
             .collect();
+        let throttles_by_reason = Throttle::ALL
+            .iter()
+            .map(|t| {
+                (
+                    t.label().to_owned(),
+                    self.throttles[*t as usize].load(Relaxed),
+                )
+            })
+            .collect();
         let waits = self.waits.lock().unwrap_or_else(PoisonError::into_inner);
         Stats {
             elapsed_ms: now.saturating_duration_since(arrivals.start).as_millis() as u64,
             requests: self.requests.load(Relaxed),
             by_status,
+            throttles_by_reason,
             resets: self.resets.load(Relaxed),
             arrivals_per_100ms: arrivals.slots.clone(),
             max_in_flight: self.max_in_flight.load(Relaxed),
@@ -221,6 +276,29 @@ mod tests {
         assert_eq!(s.max_in_flight, 2);
         let want: BTreeMap<String, u64> = [("200".into(), 2), ("429".into(), 1)].into();
         assert_eq!(s.by_status, want);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn throttles_are_counted_by_reason_and_cleared_with_the_rest() {
+        let r = Recorder::new(Instant::now());
+        let zeros = r.snapshot(Instant::now()).throttles_by_reason;
+        let labels: Vec<&str> = zeros.keys().map(String::as_str).collect();
+        assert_eq!(labels, ["admission", "overload", "quota", "rate"]);
+        assert!(zeros.values().all(|n| *n == 0));
+        for reason in [
+            Throttle::Rate,
+            Throttle::Rate,
+            Throttle::Overload,
+            Throttle::Quota,
+        ] {
+            r.throttle(reason);
+        }
+        let s = r.snapshot(Instant::now()).throttles_by_reason;
+        let counts = (s["rate"], s["overload"], s["admission"], s["quota"]);
+        assert_eq!(counts, (2, 1, 0, 1));
+        r.clear(Instant::now());
+        let s = r.snapshot(Instant::now()).throttles_by_reason;
+        assert!(s.values().all(|n| *n == 0));
     }
 
     #[tokio::test(start_paused = true)]

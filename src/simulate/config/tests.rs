@@ -44,6 +44,12 @@ fn all_flags_parse() {
         "--slow-fraction=0.5",
         "--stream-chunks=3",
         "--stream-interval=1ms",
+        "--overload-429=0.2",
+        "--admission-refusals=3",
+        "--model-limit=fast=50@20",
+        "--model-limit=slow=10@4",
+        "--requests-per-day=300",
+        "--service-tail=pareto:1.5",
         "--seed=7",
     ])
     .unwrap();
@@ -83,7 +89,50 @@ fn all_flags_parse() {
         ]
     );
     assert_eq!(c.stream_chunks, 3);
+    assert_eq!(c.overload_429, 0.2);
+    assert_eq!(c.admission_refusals, 3);
+    assert_eq!(
+        c.model_limits,
+        vec![
+            ModelLimit {
+                model: "fast".into(),
+                capacity: 50,
+                refill: 20.0
+            },
+            ModelLimit {
+                model: "slow".into(),
+                capacity: 10,
+                refill: 4.0
+            },
+        ]
+    );
+    assert_eq!(c.requests_per_day, Some(300));
+    assert_eq!(c.service_tail, Some(ServiceTail::Pareto { alpha: 1.5 }));
     assert_eq!(c.seed, Some(7));
+}
+
+#[test]
+fn gemini_style_takes_an_array_share() {
+    let c = config(&["--header-style=gemini", "--gemini-array=0.5"]).unwrap();
+    assert_eq!((c.header_style, c.gemini_array), (HeaderStyle::Gemini, 0.5));
+}
+
+#[test]
+fn model_limit_parses_names_with_an_equals_sign_and_names_the_format() {
+    let limit = parse_model_limit("models/gemini=x = 5 @ 0.5").unwrap();
+    assert_eq!(
+        limit,
+        ModelLimit {
+            model: "models/gemini=x".into(),
+            capacity: 5,
+            refill: 0.5
+        }
+    );
+    for bad in ["fast", "fast=50", "=50@20", "fast=many@20", "fast=50@quick"] {
+        assert!(parse_model_limit(bad).is_err(), "{bad} should not parse");
+    }
+    let err = parse_model_limit("fast=50").unwrap_err();
+    assert!(err.contains("MODEL=CAPACITY@REFILL"), "{err}");
 }
 
 #[test]
@@ -104,6 +153,7 @@ fn header_style_values() {
         ("openai", HeaderStyle::OpenAi),
         ("azure", HeaderStyle::Azure),
         ("none", HeaderStyle::None),
+        ("gemini", HeaderStyle::Gemini),
     ] {
         let c = config(&[&format!("--header-style={flag}")]).unwrap();
         assert_eq!(c.header_style, want);
@@ -122,6 +172,10 @@ fn clap_rejects_malformed_values() {
         "--fail-503-window=soon+1s",
         "--fail-503-window=5s+long",
         "--header-style=aws",
+        "--model-limit=fast",
+        "--service-tail=lognormal:1",
+        "--admission-refusals=-1",
+        "--requests-per-day=lots",
         "--queue-slots=-1",
         "--queue-slots=many",
         "--limit-report=hourly",
@@ -184,6 +238,48 @@ fn validation_rejects_nonsense() {
         ),
         (&["--stream-chunks=0"], ConfigError::ZeroChunks),
         (&["--queue-slots=0"], ConfigError::ZeroQueueSlots),
+        (
+            &["--overload-429=1.5"],
+            ConfigError::BadFraction {
+                flag: "overload-429",
+                value: 1.5,
+            },
+        ),
+        (
+            &["--header-style=gemini", "--gemini-array=-0.5"],
+            ConfigError::BadFraction {
+                flag: "gemini-array",
+                value: -0.5,
+            },
+        ),
+        (
+            &["--gemini-array=0.5"],
+            ConfigError::GeminiArrayWithoutGemini,
+        ),
+        (
+            &["--model-limit=fast=0@20"],
+            ConfigError::ZeroModelCapacity {
+                model: "fast".into(),
+            },
+        ),
+        (
+            &["--model-limit=fast=5@-1"],
+            ConfigError::BadRate {
+                flag: "model-limit",
+                value: -1.0,
+            },
+        ),
+        (
+            &["--model-limit=fast=5@1", "--model-limit=fast=9@2"],
+            ConfigError::DuplicateModel {
+                model: "fast".into(),
+            },
+        ),
+        (&["--requests-per-day=0"], ConfigError::ZeroRequestsPerDay),
+        (
+            &["--service-tail=pareto:0"],
+            ConfigError::BadTail { alpha: 0.0 },
+        ),
         (
             &["--fail-503-window=0s+1s", "--fail-503-window=2s+0s"],
             ConfigError::EmptyFailWindow {

@@ -1,5 +1,5 @@
 use super::*;
-use crate::simulate::config::RefillChange;
+use crate::simulate::config::{ModelLimit, RefillChange};
 use tokio::time::advance;
 
 fn limiter(capacity: u32, refill: f64, tpm: Option<u64>, report: LimitReport) -> Limiter {
@@ -41,9 +41,9 @@ async fn per_minute_headers_from_a_live_limiter() {
     let mut l = limiter(50, 20.0, None, LimitReport::PerMinute);
     let now = Instant::now();
     for _ in 0..39 {
-        assert!(l.admit(now, 0).denied.is_none());
+        assert!(l.admit(now, None, 0).denied.is_none());
     }
-    let a = l.admit(now, 0);
+    let a = l.admit(now, None, 0);
     assert_eq!(a.requests.limit, 1200);
     assert_eq!(a.requests.remaining, 1160);
     assert_eq!(a.requests.reset, Duration::from_secs(2));
@@ -53,18 +53,18 @@ async fn per_minute_headers_from_a_live_limiter() {
 async fn requests_bucket_denies_with_time_to_one_token() {
     let mut l = limiter(2, 4.0, None, LimitReport::Capacity);
     let now = Instant::now();
-    assert!(l.admit(now, 0).denied.is_none());
-    let second = l.admit(now, 0);
+    assert!(l.admit(now, None, 0).denied.is_none());
+    let second = l.admit(now, None, 0);
     assert!(second.denied.is_none());
     assert_eq!(second.requests.remaining, 0);
     assert_eq!(second.requests.reset, Duration::from_millis(500));
-    let third = l.admit(now, 0);
+    let third = l.admit(now, None, 0);
     let denied = third.denied.expect("bucket is empty");
     assert_eq!(denied.kind, Kind::Requests);
     assert_eq!(denied.retry_after, Duration::from_millis(250));
     assert!(third.tokens.is_none());
     advance(Duration::from_millis(250)).await;
-    assert!(l.admit(Instant::now(), 0).denied.is_none());
+    assert!(l.admit(Instant::now(), None, 0).denied.is_none());
 }
 
 #[tokio::test(start_paused = true)]
@@ -72,7 +72,7 @@ async fn tokens_bucket_denies_without_taking_a_request_token() {
     // 600 tpm = 10 tokens/s.
     let mut l = limiter(10, 1.0, Some(600), LimitReport::Capacity);
     let now = Instant::now();
-    let a = l.admit(now, 500);
+    let a = l.admit(now, None, 500);
     assert!(a.denied.is_none());
     assert_eq!(a.requests.remaining, 9);
     assert_eq!(
@@ -83,7 +83,7 @@ async fn tokens_bucket_denies_without_taking_a_request_token() {
             reset: Duration::from_secs(50)
         })
     );
-    let b = l.admit(now, 150);
+    let b = l.admit(now, None, 150);
     assert_eq!(
         b.denied,
         Some(Denied {
@@ -97,10 +97,10 @@ async fn tokens_bucket_denies_without_taking_a_request_token() {
 #[tokio::test(start_paused = true)]
 async fn reset_refills_both_buckets() {
     let mut l = limiter(1, 0.0, Some(100), LimitReport::Capacity);
-    assert!(l.admit(Instant::now(), 100).denied.is_none());
-    assert!(l.admit(Instant::now(), 0).denied.is_some());
+    assert!(l.admit(Instant::now(), None, 100).denied.is_none());
+    assert!(l.admit(Instant::now(), None, 0).denied.is_some());
     l.reset(Instant::now());
-    let a = l.admit(Instant::now(), 100);
+    let a = l.admit(Instant::now(), None, 100);
     assert!(a.denied.is_none());
 }
 
@@ -149,11 +149,11 @@ async fn quantized_429_reports_a_large_remaining_and_the_true_rate() {
     let mut l = limiter(20, 20.0, None, LimitReport::Quantized);
     let now = Instant::now();
     for i in 0..20 {
-        let a = l.admit(now, 0);
+        let a = l.admit(now, None, 0);
         assert!(a.denied.is_none(), "request {i}");
         assert_eq!(a.requests.remaining, 1200 - 1 - i);
     }
-    let refused = l.admit(now, 0);
+    let refused = l.admit(now, None, 0);
     let denied = refused.denied.expect("the enforcing bucket is empty");
     assert_eq!(denied.kind, Kind::Requests);
     assert_eq!(denied.retry_after, Duration::from_millis(50));
@@ -168,18 +168,18 @@ async fn quantized_429_reports_a_large_remaining_and_the_true_rate() {
     assert_eq!(rate, 20.0);
     // Half a second later 10 have refilled in both buckets.
     advance(Duration::from_millis(500)).await;
-    let a = l.admit(Instant::now(), 0);
+    let a = l.admit(Instant::now(), None, 0);
     assert!(a.denied.is_none());
     assert_eq!((a.requests.limit, a.requests.remaining), (1200, 1189));
     assert_eq!(a.requests.reset, Duration::from_millis(550));
     l.reset(Instant::now());
-    assert_eq!(l.admit(Instant::now(), 0).requests.remaining, 1199);
+    assert_eq!(l.admit(Instant::now(), None, 0).requests.remaining, 1199);
 }
 
 #[tokio::test(start_paused = true)]
 async fn quantized_tokens_are_reported_honestly() {
     let mut l = limiter(20, 20.0, Some(600), LimitReport::Quantized);
-    let a = l.admit(Instant::now(), 500);
+    let a = l.admit(Instant::now(), None, 500);
     assert_eq!(
         a.tokens,
         Some(View {
@@ -195,17 +195,17 @@ async fn quantized_figures_follow_refill_change() {
     // 20/s, then 5/s from 1s on.
     let mut l = limiter_with_changes(20, 20.0, &[(1000, 5.0)], LimitReport::Quantized);
     for _ in 0..20 {
-        assert!(l.admit(Instant::now(), 0).denied.is_none());
+        assert!(l.admit(Instant::now(), None, 0).denied.is_none());
     }
     advance(Duration::from_millis(500)).await;
     // 10 refilled; one more admitted: 11 owed, 10 of them at 20/s, the last at 5/s.
-    let a = l.admit(Instant::now(), 0);
+    let a = l.admit(Instant::now(), None, 0);
     assert!(a.denied.is_none());
     assert_eq!((a.requests.limit, a.requests.remaining), (1200, 1189));
     assert_eq!(a.requests.reset, Duration::from_millis(700));
     advance(Duration::from_millis(500)).await;
     // At 1s: 1 owed, one more admitted, reported against 5/s = 300 per minute.
-    let a = l.admit(Instant::now(), 0);
+    let a = l.admit(Instant::now(), None, 0);
     assert!(a.denied.is_none());
     assert_eq!((a.requests.limit, a.requests.remaining), (300, 298));
     assert_eq!(a.requests.reset, Duration::from_millis(400));
@@ -215,13 +215,75 @@ async fn quantized_figures_follow_refill_change() {
 async fn per_minute_figures_follow_refill_change() {
     // 20/s, then 10/s from 1s on.
     let mut l = limiter_with_changes(50, 20.0, &[(1000, 10.0)], LimitReport::PerMinute);
-    let a = l.admit(Instant::now(), 0);
+    let a = l.admit(Instant::now(), None, 0);
     assert_eq!((a.requests.limit, a.requests.remaining), (1200, 1199));
     assert_eq!(a.requests.reset, Duration::from_millis(50));
     advance(Duration::from_secs(1)).await;
-    let a = l.admit(Instant::now(), 0);
+    let a = l.admit(Instant::now(), None, 0);
     assert_eq!((a.requests.limit, a.requests.remaining), (600, 599));
     assert_eq!(a.requests.reset, Duration::from_millis(100));
     let rate = (a.requests.limit - a.requests.remaining) as f64 / a.requests.reset.as_secs_f64();
     assert_eq!(rate, 10.0);
+}
+
+fn two_models(report: LimitReport) -> Limiter {
+    let config = SimConfig {
+        capacity: 50,
+        refill: 20.0,
+        limit_report: report,
+        model_limits: vec![ModelLimit {
+            model: "slow".into(),
+            capacity: 2,
+            refill: 1.0,
+        }],
+        ..SimConfig::default()
+    };
+    Limiter::new(&config, Instant::now())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_model_with_a_limit_of_its_own_is_refused_alone() {
+    let mut l = two_models(LimitReport::Capacity);
+    let now = Instant::now();
+    for left in [1, 0] {
+        let a = l.admit(now, Some("slow"), 0);
+        assert!(a.denied.is_none());
+        assert_eq!((a.requests.limit, a.requests.remaining), (2, left));
+    }
+    let refused = l.admit(now, Some("slow"), 0);
+    assert_eq!(
+        refused.denied,
+        Some(Denied {
+            kind: Kind::Requests,
+            retry_after: Duration::from_secs(1)
+        })
+    );
+    let other = l.admit(now, Some("fast"), 0);
+    assert!(other.denied.is_none());
+    assert_eq!((other.requests.limit, other.requests.remaining), (50, 49));
+    l.reset(now);
+    assert_eq!(l.admit(now, Some("slow"), 0).requests.remaining, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_model_reports_its_own_per_minute_figures() {
+    let mut l = two_models(LimitReport::PerMinute);
+    let now = Instant::now();
+    let slow = l.admit(now, Some("slow"), 0).requests;
+    assert_eq!((slow.limit, slow.remaining), (60, 59));
+    let default = l.admit(now, None, 0).requests;
+    assert_eq!((default.limit, default.remaining), (1200, 1199));
+}
+
+#[tokio::test(start_paused = true)]
+async fn peek_reports_the_bucket_and_takes_nothing() {
+    let mut l = two_models(LimitReport::Quantized);
+    let now = Instant::now();
+    for _ in 0..3 {
+        let a = l.peek(now, Some("slow"));
+        assert_eq!(a.denied, None);
+        assert_eq!((a.requests.limit, a.requests.remaining), (60, 60));
+    }
+    assert!(l.admit(now, Some("slow"), 0).denied.is_none());
+    assert_eq!(l.peek(now, Some("slow")).requests.remaining, 59);
 }

@@ -181,21 +181,26 @@ impl Throttle {
                 named: false,
             };
         }
-        let hint = named.or_else(|| hints::reset_hint(headers, now));
-        let reason =
-            if signals.window == Some(QuotaWindow::Day) || hint.is_some_and(|h| h > time_left) {
-                Reason::LongWindow
-            } else if signals.overloaded {
-                Reason::Overload
-            } else if signals.rate_limited || named.is_some() {
-                Reason::Rate
-            } else {
-                match headroom(headers, now) {
-                    Some(true) => Reason::Overload,
-                    Some(false) => Reason::Rate,
-                    None => Reason::Unknown,
-                }
-            };
+        // The wait the upstream implies: one it named, else the reset of a bucket it reports
+        // empty (a bucket with room says nothing about when to come back).
+        let implied = named.or_else(|| hints::exhausted_reset(headers, now));
+        let (reason, hint) = if signals.overloaded {
+            (Reason::Overload, named)
+        } else if signals.window == Some(QuotaWindow::Day) || implied.is_some_and(|h| h > time_left)
+        {
+            (Reason::LongWindow, implied)
+        } else if signals.rate_limited || named.is_some() {
+            (
+                Reason::Rate,
+                named.or_else(|| hints::reset_hint(headers, now)),
+            )
+        } else {
+            match headroom(headers, now) {
+                Some(true) => (Reason::Overload, None),
+                Some(false) => (Reason::Rate, hints::reset_hint(headers, now)),
+                None => (Reason::Unknown, None),
+            }
+        };
         Throttle {
             reason,
             hint,
@@ -246,7 +251,13 @@ fn is_permanent(
     let Ok(json) = serde_json::from_slice::<serde_json::Value>(body) else {
         return false;
     };
-    let error = &json["error"];
+    // Some providers (Gemini) wrap the error object in an array.
+    let error = match &json {
+        serde_json::Value::Array(items) => items
+            .first()
+            .map_or(&serde_json::Value::Null, |e| &e["error"]),
+        object => &object["error"],
+    };
     let fields = [
         &error["code"],
         &error["type"],
@@ -343,6 +354,23 @@ mod tests {
     }
 
     #[test]
+    fn an_overload_with_a_long_reset_of_a_bucket_with_room_is_still_an_overload() {
+        let body = r#"{"error":{"message":"The engine is currently overloaded, please try again later","type":"server_error"}}"#;
+        let long_reset = [
+            ("x-ratelimit-limit-requests", "5000"),
+            ("x-ratelimit-remaining-requests", "4990"),
+            ("x-ratelimit-reset-requests", "30s"),
+        ];
+        let t = read(&long_reset, body, Duration::from_secs(10));
+        assert_eq!(t.reason, Reason::Overload);
+        assert_eq!(t.hint, None, "a reset of a bucket with room names no wait");
+        assert_eq!(
+            read(&long_reset, "", Duration::from_secs(10)).reason,
+            Reason::Overload
+        );
+    }
+
+    #[test]
     fn a_429_with_clear_headroom_and_no_wait_named_is_an_overload() {
         assert_eq!(read(&HEALTHY, "", MINUTE).reason, Reason::Overload);
         // The same headroom with a wait named is the bucket: enforcement finer than the report.
@@ -394,6 +422,13 @@ mod tests {
         let t = read(&[], gemini, MINUTE);
         assert_eq!(t.reason, Reason::Rate);
         assert_eq!(t.hint, Some(Duration::from_millis(1500)));
+        // The object form, and without its delay the same words are a quota.
+        let object = &gemini[1..gemini.len() - 1];
+        assert_eq!(read(&[], object, MINUTE).reason, Reason::Rate);
+        let no_delay = object.replace(r#""retryDelay":"1.5s""#, r#""x":"y""#);
+        assert_eq!(read(&[], &no_delay, MINUTE).reason, Reason::Quota);
+        let wrapped = format!("[{no_delay}]");
+        assert_eq!(read(&[], &wrapped, MINUTE).reason, Reason::Quota);
     }
 
     #[test]

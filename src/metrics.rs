@@ -331,11 +331,12 @@ const UNROUTED: &str = "(none)";
 
 // ===== known label values: zero series from the first scrape =====
 
-/// `outcome` of an attempt: every [`Outcome::label`](crate::classify::Outcome::label).
+/// `outcome` of an attempt: every [`Outcome::label`](crate::classify::Outcome::label) but
+/// `429_overload` (attempts are counted below the rate limiter, before a 429 is read; the
+/// reading is in `corral_upstream_429_reasons_total`).
 const OUTCOMES: &[&str] = &[
     "success",
     "429",
-    "429_overload",
     "529",
     "500",
     "502",
@@ -732,7 +733,6 @@ mod tests {
         let outcomes = [
             Outcome::Success,
             Outcome::Throttled(429),
-            Outcome::Overloaded(429),
             Outcome::Overloaded(529),
             Outcome::ServerError(500),
             Outcome::ServerError(501),

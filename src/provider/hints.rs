@@ -112,6 +112,18 @@ pub fn explicit_hint(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
 /// The later reset among the buckets reported exhausted (0 left; Azure's `-1` means unknown,
 /// not empty); the earliest reset if none says.
 pub fn reset_hint(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let (exhausted, any) = resets(headers, now);
+    exhausted.or(any)
+}
+
+/// The later reset among the buckets reported exhausted, and none if none is: the wait the
+/// upstream's report implies (a bucket with room says nothing about when to come back).
+pub fn exhausted_reset(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    resets(headers, now).0
+}
+
+/// The later reset among exhausted buckets, and the earliest reset of any.
+fn resets(headers: &HeaderMap, now: SystemTime) -> (Option<Duration>, Option<Duration>) {
     let mut exhausted: Option<Duration> = None;
     let mut any: Option<Duration> = None;
     let mut consider = |remaining: Option<&str>, reset: Option<Duration>| {
@@ -137,7 +149,7 @@ pub fn reset_hint(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
                 .and_then(|v| parse_rfc3339_until(v, now)),
         );
     }
-    exhausted.or(any)
+    (exhausted, any)
 }
 
 #[cfg(test)]

@@ -325,6 +325,8 @@ pub struct Pacer {
     pub last_remaining: Option<f64>,
     /// The last `reset` reported: when the bucket is full again.
     last_reset: Option<Duration>,
+    /// The bucket the reports describe: `limit` less the learned floor.
+    reported_size: Option<f64>,
     /// 429s and 529s attributed to this bucket.
     pub throttles: u64,
     admitted: Admitted,
@@ -365,6 +367,7 @@ impl Pacer {
             demotions: 0,
             last_remaining: None,
             last_reset: None,
+            reported_size: None,
             throttles: 0,
             admitted: Admitted::default(),
         }
@@ -464,7 +467,7 @@ impl Pacer {
             return Ok(self.admit(0.0, now));
         }
         self.refill(now);
-        if self.kind == Kind::Tokens && cost > self.burst {
+        if self.oversize(cost) {
             // Larger than the bucket: no wait here can make room for it. It goes now, charged
             // nothing; the upstream's answer (its report) settles what it cost.
             return Ok(self.admit(0.0, now));
@@ -495,10 +498,16 @@ impl Pacer {
         }
     }
 
+    /// Whether `cost` tokens exceed the whole bucket the upstream reports (not the pacer's own
+    /// burst, which a demoted model keeps at half a second of pace).
+    fn oversize(&self, cost: f64) -> bool {
+        self.kind == Kind::Tokens && cost > self.reported_size.unwrap_or(self.burst)
+    }
+
     /// Admit `cost` units past the pace (the pace is corral's guess, and the request's time to
     /// wait for it is up): charged at most the burst, and the level never owes more than one.
     pub fn admit_anyway(&mut self, cost: f64, now: Instant) -> Ticket {
-        if self.source == Source::None || (self.kind == Kind::Tokens && cost > self.burst) {
+        if self.source == Source::None || self.oversize(cost) {
             return self.admit(0.0, now);
         }
         self.refill(now);
@@ -512,7 +521,8 @@ impl Pacer {
     /// one burst. (The next report resynchronises the level anyway; this closes the gap until
     /// then.)
     pub fn settle(&mut self, ticket: Ticket, actual: f64, now: Instant) {
-        if self.source == Source::None || ticket.cost == 0.0 {
+        // A report newer than the attempt's own has set the level since: it counted this.
+        if self.source == Source::None || ticket.cost == 0.0 || self.synced_seq > ticket.seq {
             return;
         }
         self.refill(now);
@@ -545,9 +555,18 @@ impl Pacer {
                 break;
             }
         }
+        // A ticket of no cost was never listed (and shares its `seq` with the one before).
+        if ticket.cost == 0.0 {
+            return;
+        }
         if let Some(i) = self.unanswered.iter().position(|t| t.seq == ticket.seq) {
             self.unanswered.remove(i);
         }
+    }
+
+    /// The attempt admitted with `ticket` will never be answered (its request was cancelled).
+    pub fn abandon(&mut self, ticket: Ticket, now: Instant) {
+        self.forget(ticket, now);
     }
 
     /// Units sent shortly before `ticket` and still unanswered: on a busy machine they may reach
@@ -757,7 +776,6 @@ impl Pacer {
     }
 
     fn learn_headers(&mut self, ticket: Ticket, answer: Answer, r: Report, now: Instant) {
-        let throttled = matches!(answer, Answer::RateLimited | Answer::Overloaded);
         self.last_remaining = Some(r.remaining);
         self.last_reset = r.reset;
         if answer == Answer::RateLimited {
@@ -770,11 +788,13 @@ impl Pacer {
                 None => self.floor = Some(r.remaining),
             }
         }
-        // In the pacer's units: a tokens pacer confirms a request's tokens per answer.
-        self.verified = if throttled {
-            (self.verified / 2.0).max(1.0)
-        } else {
-            self.verified + ticket.cost.max(1.0)
+        self.reported_size = Some((r.limit - self.floor.unwrap_or(0.0)).max(1.0));
+        // In the pacer's units: a tokens pacer confirms a request's tokens per answer. Only
+        // this bucket's refusal halves it (an overload says nothing about the bucket).
+        self.verified = match answer {
+            Answer::RateLimited => (self.verified / 2.0).max(1.0),
+            Answer::Ok => self.verified + ticket.cost.max(1.0),
+            Answer::RefusedElsewhere | Answer::Overloaded => self.verified,
         };
         if let Some(reset) = r.reset.filter(|d| !d.is_zero()) {
             if r.limit > r.remaining {

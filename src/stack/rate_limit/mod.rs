@@ -72,6 +72,21 @@ struct Keyed {
     keyed: bool,
 }
 
+/// Tickets admitted and not yet answered; dropped with its request, it gives them up, so a
+/// cancelled request does not count as in flight until the pacer forgets it.
+struct Unanswered<'a> {
+    partition: &'a Partition,
+    tickets: Option<partition::Tickets>,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if let Some(tickets) = self.tickets.take() {
+            self.partition.abandon(tickets);
+        }
+    }
+}
+
 /// Partitions listed by name in `/status`, the most recently used first.
 const STATUS_PARTITIONS: usize = 32;
 
@@ -296,12 +311,15 @@ impl RateLimitShared {
         }
         let deadline = req.ctx.deadline;
         let sent_at = Instant::now();
+        // Until the answer is observed: a request cancelled meanwhile gives its tickets up.
+        let mut unanswered = Unanswered { partition, tickets };
         let result = match next.oneshot(req).await {
             Ok(response) if response.status() == StatusCode::TOO_MANY_REQUESTS => {
                 Ok(self.read_429(response, deadline).await)
             }
             other => other,
         };
+        let tickets = unanswered.tickets.take();
         let result = match (result, tickets) {
             (Ok(response), Some(t)) if t.charged_tokens() > 0.0 => {
                 Ok(self.settle_on_usage(response, partition, t, estimate))
@@ -311,7 +329,7 @@ impl RateLimitShared {
         let outcome = Outcome::of(&result);
         let response = result.as_ref().ok();
         let throttle = response.and_then(|r| r.extensions().get::<Throttle>());
-        if tickets.is_some() || throttle.is_some() {
+        if tickets.is_some() || outcome == Outcome::Throttled(429) {
             let headers = response.map(Response::headers);
             partition.observe(tickets, outcome, throttle, headers, Some(sent_at), m);
         }
@@ -436,6 +454,16 @@ fn model_of(body: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
         #[serde(borrow, default)]
         model: Option<std::borrow::Cow<'a, str>>,
     }
+    // The SDKs write `"model"` first: read it there without parsing the rest.
+    const FIRST: &[u8] = br#"{"model":""#;
+    if let Some(rest) = body.strip_prefix(FIRST) {
+        let end = rest.iter().position(|b| *b == b'"' || *b == b'\\')?;
+        if rest[end] == b'"' {
+            return std::str::from_utf8(&rest[..end])
+                .ok()
+                .map(std::borrow::Cow::Borrowed);
+        }
+    }
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return None;
     }
@@ -518,6 +546,27 @@ mod tests {
 
     fn partitions(shared: &RateLimitShared) -> usize {
         lock(&shared.by_key.as_ref().unwrap().0).by_hash.len()
+    }
+
+    #[test]
+    fn the_model_is_read_from_the_top_level_only() {
+        let m = |b: &str| model_of(b.as_bytes()).map(|m| m.into_owned());
+        assert_eq!(
+            m(r#"{"model":"gpt-4o","messages":[]}"#).as_deref(),
+            Some("gpt-4o")
+        );
+        assert_eq!(
+            m(r#" {"messages":[{"model":"no"}], "model": "m2"}"#).as_deref(),
+            Some("m2")
+        );
+        assert_eq!(
+            m(r#"{"model":"a\"b"}"#).as_deref(),
+            Some("a\"b"),
+            "escapes decoded"
+        );
+        assert_eq!(m(r#"{"messages":[]}"#), None);
+        assert_eq!(m("not json"), None);
+        assert_eq!(m(r#"{"model":"unterminated"#), None);
     }
 
     #[test]

@@ -469,17 +469,20 @@ impl Partition {
             let named_wait = throttle
                 .filter(|t| rate_limited && t.named)
                 .and_then(|t| t.hint);
-            let full_by = |r: Option<Report>| {
-                let reset = r.and_then(|r| r.reset);
-                reset
+            // Only a bucket its own report shows empty: a refusal the reports do not explain
+            // stays evidence about the pace.
+            let full_by = |r: Option<Report>, need: f64| {
+                r.filter(|r| r.remaining < need)
+                    .and_then(|r| r.reset)
                     .zip(named_wait)
                     .is_some_and(|(reset, wait)| reset <= wait + FULL_SLACK)
             };
-            for (answer, report) in [
-                (&mut for_requests, requests_report),
-                (&mut for_tokens, tokens_report),
+            let token_need = tickets.tokens.cost().max(1.0);
+            for (answer, report, need) in [
+                (&mut for_requests, requests_report, 1.0),
+                (&mut for_tokens, tokens_report, token_need),
             ] {
-                if *answer == Answer::RateLimited && full_by(report) {
+                if *answer == Answer::RateLimited && full_by(report, need) {
                     *answer = Answer::RefusedElsewhere;
                 }
             }
@@ -548,7 +551,8 @@ impl Partition {
                 }
                 _ => target.extend(now + wait),
             }
-            if let Some(lease) = &self.lease {
+            // Peers extend their named pause with it: only the upstream's word is shared.
+            if let Some(lease) = self.lease.as_ref().filter(|_| hinted) {
                 lease.throttled(wait, refused.0, refused.1);
             }
         }
@@ -564,6 +568,17 @@ impl Partition {
             lock(pacers)
                 .tokens
                 .settle(tickets.tokens, tokens, Instant::now());
+        }
+    }
+
+    /// The request admitted with `tickets` left before its answer came (cancelled): its tickets
+    /// are no longer in flight.
+    pub fn abandon(&self, tickets: Tickets) {
+        if let Some(pacers) = &self.pacers {
+            let now = Instant::now();
+            let mut p = lock(pacers);
+            p.requests.abandon(tickets.requests, now);
+            p.tokens.abandon(tickets.tokens, now);
         }
     }
 

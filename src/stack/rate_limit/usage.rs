@@ -41,9 +41,9 @@
 //!   it does not add to it). Each line is read alone: an event whose JSON were split over several
 //!   `data:` lines would go uncounted, but every provider sends one line per event.
 //!
-//! When the body ends early, `on_done` gets what was reported so far (a lower bound: Anthropic
-//! reports input at the start) or `None`; `None` too when nothing was reported (an OpenAI stream
-//! without `include_usage`, an error body). The callback runs on the task that polls or drops the
+//! When the body ends early (an error, or dropped before its end), `on_done` gets `None`: a
+//! count cut short would settle a charge whose end it never saw. `None` too when nothing was
+//! reported (an OpenAI stream without `include_usage`, an error body). The callback runs on the task that polls or drops the
 //! body, so it must be quick and must not panic.
 
 use std::pin::Pin;
@@ -156,7 +156,8 @@ impl HttpBody for Tap {
                     this.tally.read(data);
                 }
             }
-            Poll::Ready(Some(Err(_)) | None) => this.tally.finish(),
+            Poll::Ready(Some(Err(_))) => this.tally.finish(false),
+            Poll::Ready(None) => this.tally.finish(true),
             Poll::Pending => {}
         }
         polled
@@ -185,17 +186,22 @@ impl Tally {
         }
     }
 
-    /// Call back with what was seen, the first time only.
-    fn finish(&mut self) {
+    /// Call back with what was seen, the first time only: the count if the body reached its
+    /// end (`complete`), else nothing (a count cut short would settle a charge it never saw
+    /// the end of).
+    fn finish(&mut self, complete: bool) {
         if let Some(on_done) = self.on_done.take() {
-            on_done(self.reader.finish());
+            on_done(if complete { self.reader.finish() } else { None });
         }
     }
 }
 
-impl Drop for Tally {
+/// Dropping the tap finishes it: the callback runs even when the client goes away mid-stream
+/// (no count), or when hyper stops polling at `is_end_stream` and drops the body (counted).
+impl Drop for Tap {
     fn drop(&mut self) {
-        self.finish();
+        let ended = self.inner.is_end_stream();
+        self.tally.finish(ended);
     }
 }
 
@@ -826,8 +832,8 @@ data: {"type": "message_stop"}
         drop(tapped);
         assert_eq!(
             calls.all(),
-            [usage(25, 1)],
-            "a stream cut after message_start reports the input and the output so far"
+            [None],
+            "a stream cut after message_start settles nothing: its end was never seen"
         );
     }
 

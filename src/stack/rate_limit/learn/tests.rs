@@ -654,3 +654,72 @@ fn usage_settles_what_was_charged() {
         pacer.level
     );
 }
+
+/// An overload answered with a report leaves the confirmed window alone: only this bucket's
+/// refusal halves it.
+#[test]
+fn an_overload_with_headers_leaves_the_confirmed_window_alone() {
+    let mut now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
+    let report = Report {
+        limit: 1000.0,
+        remaining: 990.0,
+        reset: Some(Duration::from_secs(1)),
+    };
+    for _ in 0..5 {
+        let t = pacer.admit_anyway(1.0, now);
+        pacer.observe(t, Answer::Ok, Some(report), now);
+        now += Duration::from_millis(20);
+    }
+    let confirmed = pacer.verified;
+    for _ in 0..12 {
+        let t = pacer.admit_anyway(1.0, now);
+        pacer.observe(t, Answer::Overloaded, Some(report), now);
+        now += Duration::from_millis(20);
+    }
+    assert_eq!(pacer.verified, confirmed);
+    assert!(pacer.cap.is_none(), "no cut");
+}
+
+/// A demoted tokens pacer keeps a burst of half a second of pace, but a request is oversize
+/// (sent uncharged) only against the bucket the reports describe.
+#[test]
+fn a_demoted_tokens_pacer_still_charges_requests_that_fit_the_reported_bucket() {
+    let mut now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Tokens, 10, 1.0, now);
+    let report = |remaining: f64| Report {
+        limit: 30_000.0,
+        remaining,
+        reset: Some(Duration::from_secs_f64((30_000.0 - remaining) / 500.0)),
+    };
+    let t = pacer.admit_anyway(100.0, now);
+    pacer.observe(t, Answer::RateLimited, Some(report(1_000.0)), now);
+    now += Duration::from_secs(2);
+    let t = pacer.admit_anyway(100.0, now);
+    pacer.observe(t, Answer::RateLimited, Some(report(20_000.0)), now);
+    assert_eq!(pacer.source(), Source::Observed);
+    pacer.refill(now);
+    assert!(pacer.burst() < 1_500.0, "burst {}", pacer.burst());
+    let t = pacer.admit_anyway(1_500.0, now);
+    assert!(t.cost() > 0.0, "charged: it fits the reported bucket of 29000");
+    let huge = pacer.admit_anyway(50_000.0, now);
+    assert_eq!(huge.cost(), 0.0, "larger than the reported bucket: uncharged");
+}
+
+/// A request cancelled before its answer is no longer in flight: the idle rule still holds.
+#[test]
+fn a_cancelled_request_is_not_in_flight() {
+    let now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
+    let t = pacer.try_acquire(1.0, now).unwrap();
+    assert_eq!(pacer.unanswered.len(), 1);
+    pacer.abandon(t, now);
+    assert!(pacer.unanswered.is_empty());
+    // A ticket of no cost shares its seq with the one before: answering it forgets nothing.
+    let kept = pacer.admit_anyway(1.0, now);
+    let free = pacer.admit(0.0, now);
+    pacer.observe(free, Answer::Ok, None, now);
+    assert_eq!(pacer.unanswered.len(), 1);
+    pacer.observe(kept, Answer::Ok, None, now);
+    assert!(pacer.unanswered.is_empty());
+}

@@ -157,7 +157,15 @@ pub struct Throttle {
     pub hint: Option<Duration>,
     /// Whether `hint` was named outright rather than read from a reset.
     pub named: bool,
+    /// A rate 429 whose named wait outlasts the refill of every bucket its report shows empty:
+    /// the upstream says the bucket is full again by the time this request may come back, so
+    /// the wait is this request's own (an admission control's queue, not a bucket's edge): it
+    /// waits, the partition does not pause, and the pace does not move.
+    pub own_wait: bool,
 }
+
+/// A bucket reported full again within this of a named wait's end counts as full by then.
+const REFILL_SLACK: Duration = Duration::from_millis(10);
 
 /// A `remaining` at least this share of its `limit` is clear headroom.
 const HEADROOM: f64 = 0.1;
@@ -179,6 +187,7 @@ impl Throttle {
                 reason: Reason::Quota,
                 hint: None,
                 named: false,
+                own_wait: false,
             };
         }
         // The wait the upstream implies: one it named, else the reset of a bucket it reports
@@ -201,12 +210,26 @@ impl Throttle {
                 None => (Reason::Unknown, None),
             }
         };
+        let own_wait = reason == Reason::Rate && named.is_some_and(|w| refills_by(headers, w, now));
         Throttle {
             reason,
             hint,
             named: named.is_some(),
+            own_wait,
         }
     }
+}
+
+/// Whether the buckets the headers report empty are all full again by `wait` (and one is).
+fn refills_by(headers: &HeaderMap, wait: Duration, now: SystemTime) -> bool {
+    let reports = [Kind::Requests, Kind::Tokens].map(|k| crate::provider::report(headers, k, now));
+    let mut empty = reports
+        .into_iter()
+        .flatten()
+        .filter(|r| r.remaining < 1.0)
+        .peekable();
+    empty.peek().is_some()
+        && empty.all(|r| r.reset.is_some_and(|reset| reset <= wait + REFILL_SLACK))
 }
 
 /// Whether the rate-limit headers report clear headroom in every bucket they describe; `None`
@@ -396,6 +419,29 @@ mod tests {
     }
 
     #[test]
+    fn a_named_wait_that_outlasts_the_empty_buckets_refill_is_the_requests_own() {
+        let admission = [
+            ("x-ratelimit-limit-requests", "1000000"),
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "1s"),
+            ("retry-after", "1"),
+        ];
+        let t = read(&admission, "", MINUTE);
+        assert_eq!(t.reason, Reason::Rate);
+        assert!(t.own_wait);
+        // A bucket still refilling when the wait ends: the partition's wait.
+        let bucket = [
+            ("x-ratelimit-limit-requests", "50"),
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "2.5s"),
+            ("retry-after-ms", "50"),
+        ];
+        assert!(!read(&bucket, "", MINUTE).own_wait);
+        // No report of an empty bucket: nothing says it refills.
+        assert!(!read(&[("retry-after", "1")], "", MINUTE).own_wait);
+    }
+
+    #[test]
     fn a_bare_429_is_unknown() {
         assert_eq!(read(&[], "", MINUTE).reason, Reason::Unknown);
         assert_eq!(read(&[], "not json", MINUTE).reason, Reason::Unknown);
@@ -442,6 +488,7 @@ mod tests {
             reason: Reason::Overload,
             hint: None,
             named: false,
+            own_wait: false,
         });
         let outcome = Outcome::of_head(response.status(), response.extensions());
         assert_eq!(outcome, Outcome::Overloaded(429));

@@ -26,14 +26,41 @@ fn overloaded() -> http::Response<corral::body::Body> {
 }
 
 fn healthy(r: &mut http::Response<corral::body::Body>) {
-    let h = r.headers_mut();
-    for (k, v) in [
-        ("x-ratelimit-limit-requests", "10000"),
-        ("x-ratelimit-remaining-requests", "9990"),
-        ("x-ratelimit-reset-requests", "6ms"),
-    ] {
-        h.insert(k, v.parse().unwrap());
+    with_headers(
+        r,
+        &[
+            ("x-ratelimit-limit-requests", "10000"),
+            ("x-ratelimit-remaining-requests", "9990"),
+            ("x-ratelimit-reset-requests", "6ms"),
+        ],
+    );
+}
+
+fn with_headers(r: &mut http::Response<corral::body::Body>, pairs: &[(&'static str, &str)]) {
+    for (k, v) in pairs {
+        r.headers_mut().insert(*k, v.parse().unwrap());
     }
+}
+
+/// A token report of `limit` with 1000 used, resetting in 6 s.
+fn tokens_reported(r: &mut http::Response<corral::body::Body>, limit: u32) {
+    let (limit, remaining) = (limit.to_string(), (limit - 1000).to_string());
+    with_headers(
+        r,
+        &[
+            ("x-ratelimit-limit-tokens", &limit),
+            ("x-ratelimit-remaining-tokens", &remaining),
+            ("x-ratelimit-reset-tokens", "6s"),
+        ],
+    );
+}
+
+async fn status(c: &TestClient, corral: &Corral) -> serde_json::Value {
+    let req = http::Request::get(corral.url("/status"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let (_, body) = send(c, req).await;
+    serde_json::from_slice(&body).unwrap()
 }
 
 fn metric(text: &str, line_start: &str) -> f64 {
@@ -162,17 +189,17 @@ async fn an_admission_storm_costs_its_hints_and_leaves_no_crawl() {
             } else {
                 json(200, serde_json::json!({"ok": true}))
             };
-            let h = r.headers_mut();
             let remaining = if refuse { "0" } else { "99" };
-            for (k, v) in [
-                ("x-ratelimit-limit-requests", "100"),
-                ("x-ratelimit-remaining-requests", remaining),
-                ("x-ratelimit-reset-requests", "1s"),
-            ] {
-                h.insert(k, v.parse().unwrap());
-            }
+            with_headers(
+                &mut r,
+                &[
+                    ("x-ratelimit-limit-requests", "100"),
+                    ("x-ratelimit-remaining-requests", remaining),
+                    ("x-ratelimit-reset-requests", "1s"),
+                ],
+            );
             if refuse {
-                h.insert("retry-after", "1".parse().unwrap());
+                with_headers(&mut r, &[("retry-after", "1")]);
             }
             r
         }
@@ -296,11 +323,7 @@ async fn two_models_on_one_key_are_two_partitions() {
     // Bound: five unpaced requests in 2 s on a loaded machine (one shared partition would
     // have refused them, the pause being 20 s).
     assert!(start.elapsed() < Duration::from_secs(2));
-    let req = http::Request::get(corral.url("/status"))
-        .body(http_body_util::Full::new(bytes::Bytes::new()))
-        .unwrap();
-    let (_, body) = send(&c, req).await;
-    let status: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let status = status(&c, &corral).await;
     assert_eq!(
         status["upstreams"][0]["rate_limit"]["partitions"], 2,
         "{status}"
@@ -314,14 +337,7 @@ async fn two_models_on_one_key_are_two_partitions() {
 async fn a_request_larger_than_any_token_bucket_is_not_held() {
     let upstream = MockUpstream::start(|_| async {
         let mut r = json(200, serde_json::json!({"ok": true}));
-        let h = r.headers_mut();
-        for (k, v) in [
-            ("x-ratelimit-limit-tokens", "10000"),
-            ("x-ratelimit-remaining-tokens", "9000"),
-            ("x-ratelimit-reset-tokens", "6s"),
-        ] {
-            h.insert(k, v.parse().unwrap());
-        }
+        tokens_reported(&mut r, 10_000);
         r
     })
     .await;
@@ -357,14 +373,7 @@ async fn usage_calibrates_the_prompt_estimate() {
             serde_json::json!({"usage": {"prompt_tokens": 200, "completion_tokens": 5,
                 "total_tokens": 205}}),
         );
-        let h = r.headers_mut();
-        for (k, v) in [
-            ("x-ratelimit-limit-tokens", "100000"),
-            ("x-ratelimit-remaining-tokens", "99000"),
-            ("x-ratelimit-reset-tokens", "6s"),
-        ] {
-            h.insert(k, v.parse().unwrap());
-        }
+        tokens_reported(&mut r, 100_000);
         r
     })
     .await;
@@ -378,11 +387,7 @@ async fn usage_calibrates_the_prompt_estimate() {
     for _ in 0..40 {
         assert_eq!(send(&c, post(&url, &body)).await.0.status, 200);
     }
-    let req = http::Request::get(corral.url("/status"))
-        .body(http_body_util::Full::new(bytes::Bytes::new()))
-        .unwrap();
-    let (_, body) = send(&c, req).await;
-    let status: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let status = status(&c, &corral).await;
     let ratio = status["upstreams"][0]["rate_limit"]["prompt_tokens_per_estimated"]
         .as_f64()
         .unwrap();

@@ -428,8 +428,22 @@ async fn start_corrals(
         let name = format!("herd-{:08x}", SmallRng::from_os_rng().random::<u32>());
         format!("[fleet]\nredis = \"{url}\"\nname = \"{name}\"\n")
     });
+    // At a scale other than 1 corral's own clock for failures (backoff base, cap, the jitter on
+    // a hint) is scaled as the clients' backoff is, so its rows compare with theirs.
+    let retry = if spec.scale == 1.0 {
+        String::new()
+    } else {
+        let d = crate::config::RetryConfig::default();
+        let ms = |x: std::time::Duration| x.div_f64(spec.scale).as_millis().max(1);
+        format!(
+            "\n[upstream.retry]\nbase = \"{}ms\"\ncap = \"{}ms\"\nfloor_jitter = \"{}ms\"\n",
+            ms(d.base.0),
+            ms(d.cap.0),
+            ms(d.floor_jitter.0)
+        )
+    };
     let toml = format!(
-        "{fleet}[[upstream]]\nname = \"sim\"\nroute = \"/v1\"\nbase_url = \"http://{sim_addr}/v1\"\n{extra}"
+        "{fleet}[[upstream]]\nname = \"sim\"\nroute = \"/v1\"\nbase_url = \"http://{sim_addr}/v1\"\n{extra}{retry}"
     );
     let config = config::load_str("(herd benchmark)", &toml).map_err(std::io::Error::other)?;
     let (mut corrals, mut targets) = (Vec::new(), Vec::new());

@@ -92,6 +92,11 @@ const SHARE_GROWTH: f64 = 0.01;
 /// second.
 const GUESS_HOLD: Duration = Duration::from_millis(500);
 const GUESS_GROWTH: f64 = 0.1;
+/// A report whose reset is further away than this counts a long window, not a refill.
+const LONG_REPORT: Duration = Duration::from_secs(3600);
+/// An estimate from the 429s this many times the headers' rate says the report counts another
+/// window than the bucket that refuses.
+const OTHER_UNIT: f64 = 2.0;
 /// A named wait this long makes the cuts before it recover by doubling.
 pub const STORM: Duration = Duration::from_secs(1);
 /// A cut never goes below what the upstream admitted over this window.
@@ -415,7 +420,15 @@ impl Pacer {
             Source::Aimd => 0.0,
             Source::None | Source::SlowStart => return 0.0,
         };
+        let estimated_above = |c: f64| {
+            self.cap
+                .is_some_and(|cap| cap.before.is_none() && c > OTHER_UNIT * base)
+        };
         let pace = match (base > 0.0, cap) {
+            // The 429s showed the upstream admitting far more than the headers' rate: the
+            // report counts another window than the bucket that refuses (a per-day quota over
+            // a per-minute bucket). What happens beats what is reported.
+            (true, Some(c)) if estimated_above(c) => c,
             (true, Some(c)) => base.min(c),
             (true, None) => base,
             (false, Some(c)) => c,
@@ -796,7 +809,11 @@ impl Pacer {
             Answer::Ok => self.verified + ticket.cost.max(1.0),
             Answer::RefusedElsewhere | Answer::Overloaded => self.verified,
         };
-        if let Some(reset) = r.reset.filter(|d| !d.is_zero()) {
+        // A report whose bucket is full again only hours from now counts a long window (a
+        // per-day quota): its rate is a day's average, not a refill to pace by. Its `remaining`
+        // still bounds the level; the 429s of the bucket that refuses set the pace.
+        let long_window = r.reset.is_some_and(|d| d > LONG_REPORT);
+        if let Some(reset) = r.reset.filter(|d| !d.is_zero() && !long_window) {
             if r.limit > r.remaining {
                 let sample = (r.limit - r.remaining) / reset.as_secs_f64();
                 // A reset in whole seconds (Anthropic's RFC 3339 instants, Azure's integers) is

@@ -606,6 +606,7 @@ mod tests {
             reason: crate::classify::Reason::Rate,
             hint: Some(Duration::from_secs(3600)),
             named: true,
+            own_wait: false,
         };
         paused.observe(
             None,

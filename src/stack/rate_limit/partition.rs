@@ -153,9 +153,6 @@ pub struct Partition {
     rng: Mutex<SmallRng>,
 }
 
-/// A bucket reported full again within this of a named wait's end counts as full by then.
-const FULL_SLACK: Duration = Duration::from_millis(10);
-
 /// How long one request may wait in a partition.
 #[derive(Debug, Clone, Copy)]
 struct Limits {
@@ -445,6 +442,7 @@ impl Partition {
             Outcome::Throttled(429) => Some(throttle.map_or(Reason::Unknown, |t| t.reason)),
             _ => None,
         };
+        let own_wait = throttle.is_some_and(|t| t.own_wait);
         let rate_limited = reason.is_some_and(Reason::empties_bucket);
         let mut learned_pause: Option<Duration> = None;
         let mut refused = (rate_limited, false);
@@ -457,6 +455,9 @@ impl Partition {
                 )
             });
             let (requests_report, tokens_report) = reports.unwrap_or((None, None));
+            let named_wait = throttle
+                .filter(|t| rate_limited && t.named)
+                .and_then(|t| t.hint);
             let (mut for_requests, mut for_tokens) = attribute(
                 outcome,
                 reason,
@@ -464,26 +465,13 @@ impl Partition {
                 tokens_report,
                 tickets.tokens.cost(),
             );
-            // A named wait by whose end the bucket's own report says it is full again: the
-            // pause covers it, and it is no evidence about the pace (see `Pacer::full_after`).
-            let named_wait = throttle
-                .filter(|t| rate_limited && t.named)
-                .and_then(|t| t.hint);
-            // Only a bucket its own report shows empty: a refusal the reports do not explain
-            // stays evidence about the pace.
-            let full_by = |r: Option<Report>, need: f64| {
-                r.filter(|r| r.remaining < need)
-                    .and_then(|r| r.reset)
-                    .zip(named_wait)
-                    .is_some_and(|(reset, wait)| reset <= wait + FULL_SLACK)
-            };
-            let token_need = tickets.tokens.cost().max(1.0);
-            for (answer, report, need) in [
-                (&mut for_requests, requests_report, 1.0),
-                (&mut for_tokens, tokens_report, token_need),
-            ] {
-                if *answer == Answer::RateLimited && full_by(report, need) {
-                    *answer = Answer::RefusedElsewhere;
+            // A wait that is the request's own (see `Throttle::own_wait`) is no evidence about
+            // the pace.
+            if own_wait {
+                for answer in [&mut for_requests, &mut for_tokens] {
+                    if *answer == Answer::RateLimited {
+                        *answer = Answer::RefusedElsewhere;
+                    }
                 }
             }
             p.requests
@@ -499,6 +487,8 @@ impl Partition {
                 lease.learned(1, p.tokens.upstream_model());
             }
             if let Some(wait) = named_wait {
+                // After a wait the upstream named, its report's headroom needs no confirming
+                // when the bucket refills by then; and a long one is a storm's.
                 p.requests.full_after(wait);
                 p.tokens.full_after(wait);
                 p.requests.long_pause(wait);
@@ -527,6 +517,8 @@ impl Partition {
         let named = throttle.filter(|t| t.named).and_then(|t| nonzero(t.hint));
         let reset = throttle.filter(|t| !t.named).and_then(|t| nonzero(t.hint));
         let pause = match reason {
+            // The request waits on its own: the partition goes on at its pace.
+            _ if own_wait => None,
             // The upstream's own word first; a bucket's reset is the time until it is *full*,
             // far longer than one request needs, so the learner's estimate goes before it.
             Some(r) if r.empties_bucket() => match (named, nonzero(learned_pause), reset) {

@@ -95,19 +95,22 @@ impl RetryShared {
         self.budget.withdraw()
     }
 
+    /// `hint` plus up to `floor_jitter`, so requests told the same wait do not return at once.
+    fn after_hint(&self, hint: Duration) -> Duration {
+        let floor_jitter = self.config.floor_jitter.0;
+        if floor_jitter.is_zero() {
+            return hint;
+        }
+        let spread = lock(&self.rng).random_range(0.0..floor_jitter.as_secs_f64());
+        hint + Duration::from_secs_f64(spread)
+    }
+
     fn sleep_for(&self, retry: u32, previous: Duration, hint: Option<Duration>) -> Duration {
         let mut rng = lock(&self.rng);
         let backoff = self.backoff.sleep(retry, previous, &mut *rng);
+        drop(rng);
         match hint {
-            Some(hint) if hint >= backoff => {
-                let floor_jitter = self.config.floor_jitter.0;
-                let extra = if floor_jitter.is_zero() {
-                    Duration::ZERO
-                } else {
-                    Duration::from_secs_f64(rng.random_range(0.0..floor_jitter.as_secs_f64()))
-                };
-                hint + extra
-            }
+            Some(hint) if hint >= backoff => self.after_hint(hint),
             _ => backoff,
         }
     }
@@ -179,9 +182,12 @@ where
                             |t| t.hint,
                         );
                         let throttle = match Outcome::of_head(parts.status, &parts.extensions) {
-                            Outcome::Throttled(_) => {
-                                Some(read.map_or(Reason::Unknown, |t| t.reason))
-                            }
+                            Outcome::Throttled(_) => Some(read.unwrap_or(Throttle {
+                                reason: Reason::Unknown,
+                                hint,
+                                named: false,
+                                own_wait: false,
+                            })),
                             _ => None,
                         };
                         (Last::Response(parts, bytes, cut), reason, hint, throttle)
@@ -206,7 +212,10 @@ where
                 }
             }
         };
-        let sleep = if let Some(reason) = throttle {
+        let sleep = if let Some(Throttle {
+            reason, own_wait, ..
+        }) = throttle
+        {
             // A throttle is a pacing signal: the rate limiter below owns the wait (a 429 pauses
             // the partition for its hint, then the pacers let requests out at the learned rate),
             // so a retried 429 goes straight back to it. Each retry takes a token there like a
@@ -220,7 +229,12 @@ where
             if beyond || reason == Reason::LongWindow {
                 return give_up(last, attempts + 1, "deadline", hint, &shared);
             }
-            Duration::ZERO
+            match hint.filter(|_| own_wait) {
+                // The wait is this request's own (the partition goes on): it waits it here,
+                // spread a little as a hint is.
+                Some(wait) => shared.after_hint(wait),
+                None => Duration::ZERO,
+            }
         } else {
             // A failure, an overload (529, or a 429 read as overload) among them: the whole
             // service is unwell, no bucket to wait for: back off within the failure budget.

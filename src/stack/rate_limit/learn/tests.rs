@@ -701,9 +701,16 @@ fn a_demoted_tokens_pacer_still_charges_requests_that_fit_the_reported_bucket() 
     pacer.refill(now);
     assert!(pacer.burst() < 1_500.0, "burst {}", pacer.burst());
     let t = pacer.admit_anyway(1_500.0, now);
-    assert!(t.cost() > 0.0, "charged: it fits the reported bucket of 29000");
+    assert!(
+        t.cost() > 0.0,
+        "charged: it fits the reported bucket of 29000"
+    );
     let huge = pacer.admit_anyway(50_000.0, now);
-    assert_eq!(huge.cost(), 0.0, "larger than the reported bucket: uncharged");
+    assert_eq!(
+        huge.cost(),
+        0.0,
+        "larger than the reported bucket: uncharged"
+    );
 }
 
 /// A request cancelled before its answer is no longer in flight: the idle rule still holds.

@@ -442,7 +442,8 @@ impl Partition {
             Outcome::Throttled(429) => Some(throttle.map_or(Reason::Unknown, |t| t.reason)),
             _ => None,
         };
-        let own_wait = throttle.is_some_and(|t| t.own_wait);
+        // Only a learned pace can stand in for the pause for the other requests.
+        let own_wait = throttle.is_some_and(|t| t.own_wait) && self.pacers.is_some();
         let rate_limited = reason.is_some_and(Reason::empties_bucket);
         let mut learned_pause: Option<Duration> = None;
         let mut refused = (rate_limited, false);

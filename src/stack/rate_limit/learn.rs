@@ -606,6 +606,17 @@ impl Pacer {
         self.refill(now);
         self.quiet_since = now;
         self.forget(ticket, now);
+        // A report whose bucket is full again only hours from now counts a long window (a
+        // per-day quota, as Groq's request headers do): its rate is a day's average and its
+        // `remaining` the day's, nothing about the bucket that refuses first. The pacer learns
+        // as without headers; the quota's own 429 is read as a long window.
+        let report = match report {
+            Some(r) if r.reset.is_some_and(|d| d > LONG_REPORT) => {
+                self.last_remaining = Some(r.remaining);
+                None
+            }
+            other => other,
+        };
         if answer == Answer::Ok {
             let rtt = now.saturating_duration_since(ticket.sent_at).as_secs_f64();
             self.min_rtt = Some(self.min_rtt.map_or(rtt, |m| m.min(rtt)));
@@ -809,11 +820,7 @@ impl Pacer {
             Answer::Ok => self.verified + ticket.cost.max(1.0),
             Answer::RefusedElsewhere | Answer::Overloaded => self.verified,
         };
-        // A report whose bucket is full again only hours from now counts a long window (a
-        // per-day quota): its rate is a day's average, not a refill to pace by. Its `remaining`
-        // still bounds the level; the 429s of the bucket that refuses set the pace.
-        let long_window = r.reset.is_some_and(|d| d > LONG_REPORT);
-        if let Some(reset) = r.reset.filter(|d| !d.is_zero() && !long_window) {
+        if let Some(reset) = r.reset.filter(|d| !d.is_zero()) {
             if r.limit > r.remaining {
                 let sample = (r.limit - r.remaining) / reset.as_secs_f64();
                 // A reset in whole seconds (Anthropic's RFC 3339 instants, Azure's integers) is

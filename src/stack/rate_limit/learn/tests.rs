@@ -730,3 +730,31 @@ fn a_cancelled_request_is_not_in_flight() {
     pacer.observe(kept, Answer::Ok, None, now);
     assert!(pacer.unanswered.is_empty());
 }
+
+/// A report of a per-day quota (full again only hours from now) sets no pace: the pacer learns
+/// as without headers, and its 429s pace it.
+#[test]
+fn a_per_day_report_sets_no_pace() {
+    let mut now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
+    let day = Report {
+        limit: 300.0,
+        remaining: 290.0,
+        reset: Some(Duration::from_secs(5 * 3600)),
+    };
+    for _ in 0..5 {
+        let t = pacer.try_acquire(1.0, now).unwrap();
+        pacer.observe(t, Answer::Ok, Some(day), now);
+        now += Duration::from_millis(20);
+    }
+    assert_eq!(pacer.source(), Source::SlowStart, "no header model");
+    assert_eq!(
+        pacer.last_remaining,
+        Some(290.0),
+        "the day's count is still shown"
+    );
+    let t = pacer.admit_anyway(1.0, now);
+    pacer.observe(t, Answer::RateLimited, Some(day), now);
+    assert_eq!(pacer.source(), Source::Aimd, "paced from the 429s");
+    assert!(pacer.rate() >= MIN_RATE);
+}

@@ -328,8 +328,6 @@ pub struct Pacer {
     demotions: u32,
     /// The last `remaining` reported, for `/status` and the gauge.
     pub last_remaining: Option<f64>,
-    /// The last `reset` reported: when the bucket is full again.
-    last_reset: Option<Duration>,
     /// The bucket the reports describe: `limit` less the learned floor.
     reported_size: Option<f64>,
     /// 429s and 529s attributed to this bucket.
@@ -371,7 +369,6 @@ impl Pacer {
             distrust_until: None,
             demotions: 0,
             last_remaining: None,
-            last_reset: None,
             reported_size: None,
             throttles: 0,
             admitted: Admitted::default(),
@@ -734,16 +731,13 @@ impl Pacer {
         }
     }
 
-    /// A 429 named its wait, and this pacer's report says the bucket is full again by then
-    /// (its `reset` is no later): the refusal is no sign that sending as fast as the report
+    /// This pacer's bucket refused with a named wait by whose end its report says it is full
+    /// again (`Throttle::own_wait`): the refusal is no sign that sending as fast as the report
     /// allows overran it (an admission control's queue, not a bucket's edge), so the headroom
     /// the report shows after the wait needs no confirming. A client that honours the hint
     /// resends every refused request then; so may corral.
-    pub fn full_after(&mut self, wait: Duration) {
-        let full_by = self
-            .last_reset
-            .is_some_and(|reset| reset <= wait + RESYNC_SLACK_TIME);
-        if full_by && self.source == Source::Headers {
+    pub fn full_after(&mut self) {
+        if self.source == Source::Headers {
             self.verified = self.verified.max(self.burst);
         }
     }
@@ -801,7 +795,6 @@ impl Pacer {
 
     fn learn_headers(&mut self, ticket: Ticket, answer: Answer, r: Report, now: Instant) {
         self.last_remaining = Some(r.remaining);
-        self.last_reset = r.reset;
         if answer == Answer::RateLimited {
             // Only a 429 says where the bucket refuses (a 529 is the whole service).
             match self.floor {

@@ -467,12 +467,13 @@ impl Partition {
                 tickets.tokens.cost(),
             );
             // A wait that is the request's own (see `Throttle::own_wait`) is no evidence about
-            // the pace.
-            if own_wait {
-                for answer in [&mut for_requests, &mut for_tokens] {
-                    if *answer == Answer::RateLimited {
-                        *answer = Answer::RefusedElsewhere;
-                    }
+            // the pace, and the headroom the refusing bucket reports after it needs no
+            // confirming.
+            let own = |answer: Answer| own_wait && answer == Answer::RateLimited;
+            let full_after = (own(for_requests), own(for_tokens));
+            for answer in [&mut for_requests, &mut for_tokens] {
+                if own(*answer) {
+                    *answer = Answer::RefusedElsewhere;
                 }
             }
             p.requests
@@ -487,11 +488,13 @@ impl Partition {
                 lease.learned(0, p.requests.upstream_model());
                 lease.learned(1, p.tokens.upstream_model());
             }
+            if full_after.0 {
+                p.requests.full_after();
+            }
+            if full_after.1 {
+                p.tokens.full_after();
+            }
             if let Some(wait) = named_wait {
-                // After a wait the upstream named, its report's headroom needs no confirming
-                // when the bucket refills by then; and a long one is a storm's.
-                p.requests.full_after(wait);
-                p.tokens.full_after(wait);
                 p.requests.long_pause(wait);
                 p.tokens.long_pause(wait);
             }

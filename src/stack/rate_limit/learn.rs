@@ -328,6 +328,8 @@ pub struct Pacer {
     demotions: u32,
     /// The last `remaining` reported, for `/status` and the gauge.
     pub last_remaining: Option<f64>,
+    /// The share of its `limit` the last success's report had left.
+    last_ok_share: Option<f64>,
     /// The bucket the reports describe: `limit` less the learned floor.
     reported_size: Option<f64>,
     /// 429s and 529s attributed to this bucket.
@@ -370,6 +372,7 @@ impl Pacer {
             demotions: 0,
             last_remaining: None,
             reported_size: None,
+            last_ok_share: None,
             throttles: 0,
             admitted: Admitted::default(),
         }
@@ -736,6 +739,13 @@ impl Pacer {
     /// allows overran it (an admission control's queue, not a bucket's edge), so the headroom
     /// the report shows after the wait needs no confirming. A client that honours the hint
     /// resends every refused request then; so may corral.
+    /// Whether the last success's report showed at least half the bucket left (or none came
+    /// yet): a refusal right after clear headroom is not this sender's overrun. A bucket shared
+    /// with others runs near empty, and its refusals stay evidence about the pace.
+    pub fn had_headroom(&self) -> bool {
+        self.last_ok_share.is_none_or(|share| share >= 0.5)
+    }
+
     pub fn full_after(&mut self) {
         if self.source == Source::Headers {
             self.verified = self.verified.max(self.burst);
@@ -794,6 +804,9 @@ impl Pacer {
     }
 
     fn learn_headers(&mut self, ticket: Ticket, answer: Answer, r: Report, now: Instant) {
+        if answer == Answer::Ok && r.limit > 0.0 {
+            self.last_ok_share = Some(r.remaining / r.limit);
+        }
         self.last_remaining = Some(r.remaining);
         if answer == Answer::RateLimited {
             // Only a 429 says where the bucket refuses (a 529 is the whole service).

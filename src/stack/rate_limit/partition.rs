@@ -442,8 +442,10 @@ impl Partition {
             Outcome::Throttled(429) => Some(throttle.map_or(Reason::Unknown, |t| t.reason)),
             _ => None,
         };
-        // Only a learned pace can stand in for the pause for the other requests.
+        // Only a learned pace can stand in for the pause for the other requests, and only
+        // after clear headroom (see `Pacer::had_headroom`).
         let own_wait = throttle.is_some_and(|t| t.own_wait) && self.pacers.is_some();
+        let mut own_wait_kept = false;
         let rate_limited = reason.is_some_and(Reason::empties_bucket);
         let mut learned_pause: Option<Duration> = None;
         let mut refused = (rate_limited, false);
@@ -469,13 +471,19 @@ impl Partition {
             // A wait that is the request's own (see `Throttle::own_wait`) is no evidence about
             // the pace, and the headroom the refusing bucket reports after it needs no
             // confirming.
-            let own = |answer: Answer| own_wait && answer == Answer::RateLimited;
-            let full_after = (own(for_requests), own(for_tokens));
-            for answer in [&mut for_requests, &mut for_tokens] {
-                if own(*answer) {
+            let full_after = (
+                own_wait && for_requests == Answer::RateLimited && p.requests.had_headroom(),
+                own_wait && for_tokens == Answer::RateLimited && p.tokens.had_headroom(),
+            );
+            for (answer, own) in [
+                (&mut for_requests, full_after.0),
+                (&mut for_tokens, full_after.1),
+            ] {
+                if own {
                     *answer = Answer::RefusedElsewhere;
                 }
             }
+            own_wait_kept = full_after.0 || full_after.1;
             p.requests
                 .observe(tickets.requests, for_requests, requests_report, now);
             p.tokens
@@ -522,7 +530,7 @@ impl Partition {
         let reset = throttle.filter(|t| !t.named).and_then(|t| nonzero(t.hint));
         let pause = match reason {
             // The request waits on its own: the partition goes on at its pace.
-            _ if own_wait => None,
+            _ if own_wait_kept => None,
             // The upstream's own word first; a bucket's reset is the time until it is *full*,
             // far longer than one request needs, so the learner's estimate goes before it.
             Some(r) if r.empties_bucket() => match (named, nonzero(learned_pause), reset) {

@@ -140,21 +140,22 @@ async fn every_world_turns_temporary_refusals_into_waits() {
     }
 }
 
-/// Issue 9, point 5, at the quick scale: a backend with 16 slots and an unbounded queue; with
-/// `concurrency = "auto"` the queue stays in corral (bound for CI: p99 wait in the backend's
-/// queue under a quarter of the makespan, where a fixed window of 1024 puts nearly all of it
-/// there).
+/// Issue 9, point 5, at half the quick scale (time / 5): a backend with 16 slots and an
+/// unbounded queue; with `concurrency = "auto"` the queue stays in corral (bound for CI: p99 wait
+/// in the backend's queue under a quarter of the makespan, where a fixed window of 1024 puts
+/// nearly all of it there). The makespan bound is 1.8x: this machine measures 1.2x; at time / 10
+/// (a 625 ms bound) a loaded CI machine once took 1.68x, timer slack on a 20 ms service time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queueing_backend_keeps_its_queue_short() {
     let _serial = SERIAL.lock().await;
     let spec = Spec {
         scenario: Some(Scenario::Queue),
-        ..quick(500)
+        ..Spec::reference(500, 5.0)
     };
     let r = run_one(&spec, Strategy::CorralAuto).await.unwrap();
     assert_eq!(r.failed, 0);
     assert!(
-        r.makespan < r.bound.mul_f64(1.6),
+        r.makespan < r.bound.mul_f64(1.8),
         "{:?} against a bound of {:?}",
         r.makespan,
         r.bound

@@ -29,6 +29,7 @@ use tokio::time::Instant;
 
 use crate::config::{GroupConfig, HedgeAfter, UpstreamConfig};
 use crate::error::ProxyError;
+use crate::forward;
 use crate::metrics::Metrics;
 use crate::router::Upstream;
 use crate::stack::layer::{lock, SetAside};
@@ -41,6 +42,9 @@ pub struct Member {
     pub upstream: Arc<Upstream>,
     /// The `model` the JSON body gets for this member, if set.
     pub model: Option<String>,
+    /// The client's headers this member does not receive: when it injects a credential, every
+    /// credential header and every header another member injects ([`forward::withheld`]).
+    pub withheld: Vec<HeaderName>,
     /// Passed over until then (it answered a permanent 429).
     aside: SetAside,
     answers: IntCounter,
@@ -146,17 +150,34 @@ impl Group {
         groups
             .iter()
             .map(|g| {
-                let members = crate::config::group_members(configs, groups, g)
+                let found: Vec<_> = crate::config::group_members(configs, groups, g)
                     .into_iter()
                     .filter_map(|(config, model)| {
                         let upstream = upstreams.iter().find(|u| u.name == config.name())?;
-                        Some(Member {
+                        Some((upstream, config, model))
+                    })
+                    .collect();
+                // What any member injects is kept from the others that inject a credential.
+                let injected: Vec<HeaderName> = found
+                    .iter()
+                    .flat_map(|(u, _, _)| u.injects.iter().cloned())
+                    .collect();
+                let members = found
+                    .into_iter()
+                    .map(|(upstream, config, model)| {
+                        let own = &upstream.injects;
+                        Member {
+                            withheld: forward::withheld(
+                                own,
+                                upstream.injects_credential,
+                                &injected,
+                            ),
                             upstream: Arc::clone(upstream),
                             model: model.map(str::to_owned),
                             aside: SetAside::default(),
                             answers: metrics.group_answers(g.name(), config.name()),
                             heads: Mutex::new(VecDeque::with_capacity(HEAD_SAMPLES)),
-                        })
+                        }
                     })
                     .collect();
                 Arc::new(Self {
@@ -354,6 +375,7 @@ mod tests {
         let member = Member {
             upstream: Arc::new(Upstream::new(&config, &metrics, 1 << 20, None)),
             model: None,
+            withheld: Vec::new(),
             aside: SetAside::default(),
             answers: metrics.group_answers("g", "m"),
             heads: Mutex::new(VecDeque::new()),

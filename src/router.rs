@@ -12,6 +12,7 @@ use http::Uri;
 use crate::config::{ByteSize, GroupConfig, HeaderMode, Secret, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::fleet::Fleet;
+use crate::forward;
 use crate::forward::buffer::{self, BufferBudget};
 use crate::group::Group;
 use crate::metrics::{Metrics, UpstreamMetrics};
@@ -28,6 +29,13 @@ pub struct Upstream {
     target_prefix: String,
     pub inject: Vec<(HeaderName, Secret)>,
     pub header_mode: HeaderMode,
+    /// Every header it injects, a key pool's included.
+    pub injects: Vec<HeaderName>,
+    /// Whether one of them is a credential ([`forward::withheld`]).
+    pub injects_credential: bool,
+    /// The client's headers it does not receive on its own route ([`forward::withheld`]); a
+    /// group member's are the member's own.
+    pub withheld: Vec<HeaderName>,
     /// `body_limit`, at most the buffer budget's cap.
     pub body_limit: usize,
     pub body_idle_timeout: Duration,
@@ -55,7 +63,19 @@ impl Upstream {
         );
         let metrics = metrics.upstream(config.name());
         let (stack, state) = stack::build(config, &metrics, fleet);
+        let injects: Vec<HeaderName> = config
+            .headers
+            .keys()
+            .filter_map(|k| HeaderName::from_bytes(k.as_bytes()).ok())
+            .collect();
+        let injects_credential = !config.keys.is_empty()
+            || injects
+                .iter()
+                .any(|h| forward::CREDENTIAL_HEADERS.contains(h));
         Self {
+            withheld: forward::withheld(&injects, injects_credential, &[]),
+            injects,
+            injects_credential,
             config: config.clone(),
             name: config.name().to_owned(),
             route: config.route().to_owned(),

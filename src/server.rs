@@ -122,9 +122,12 @@ async fn first_event(response: Response<Body>) -> (Response<Body>, bool) {
 }
 
 /// What [`App::send`] sends: the request as it goes to one upstream.
-struct Attempt {
+struct Attempt<'a> {
     method: Method,
+    /// The client's, before they are rewritten for the upstream.
     headers: http::HeaderMap,
+    /// The client's headers the upstream does not receive ([`forward::withheld`]).
+    withheld: &'a [http::HeaderName],
     uri: http::Uri,
     body: bytes::Bytes,
     deadlines: forward::Deadlines,
@@ -380,6 +383,7 @@ impl App {
                 Attempt {
                     method: parts.method,
                     headers: parts.headers,
+                    withheld: &upstream.withheld,
                     uri,
                     body,
                     deadlines,
@@ -563,6 +567,7 @@ impl App {
         let attempt = Attempt {
             method: req.parts.method.clone(),
             headers: req.parts.headers.clone(),
+            withheld: &member.withheld,
             uri,
             body,
             deadlines: req.deadlines,
@@ -619,13 +624,14 @@ impl App {
     async fn send(
         &self,
         upstream: &Upstream,
-        attempt: Attempt,
+        attempt: Attempt<'_>,
         peer: SocketAddr,
         start: Instant,
     ) -> Result<(Response<Body>, Tally), (ProxyError, Tally)> {
         let Attempt {
             method,
             headers,
+            withheld,
             uri,
             body,
             deadlines,
@@ -636,8 +642,13 @@ impl App {
         ctx.wait_deadline = wait_deadline;
         ctx.priority = priority;
         let ctx = Arc::new(ctx);
-        let headers =
-            forward::upstream_headers(headers, peer.ip(), &upstream.inject, upstream.header_mode);
+        let headers = forward::upstream_headers(
+            headers,
+            peer.ip(),
+            &upstream.inject,
+            upstream.header_mode,
+            withheld,
+        );
         let request = ProxyRequest {
             method,
             uri,

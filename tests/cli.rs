@@ -543,7 +543,11 @@ async fn secrets_never_reach_the_logs() {
     };
     let (ok, _) = send(&c, with_secrets("/v1/chat/completions", "{}".into())).await;
     assert_eq!(ok.status, 200);
-    assert_eq!(upstream.last().headers["x-api-key"], "sk-ant-secret");
+    // The client's own `Authorization` wins under `if_absent`; its other credentials are kept
+    // from an upstream that injects one (`tests/credentials.rs`).
+    let seen = upstream.last().headers;
+    assert_eq!(seen["authorization"], "Bearer sk-client-secret");
+    assert!(!seen.contains_key("x-api-key") && !seen.contains_key("api-key"));
     let (injected, _) = send(&c, post(&corral.url("/v1/models"), "{}")).await;
     assert_eq!(injected.status, 200);
     assert_eq!(

@@ -155,6 +155,37 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TRANSFER_ENCODING,
 ];
 
+/// The headers that carry a credential to an LLM API: `Authorization` (OpenAI and most others),
+/// `x-api-key` (Anthropic), `api-key` (Azure OpenAI), `x-goog-api-key` (Gemini). The first a
+/// request carries keys its rate-limit partition and its fleet bucket, in this order.
+pub const CREDENTIAL_HEADERS: [HeaderName; 4] = [
+    header::AUTHORIZATION,
+    HeaderName::from_static("x-api-key"),
+    HeaderName::from_static("api-key"),
+    HeaderName::from_static("x-goog-api-key"),
+];
+
+/// The client's headers an upstream does not receive, so that no credential meant for one
+/// backend reaches another. An upstream that injects a credential (`credential`: it injects one
+/// of [`CREDENTIAL_HEADERS`], or has a key pool) receives none of the client's credential
+/// headers and none of `also` (what the other members of its group inject), except those it
+/// injects itself (`own`), where `header_mode` decides. One that injects none receives the
+/// client's.
+pub fn withheld(own: &[HeaderName], credential: bool, also: &[HeaderName]) -> Vec<HeaderName> {
+    if !credential {
+        return Vec::new();
+    }
+    let mut withheld: Vec<HeaderName> = CREDENTIAL_HEADERS
+        .iter()
+        .chain(also)
+        .filter(|name| !own.contains(name))
+        .cloned()
+        .collect();
+    withheld.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    withheld.dedup();
+    withheld
+}
+
 /// Remove hop-by-hop headers, including any the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
@@ -170,14 +201,19 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(header::UPGRADE);
 }
 
-/// Rewrite the client's headers for the upstream.
+/// Rewrite the client's headers for the upstream: `withheld` (see [`withheld`]) removed,
+/// `inject` added by `mode`.
 pub fn upstream_headers(
     mut headers: HeaderMap,
     peer: IpAddr,
     inject: &[(HeaderName, Secret)],
     mode: HeaderMode,
+    withheld: &[HeaderName],
 ) -> HeaderMap {
     strip_hop_by_hop(&mut headers);
+    for name in withheld {
+        headers.remove(name);
+    }
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
     headers.remove(DEADLINE_HEADER);
@@ -278,7 +314,7 @@ mod tests {
             ("host", "127.0.0.1:8080"),
             ("authorization", "Bearer k"),
         ]);
-        let out = upstream_headers(h, [10, 0, 0, 1].into(), &[], HeaderMode::IfAbsent);
+        let out = upstream_headers(h, [10, 0, 0, 1].into(), &[], HeaderMode::IfAbsent, &[]);
         for gone in [
             "connection",
             "x-private",
@@ -305,18 +341,58 @@ mod tests {
             [127, 0, 0, 1].into(),
             &inject,
             HeaderMode::IfAbsent,
+            &[],
         );
         assert_eq!(kept["x-forwarded-for"], "1.2.3.4, 127.0.0.1");
         assert_eq!(kept["authorization"], "Bearer client");
-        let forced = upstream_headers(h, [127, 0, 0, 1].into(), &inject, HeaderMode::Always);
+        let forced = upstream_headers(h, [127, 0, 0, 1].into(), &inject, HeaderMode::Always, &[]);
         assert_eq!(forced["authorization"], "Bearer corral");
         let added = upstream_headers(
             HeaderMap::new(),
             [127, 0, 0, 1].into(),
             &inject,
             HeaderMode::IfAbsent,
+            &[],
         );
         assert_eq!(added["authorization"], "Bearer corral");
+    }
+
+    #[test]
+    fn an_upstream_injecting_a_credential_withholds_the_clients_others() {
+        let names = |v: Vec<HeaderName>| -> Vec<String> {
+            v.iter().map(|h| h.as_str().to_owned()).collect()
+        };
+        let api_key = HeaderName::from_static("api-key");
+        let org = HeaderName::from_static("openai-organization");
+        assert_eq!(
+            names(withheld(
+                std::slice::from_ref(&api_key),
+                true,
+                &[api_key.clone(), org.clone()]
+            )),
+            [
+                "authorization",
+                "openai-organization",
+                "x-api-key",
+                "x-goog-api-key"
+            ]
+        );
+        assert!(withheld(std::slice::from_ref(&org), false, &[api_key]).is_empty());
+        let h = map(&[("authorization", "Bearer client"), ("api-key", "client")]);
+        let inject = [(HeaderName::from_static("api-key"), Secret("corral".into()))];
+        let withheld = withheld(&[inject[0].0.clone()], true, &[]);
+        let out = upstream_headers(
+            h,
+            [127, 0, 0, 1].into(),
+            &inject,
+            HeaderMode::IfAbsent,
+            &withheld,
+        );
+        assert!(!out.contains_key("authorization"));
+        assert_eq!(
+            out["api-key"], "client",
+            "its own header follows `header_mode`"
+        );
     }
 
     #[test]

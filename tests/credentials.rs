@@ -1,0 +1,188 @@
+//! Credentials over real sockets through `server::run`: an upstream or group member that injects
+//! a credential (a configured `Authorization`, `api-key`, `x-api-key`, or a key pool) receives
+//! none of the client's other credential headers; one that injects none gets the client's as
+//! they came; and the rate-limit partition follows the credential that goes upstream, not the
+//! headers the client chose.
+
+mod support;
+
+use support::*;
+
+const BODY: &str = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+
+/// The credential headers a client may send.
+const CLIENT_CREDENTIALS: [(&str, &str); 4] = [
+    ("authorization", "Bearer sk-client-openai"),
+    ("api-key", "client-azure"),
+    ("x-api-key", "client-anthropic"),
+    ("x-goog-api-key", "client-gemini"),
+];
+
+/// An upstream that records what it receives and answers `status`.
+async fn recording(status: u16) -> MockUpstream {
+    let body = if status == 429 {
+        serde_json::json!({"error": {"message": "You exceeded your current quota", "type": "insufficient_quota", "code": "insufficient_quota"}})
+    } else {
+        serde_json::json!({"ok": true})
+    };
+    MockUpstream::start(move |_| {
+        let body = body.clone();
+        async move { json(status, body) }
+    })
+    .await
+}
+
+/// A chat request carrying every credential header in `credentials`.
+fn with_credentials(
+    url: &str,
+    credentials: &[(&str, &str)],
+) -> http::Request<http_body_util::Full<bytes::Bytes>> {
+    let mut req = post(url, BODY);
+    for (name, value) in credentials {
+        req.headers_mut().insert(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            value.parse().unwrap(),
+        );
+    }
+    req
+}
+
+/// The credential headers `seen` carried, by name, as `name=value`.
+fn credentials(seen: &Seen) -> Vec<String> {
+    let mut found: Vec<String> = CLIENT_CREDENTIALS
+        .iter()
+        .filter_map(|(name, _)| {
+            let v = seen.headers.get(*name)?;
+            Some(format!("{name}={}", v.to_str().unwrap()))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// Upstreams `primary` (first, answering a permanent 429) and `backup` behind the group `chat`
+/// at `/v1`, each with its `[upstream.headers]` lines.
+fn group(
+    primary: &MockUpstream,
+    p_headers: &str,
+    backup: &MockUpstream,
+    b_headers: &str,
+) -> String {
+    format!(
+        "drain_timeout = \"5s\"\n\
+         [[upstream]]\nname = \"primary\"\nbase_url = \"{}\"\n[upstream.headers]\n{p_headers}\n\
+         [[upstream]]\nname = \"backup\"\nbase_url = \"{}\"\n[upstream.headers]\n{b_headers}\n\
+         [[group]]\nname = \"chat\"\nroute = \"/v1\"\nmembers = [\"primary\", \"backup\"]\n",
+        primary.url("/v1"),
+        backup.url("/v1"),
+    )
+}
+
+/// The client's OpenAI key does not follow the request to an Azure backup that injects its
+/// own `api-key`: each member gets its own credential (the client's own where it names the
+/// member's header, under `if_absent`) and none of the client's others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_injects_a_credential_gets_none_of_the_clients_others() {
+    let (primary, backup) = (recording(429).await, recording(200).await);
+    let toml = group(
+        &primary,
+        "Authorization = \"Bearer sk-corral-openai\"\n",
+        &backup,
+        "api-key = \"corral-azure\"\n",
+    );
+    let corral = Corral::start(&toml).await;
+    let url = corral.url("/v1/chat/completions");
+    let only_bearer = [CLIENT_CREDENTIALS[0]];
+    let (parts, _) = send(&client(), with_credentials(&url, &only_bearer)).await;
+    assert_eq!(parts.status, 200);
+    assert_eq!(parts.headers["x-corral-upstream"], "backup");
+    assert_eq!(
+        credentials(&primary.last()),
+        ["authorization=Bearer sk-client-openai"]
+    );
+    assert_eq!(credentials(&backup.last()), ["api-key=corral-azure"]);
+
+    // Every credential a client may send: each member keeps only the one it names; the
+    // primary's cool-down sends this one straight to the backup, so ask through a new corral.
+    let corral = Corral::start(&toml).await;
+    let url = corral.url("/v1/chat/completions");
+    let (parts, _) = send(&client(), with_credentials(&url, &CLIENT_CREDENTIALS)).await;
+    assert_eq!(parts.status, 200);
+    assert_eq!(
+        credentials(&primary.last()),
+        ["authorization=Bearer sk-client-openai"]
+    );
+    assert_eq!(credentials(&backup.last()), ["api-key=client-azure"]);
+}
+
+/// A member that injects no credential gets the client's as they came, even when another
+/// member injects one; a header another member injects is kept from a member that injects a
+/// credential of another name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_injects_none_gets_the_clients_credentials() {
+    let (primary, backup) = (recording(429).await, recording(200).await);
+    let toml = group(
+        &primary,
+        "x-goog-api-key = \"corral-gemini\"\n",
+        &backup,
+        "OpenAI-Organization = \"org-corral\"\n",
+    );
+    let corral = Corral::start(&toml).await;
+    let url = corral.url("/v1/chat/completions");
+    let mut req = with_credentials(&url, &CLIENT_CREDENTIALS);
+    req.headers_mut()
+        .insert("openai-organization", "org-client".parse().unwrap());
+    let (parts, _) = send(&client(), req).await;
+    assert_eq!(parts.headers["x-corral-upstream"], "backup");
+    assert_eq!(
+        credentials(&primary.last()),
+        ["x-goog-api-key=client-gemini"],
+        "the member injecting x-goog-api-key gets only the client's own of that name"
+    );
+    assert!(
+        !primary.last().headers.contains_key("openai-organization"),
+        "nor a header another member injects"
+    );
+    let mut all: Vec<String> = CLIENT_CREDENTIALS
+        .iter()
+        .map(|(n, v)| format!("{n}={v}"))
+        .collect();
+    all.sort();
+    assert_eq!(credentials(&backup.last()), all);
+    // Its own header follows `header_mode`: the client's wins under `if_absent`.
+    assert_eq!(backup.last().headers["openai-organization"], "org-client");
+}
+
+/// One upstream on its own route behaves as a member does: its own credential, none of the
+/// client's others; and a pooled key likewise travels alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_or_a_pool_that_injects_a_credential_gets_none_of_the_clients_others() {
+    let upstream = recording(200).await;
+    let corral = Corral::start(&one_upstream(
+        &upstream,
+        "[upstream.headers]\nx-api-key = \"corral-anthropic\"\n",
+    ))
+    .await;
+    let url = corral.url("/v1/chat/completions");
+    let (parts, _) = send(&client(), with_credentials(&url, &[CLIENT_CREDENTIALS[0]])).await;
+    assert_eq!(parts.status, 200);
+    assert_eq!(
+        credentials(&upstream.last()),
+        ["x-api-key=corral-anthropic"]
+    );
+
+    let pool = "keys = [\"sk-pool-a\", \"sk-pool-b\"]\n[upstream.headers]\napi-key = \"{key}\"\n";
+    let corral = Corral::start(&one_upstream(&upstream, pool)).await;
+    let url = corral.url("/v1/chat/completions");
+    let others = [CLIENT_CREDENTIALS[0], CLIENT_CREDENTIALS[2]];
+    let (parts, _) = send(&client(), with_credentials(&url, &others)).await;
+    assert_eq!(parts.status, 200);
+    let seen = credentials(&upstream.last());
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen[0].starts_with("api-key=sk-pool-"), "{seen:?}");
+
+    // Under `if_absent` the client's own key in the pool's header wins, as before.
+    let (parts, _) = send(&client(), with_credentials(&url, &CLIENT_CREDENTIALS)).await;
+    assert_eq!(parts.status, 200);
+    assert_eq!(credentials(&upstream.last()), ["api-key=client-azure"]);
+}

@@ -186,3 +186,38 @@ async fn an_upstream_or_a_pool_that_injects_a_credential_gets_none_of_the_client
     assert_eq!(parts.status, 200);
     assert_eq!(credentials(&upstream.last()), ["api-key=client-azure"]);
 }
+
+/// The number of rate-limit partitions `/status` lists for the only upstream.
+async fn partitions(corral: &Corral) -> serde_json::Value {
+    let req = http::Request::get(corral.url("/status"))
+        .body(http_body_util::Full::default())
+        .unwrap();
+    let (_, status) = send(&client(), req).await;
+    let status: serde_json::Value = serde_json::from_slice(&status).unwrap();
+    status["upstreams"][0]["rate_limit"]["partitions"].clone()
+}
+
+/// With `partition = "api_key"`, junk `Authorization` values from clients make no partitions
+/// of their own on an upstream that injects its own credential under another name: the
+/// partition follows the credential that goes upstream, one for the one real key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_partition_follows_the_injected_credential_not_the_clients_junk() {
+    for header in ["api-key", "x-goog-api-key"] {
+        let upstream = recording(200).await;
+        let extra = format!(
+            "[upstream.limits]\npartition = \"api_key\"\n[upstream.headers]\n{header} = \"corral-key\"\n"
+        );
+        let corral = Corral::start(&one_upstream(&upstream, &extra)).await;
+        let url = corral.url("/v1/chat/completions");
+        for junk in ["Bearer junk-1", "Bearer junk-2", "Bearer junk-3"] {
+            let (parts, _) = send(
+                &client(),
+                with_credentials(&url, &[("authorization", junk)]),
+            )
+            .await;
+            assert_eq!(parts.status, 200);
+            assert_eq!(upstream.last().headers[header], "corral-key");
+        }
+        assert_eq!(partitions(&corral).await, 1, "{header}");
+    }
+}

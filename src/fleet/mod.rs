@@ -255,15 +255,13 @@ impl Fleet {
         let base = &upstream.base_url.0;
         let host = base.authority().map(|a| a.as_str()).unwrap_or_default();
         // Header names are case-insensitive; the config's table keeps them as written.
-        let own = ["authorization", "x-api-key", "api-key"]
-            .iter()
-            .find_map(|h| {
-                upstream
-                    .headers
-                    .iter()
-                    .find(|(name, _)| name.eq_ignore_ascii_case(h))
-                    .map(|(_, value)| value.0.as_bytes())
-            });
+        let own = crate::forward::CREDENTIAL_HEADERS.iter().find_map(|h| {
+            upstream
+                .headers
+                .iter()
+                .find(|(name, _)| name.eq_ignore_ascii_case(h.as_str()))
+                .map(|(_, value)| value.0.as_bytes())
+        });
         let credential = credential.or(own).unwrap_or_default();
         let mut digest = sha1_smol::Sha1::new();
         digest.update(self.name.as_bytes());

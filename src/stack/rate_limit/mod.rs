@@ -197,13 +197,17 @@ impl RateLimitShared {
         })
     }
 
+    /// The partition of a request with the `headers` it goes upstream with (its credential is
+    /// the first of [`crate::forward::CREDENTIAL_HEADERS`] it carries) and `body`.
     fn partition(&self, headers: &HeaderMap, body: &[u8]) -> Arc<Partition> {
         let Some((map, hasher)) = &self.by_key else {
             return Arc::clone(&self.default);
         };
-        let credential = ["authorization", "x-api-key", "api-key"]
+        // `headers` are those going upstream: the client's credentials an upstream that
+        // injects its own withholds are gone, so a client's junk makes no partitions.
+        let credential = crate::forward::CREDENTIAL_HEADERS
             .iter()
-            .find_map(|h| headers.get(*h))
+            .find_map(|h| headers.get(h))
             .filter(|_| self.scope.by_key())
             .map(|v| v.as_bytes());
         let model = self

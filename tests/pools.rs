@@ -186,14 +186,15 @@ async fn a_refused_key_is_set_aside_and_the_request_moves_on() {
     }
 }
 
-/// Every key refused: each is tried once, and the last refusal reaches the client as the
-/// upstream sent it. After `key_cooldown` the keys are tried again.
+/// Every key refused (out of quota: a 401 or a 403 from two keys blames the request instead,
+/// below): each is tried once, and the last refusal reaches the client as the upstream sent it.
+/// After `key_cooldown` the keys are tried again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_every_key_refused_the_refusal_passes_through_until_the_cooldown_ends() {
     let upstream = keyed_upstream(|_| {
         Some((
-            401,
-            serde_json::json!({"error": {"message": "bad key", "code": "invalid_api_key"}}),
+            429,
+            serde_json::json!({"error": {"message": "You exceeded your current quota", "type": "insufficient_quota", "code": "insufficient_quota"}}),
         ))
     })
     .await;
@@ -201,23 +202,23 @@ async fn with_every_key_refused_the_refusal_passes_through_until_the_cooldown_en
     let c = client();
     let url = corral.url("/v1/chat/completions");
     let (parts, body) = send(&c, post(&url, "{}")).await;
-    assert_eq!(parts.status, 401);
+    assert_eq!(parts.status, 429);
     assert!(parts
         .headers
         .get(corral::error::CORRAL_ERROR_HEADER)
         .is_none());
     let answer: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(answer["error"]["code"], "invalid_api_key");
+    assert_eq!(answer["error"]["code"], "insufficient_quota");
     assert_eq!(upstream.calls(), 2, "each key once");
     // Both aside: the next request still goes out (on the key whose cool-down ends first)
     // rather than being refused by corral, and its refusal passes through.
     let (parts, _) = send(&c, post(&url, "{}")).await;
-    assert_eq!(parts.status, 401);
+    assert_eq!(parts.status, 429);
     assert_eq!(upstream.calls(), 3);
     // After the cool-down (1 s), both keys are tried again.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let (parts, _) = send(&c, post(&url, "{}")).await;
-    assert_eq!(parts.status, 401);
+    assert_eq!(parts.status, 429);
     assert_eq!(upstream.calls(), 5);
 }
 
@@ -318,5 +319,48 @@ async fn a_403_every_key_gives_is_the_requests_not_the_keys() {
     assert!(
         seen[2..].contains(&KEY_A.to_owned()) && seen[2..].contains(&KEY_B.to_owned()),
         "{seen:?}"
+    );
+}
+
+/// A 401 that two keys give the same request is the request's doing too (a bad
+/// `OpenAI-Organization` header the client sent), not the keys': one such request does not set
+/// every key aside in turn. The 401 goes to the client after two tries and all three keys stay
+/// in use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_401_two_keys_give_one_request_is_the_requests_not_the_keys() {
+    let upstream = MockUpstream::start(|seen| async move {
+        if seen.headers.contains_key("openai-organization") {
+            json(
+                401,
+                serde_json::json!({"error": {"message": "No such organization: org-bad", "code": "invalid_organization"}}),
+            )
+        } else {
+            json(200, serde_json::json!({"ok": true}))
+        }
+    })
+    .await;
+    let toml =
+        pool_config(&upstream, "").replace("keys = [", "keys = [\"sk-pool-c-SECRETVALUE\", ");
+    let corral = Corral::start(&toml).await;
+    let mut req = post(&corral.url("/v1/chat/completions"), "{}");
+    req.headers_mut()
+        .insert("openai-organization", "org-bad".parse().unwrap());
+    let (parts, body) = send(&client(), req).await;
+    assert_eq!(parts.status, 401);
+    let answer: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        answer["error"]["code"], "invalid_organization",
+        "as it came"
+    );
+    assert_eq!(upstream.calls(), 2, "tried on two keys, then given back");
+    let status: serde_json::Value = serde_json::from_str(&get(&corral, "/status").await).unwrap();
+    let keys = status["upstreams"][0]["rate_limit"]["keys"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(keys.len(), 3);
+    assert!(
+        keys.iter().all(|k| k["set_aside_for"].is_null()),
+        "{keys:?}"
     );
 }

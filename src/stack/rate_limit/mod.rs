@@ -399,8 +399,8 @@ impl RateLimitShared {
         req: ProxyRequest,
     ) -> Result<Response<Body>, ProxyError> {
         let mut tried = 0u64;
-        // The key a 403 set aside during this request, if one did.
-        let mut forbidden: Option<Arc<pool::PoolKey>> = None;
+        // The key a 401 or a 403 set aside during this request, if one did, and which.
+        let mut refused: Option<(&'static str, Arc<pool::PoolKey>)> = None;
         for _ in 0..pool.keys() {
             let Some(key) = pool.choose(tried, Instant::now()) else {
                 break;
@@ -415,19 +415,23 @@ impl RateLimitShared {
             let Some(why) = why else {
                 return Ok(response);
             };
-            if why == "403" {
-                if let Some(first) = forbidden.take() {
-                    // Two keys forbidden the same request: the request is the cause (a model
-                    // or a region the account may not use), not the keys. Neither stays aside.
-                    pool.restore(&first);
-                    tracing::info!(
-                        upstream = self.metrics.name(),
-                        keys = ?[first.number, key.number],
-                        "two keys answered 403 to one request: the 403 goes to the client and both keys stay in use"
-                    );
-                    return Ok(response);
+            if why == "401" || why == "403" {
+                match refused.take() {
+                    Some((first_why, first)) if first_why == why => {
+                        // Two keys refused the same request alike: the request is the cause (a
+                        // model or a region the account may not use, a bad
+                        // `OpenAI-Organization`), not the keys. Neither stays aside.
+                        pool.restore(&first);
+                        tracing::info!(
+                            upstream = self.metrics.name(),
+                            keys = ?[first.number, key.number],
+                            status = why,
+                            "two keys refused one request alike: the refusal goes to the client and both keys stay in use"
+                        );
+                        return Ok(response);
+                    }
+                    earlier => refused = earlier.or(Some((why, Arc::clone(&key)))),
                 }
-                forbidden = Some(Arc::clone(&key));
             }
             let now = Instant::now();
             pool.set_aside(&key, why, now);

@@ -6,9 +6,10 @@
 //! Headroom, in order: not paused by a 429, then the fewest requests in flight or waiting on the
 //! key's buckets; ties go round in turn, so an idle pool spreads its requests evenly. A request
 //! refused for good by one key moves to the next key that is not set aside (each key at most
-//! once per request); with none left, the refusal goes to the client as it came. A 403 from a
-//! second key to the same request blames the request (a model or region the account may not
-//! use): that 403 goes to the client and neither key stays aside.
+//! once per request); with none left, the refusal goes to the client as it came. A second key
+//! refusing the same request alike (a 401 after a 401, a 403 after a 403) blames the request (a
+//! model or region the account may not use, a bad `OpenAI-Organization`): that refusal goes to
+//! the client and neither key stays aside.
 //!
 //! A key is never shown: logs, `/status` and metrics name it by its place in the list and a
 //! fingerprint (a hash of the key, 8 hex digits).

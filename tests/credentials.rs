@@ -1,8 +1,9 @@
 //! Credentials over real sockets through `server::run`: an upstream or group member that injects
 //! a credential (a configured `Authorization`, `api-key`, `x-api-key`, or a key pool) receives
 //! none of the client's other credential headers; one that injects none gets the client's as
-//! they came; and the rate-limit partition follows the credential that goes upstream, not the
-//! headers the client chose.
+//! they came; the rate-limit partition follows the credential that goes upstream, not the
+//! headers the client chose; and a config error never quotes a secret, at start-up or when a
+//! reload is refused.
 
 mod support;
 
@@ -220,4 +221,106 @@ async fn the_partition_follows_the_injected_credential_not_the_clients_junk() {
         }
         assert_eq!(partitions(&corral).await, 1, "{header}");
     }
+}
+
+/// Configs whose secrets are written in the wrong shape after a valid first upstream: pool
+/// keys as a string, `[fleet]` as a bare Redis URL with its password; and the key each error
+/// must name.
+fn misshapen_secrets(upstream: &MockUpstream) -> [(String, &'static str); 2] {
+    let head = format!(
+        "listen = \"127.0.0.1:0\"\ndrain_delay = \"0s\"\n\
+         [[upstream]]\nname = \"mock\"\nroute = \"/v1\"\nbase_url = \"{}\"\n",
+        upstream.url("/v1")
+    );
+    [
+        (
+            format!("{head}keys = \"sk-live-SECRETVALUE\"\n[upstream.headers]\nAuthorization = \"Bearer {{key}}\"\n"),
+            "upstream.keys",
+        ),
+        (
+            format!("fleet = \"redis://:SECRETVALUE@127.0.0.1:6379/0\"\n{head}"),
+            "fleet",
+        ),
+    ]
+}
+
+/// A temporary directory for one test's config file.
+fn temp_dir(test: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("corral-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Started on such a config, `corral` and `corral check-config` exit 2 with an error that
+/// names the key and quotes no secret.
+#[tokio::test]
+async fn a_misshapen_secret_is_not_quoted_at_start_up() {
+    let upstream = recording(200).await;
+    let dir = temp_dir("secret-start");
+    let path = dir.join("corral.toml");
+    for (toml, key) in misshapen_secrets(&upstream) {
+        std::fs::write(&path, &toml).unwrap();
+        for args in [
+            vec!["--config".as_ref(), path.as_os_str()],
+            vec!["check-config".as_ref(), path.as_os_str()],
+        ] {
+            let out = support::binary::corral_std_command(&args).output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+            assert!(stderr.contains(&format!(": {key}: ")), "{args:?}: {stderr}");
+            assert!(
+                !stderr.contains("SECRET"),
+                "{args:?} shows a secret: {stderr}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A reload refused for such a config logs `config reload refused` with an error that names
+/// the key and quotes no secret; the config in force stays.
+#[tokio::test]
+async fn a_misshapen_secret_is_not_quoted_when_a_reload_is_refused() {
+    use support::binary::{corral_command, Running};
+    let upstream = recording(200).await;
+    let dir = temp_dir("secret-reload");
+    let path = dir.join("corral.toml");
+    let good = one_upstream(&upstream, "").replace(
+        "drain_timeout",
+        "listen = \"127.0.0.1:0\"\ndrain_delay = \"0s\"\ndrain_timeout",
+    );
+    std::fs::write(&path, good).unwrap();
+    let corral = Running::spawn(
+        corral_command(["--config".as_ref(), path.as_os_str()]),
+        false,
+    )
+    .await;
+    let refusals = |corral: &Running| -> Vec<String> {
+        let log = corral.log();
+        log.into_iter()
+            .filter(|l| l.contains("config reload refused"))
+            .collect()
+    };
+    for (n, (toml, key)) in misshapen_secrets(&upstream).into_iter().enumerate() {
+        std::fs::write(&path, &toml).unwrap();
+        corral.signal("HUP");
+        // Bound: 10 s for a signal and a log line on a busy machine.
+        let refused = eventually(std::time::Duration::from_secs(10), || {
+            refusals(&corral).len() > n
+        })
+        .await;
+        let log = corral.log().join("\n");
+        assert!(refused, "no refusal logged; log:\n{log}");
+        assert!(
+            refusals(&corral)[n].contains(&format!(": {key}: ")),
+            "{log}"
+        );
+        assert!(!log.contains("SECRET"), "the log shows a secret:\n{log}");
+    }
+    let (parts, _) = send(&client(), post(&corral.url("/v1/chat/completions"), BODY)).await;
+    assert_eq!(parts.status, 200, "the config in force stays");
+    corral.sigterm();
+    let (status, _) = corral.wait().await;
+    assert!(status.success());
+    let _ = std::fs::remove_dir_all(&dir);
 }

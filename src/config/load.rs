@@ -55,7 +55,7 @@ fn load(file: &str, text: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
             Some(span) => (Some(line_of(text, span.start)), key_at(text, span.clone())),
             None => (None, "(document)".into()),
         };
-        let reason = redact_header_values(text, &key, e.message().trim());
+        let reason = redact_secrets(text, e.message().trim());
         ConfigError {
             file: file.into(),
             line,
@@ -87,36 +87,51 @@ fn load(file: &str, text: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
     Ok(config)
 }
 
-/// `reason`, for an error at `key`, with every header value in `text` replaced by `*****` when
-/// `key` is a header (or the `headers` table): toml quotes the value it refuses (`invalid type:
-/// integer `123`, expected a string`), and a header value is likely a credential.
-fn redact_header_values(text: &str, key: &str, reason: &str) -> String {
-    let mut reason = reason.to_owned();
-    if !key.split('.').any(|part| part.starts_with("headers")) {
-        return reason;
-    }
+/// `reason` with every secret-bearing value of `text` replaced by `*****`: each upstream's
+/// `headers` and `keys`, and `[fleet] redis` (or `fleet` itself, written as a string). toml
+/// quotes the value it refuses (`invalid type: string "sk-...", expected a sequence`) whatever
+/// its key, and such a value is likely a credential. A `text` that is not even TOML quotes no
+/// values: toml's syntax errors name what they expected.
+fn redact_secrets(text: &str, reason: &str) -> String {
     let Ok(doc) = text.parse::<toml::Table>() else {
-        return reason; // Not even TOML: toml's syntax errors quote no values.
+        return reason.to_owned();
     };
-    let upstreams = doc.get("upstream").and_then(toml::Value::as_array);
-    let headers = upstreams
-        .into_iter()
-        .flatten()
-        .filter_map(|up| up.get("headers"))
-        .flat_map(|h| match h.as_table() {
-            Some(table) => table.values().collect(),
-            None => vec![h],
-        });
-    for value in headers {
-        let shown = match value {
-            toml::Value::String(s) => s.clone(),
-            other => other.to_string(),
-        };
-        if !shown.is_empty() {
-            reason = reason.replace(&shown, "*****");
+    let mut secrets = Vec::new();
+    let upstreams = match doc.get("upstream") {
+        Some(toml::Value::Array(ups)) => ups.iter().collect(),
+        Some(up) => vec![up],
+        None => Vec::new(),
+    };
+    for up in upstreams.into_iter().filter_map(toml::Value::as_table) {
+        for field in ["headers", "keys"] {
+            leaves(up.get(field), &mut secrets);
         }
     }
+    match doc.get("fleet") {
+        Some(toml::Value::Table(fleet)) => leaves(fleet.get("redis"), &mut secrets),
+        other => leaves(other, &mut secrets),
+    }
+    // The longest first, so a secret holding another is replaced whole.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    let mut reason = reason.to_owned();
+    for secret in secrets.iter().filter(|s| !s.is_empty()) {
+        // serde quotes a string as Rust's `Debug` does (escapes included).
+        reason = reason
+            .replace(&format!("{secret:?}"), "\"*****\"")
+            .replace(secret.as_str(), "*****");
+    }
     reason
+}
+
+/// Every value under `value` as toml prints it (strings as they are).
+fn leaves(value: Option<&toml::Value>, out: &mut Vec<String>) {
+    match value {
+        None => {}
+        Some(toml::Value::String(s)) => out.push(s.clone()),
+        Some(toml::Value::Array(items)) => items.iter().for_each(|v| leaves(Some(v), out)),
+        Some(toml::Value::Table(table)) => table.values().for_each(|v| leaves(Some(v), out)),
+        Some(other) => out.push(other.to_string()),
+    }
 }
 
 /// 1-based line number of byte `offset`.
@@ -179,18 +194,39 @@ fn key_at(text: &str, span: Range<usize>) -> String {
             .trim()
             .to_owned();
     }
-    let key = line
-        .split('=')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .trim_matches('"');
-    match (table, key.is_empty()) {
-        (Some(t), false) => format!("{t}.{key}"),
-        (Some(t), true) => t,
-        (None, false) => key.to_owned(),
-        (None, true) => "(document)".into(),
+    // A line without a key continues a value (a multi-line array, whose items may be keys):
+    // the key is the nearest one above it in its table, never a piece of the value.
+    let key = key_of_line(line).or_else(|| {
+        text[..line_start]
+            .lines()
+            .rev()
+            .map(str::trim)
+            .take_while(|l| !l.starts_with('['))
+            .find_map(key_of_line)
+    });
+    match (table, key) {
+        (Some(t), Some(key)) => format!("{t}.{key}"),
+        (Some(t), None) => t,
+        (None, Some(key)) => key.to_owned(),
+        (None, None) => "(document)".into(),
     }
+}
+
+/// The key a `key = value` line assigns (bare, dotted or quoted), if the line is one.
+fn key_of_line(line: &str) -> Option<&str> {
+    let (key, rest) = match line.chars().next()? {
+        quote @ ('"' | '\'') => {
+            let end = line[1..].find(quote)? + 1;
+            (&line[1..end], &line[end + 1..])
+        }
+        _ => {
+            let end = line
+                .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+                .unwrap_or(line.len());
+            (&line[..end], &line[end..])
+        }
+    };
+    (!key.is_empty() && rest.trim_start().starts_with('=')).then_some(key)
 }
 
 #[cfg(test)]
@@ -244,5 +280,53 @@ mod tests {
             err.starts_with("corral.toml:2: slow_request: invalid duration `soon`"),
             "{err}"
         );
+    }
+
+    /// A pool key, an injected header value or a Redis URL written in the wrong shape (or
+    /// breaking the syntax) is never quoted; the error still names the file, line and key.
+    #[test]
+    fn a_secret_written_in_the_wrong_shape_is_never_quoted() {
+        let cases = [
+            (
+                format!("{UPSTREAM}keys = \"sk-live-SECRETVALUE\"\n[upstream.headers]\nAuthorization = \"Bearer {{key}}\"\n"),
+                "corral.toml:5: upstream.keys: invalid type: string \"*****\"",
+            ),
+            (
+                format!("{UPSTREAM}keys = \"sk-live-SECRET\\\"VALUE\"\n"),
+                "corral.toml:5: upstream.keys: invalid type: string \"*****\"",
+            ),
+            (
+                format!("fleet = \"redis://:SECRETVALUE@127.0.0.1:6379/0\"\n{UPSTREAM}"),
+                "corral.toml:1: fleet: invalid type: string \"*****\"",
+            ),
+            (
+                format!("{UPSTREAM}[upstream.headers]\nx-api-key = 123456789\n"),
+                "corral.toml:6: upstream.headers.x-api-key: invalid type: integer `*****`",
+            ),
+            (
+                format!("{UPSTREAM}headers = \"Bearer sk-live-SECRETVALUE\"\n"),
+                "corral.toml:5: upstream.headers: invalid type: string \"*****\"",
+            ),
+            (
+                format!("{UPSTREAM}keys = [\n  \"sk-a-SECRETVALUE\"\n  \"sk-b-SECRETVALUE\"\n]\n"),
+                "corral.toml:7: upstream.keys: invalid array",
+            ),
+            (
+                format!("{UPSTREAM}keys = [\n  \"sk-a-SECRETVALUE\",\n  123456789,\n]\n"),
+                "corral.toml:7: upstream.keys: invalid type: integer `*****`",
+            ),
+            (
+                format!("{UPSTREAM}[upstream.headers]\nAuthorization = Bearer sk-live-SECRETVALUE\n"),
+                "corral.toml:6: upstream.headers.Authorization: invalid string",
+            ),
+        ];
+        for (toml, want) in &cases {
+            let err = load_str("corral.toml", toml).unwrap_err().to_string();
+            assert!(
+                !err.contains("SECRET") && !err.contains("123456789"),
+                "{toml}\n=> {err}"
+            );
+            assert!(err.starts_with(want), "{toml}\n=> {err}");
+        }
     }
 }

@@ -456,7 +456,8 @@ pub enum Partition {
     /// One set of buckets for the whole upstream.
     #[serde(rename = "upstream", alias = "none")]
     Upstream,
-    /// One per client credential (keyed by a hash).
+    /// One per credential as it goes upstream (keyed by a hash): the client's, or the one the
+    /// upstream injects in place of the client's (`forward::withheld`).
     #[serde(rename = "api_key")]
     ApiKey,
     /// One per model (or limit group of models).

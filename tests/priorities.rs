@@ -107,7 +107,8 @@ async fn a_routes_default_priority_applies_to_requests_without_the_header() {
 }
 
 /// A priority that is neither `interactive` nor `batch` gets corral's 400 `bad_priority`, and
-/// never reaches the upstream; a route's `priority` is the default without the header.
+/// never reaches the upstream; valid values in any case, and none, are served on a route whose
+/// default is `batch`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_priority_is_refused() {
     let upstream =

@@ -6,7 +6,10 @@
 //! - `openai` (`tests/python/test_openai_storm.py`, `OPENAI_BASE_URL` at `/v1`): a 429 storm of
 //!   plain and streamed completions.
 //!
-//! The SDKs' own retries are off, so a single 429 or 529 reaching them fails a call; the
+//! The openai SDK's own retries are off, so a single 429 reaching it fails a call; the
+//! anthropic SDK's are on, so a 429 or 529 that reached it would come back with
+//! `x-stainless-retry-count`, which corral counts (`corral_client_retries_total`, asserted 0; a
+//! control with corral's throttle retries off shows the count follows the SDK's retries). The
 //! simulator's stats prove the storm happened upstream. The scripts run under `$CORRAL_PYTHON`
 //! (a venv with both SDKs; `.ci/run` makes one). Without it the tests fail, unless
 //! `CORRAL_SKIP_PYTHON=1`.
@@ -71,6 +74,19 @@ fn upstream_count(sim: &Simulator, status: &str) -> u64 {
     sim.stats().by_status.get(status).copied().unwrap_or(0)
 }
 
+/// The value of the sample `series` (name and labels, as rendered) in `metrics`, which must be
+/// there.
+fn sample(metrics: &str, series: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no `{series}` in the metrics:\n{metrics}"))
+}
+
+/// Retries the anthropic SDK may make in the storms: with them on, a throttle that reached it
+/// would be retried and counted, not only fail the call.
+const SDK_RETRIES: &str = "2";
+
 /// No 429 went back to a client, and no client retried on its own.
 fn assert_absorbed(corral: &Corral, upstream: &str) {
     let metrics = corral.app.metrics().render();
@@ -105,6 +121,7 @@ async fn anthropic_python_sdk_through_corral() {
     let env = [
         ("ANTHROPIC_BASE_URL", corral.url("/anthropic")),
         ("ANTHROPIC_API_KEY", "sk-ant-test".to_owned()),
+        ("CORRAL_SDK_MAX_RETRIES", SDK_RETRIES.to_owned()),
     ];
     let tests = [
         "test_message",
@@ -141,6 +158,7 @@ async fn anthropic_python_sdk_never_sees_529() {
         ("ANTHROPIC_BASE_URL", corral.url("/overloaded")),
         ("CORRAL_OVERLOADED_BASE_URL", corral.url("/overloaded")),
         ("ANTHROPIC_API_KEY", "sk-ant-test".to_owned()),
+        ("CORRAL_SDK_MAX_RETRIES", SDK_RETRIES.to_owned()),
     ];
     let tests = ["test_529_overloads_are_absorbed"];
     let stdout = run_script(&python, "test_anthropic_sdk.py", &tests, &env, 1).await;
@@ -151,6 +169,41 @@ async fn anthropic_python_sdk_never_sees_529() {
         sim.stats().by_status
     );
     assert_absorbed(&corral, "overloaded");
+}
+
+/// The control for [`assert_absorbed`]: with corral's throttle retries off, the storm's 429s
+/// reach the SDK, which retries each (`x-stainless-retry-count` 1, 2, ...), and corral counts
+/// one client retry per 429 it passed through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_anthropic_sdks_own_retries_are_counted() {
+    let Some(python) = python() else { return };
+    let (sim, sim_addr) = start(limited()).await;
+    let corral = Corral::start(&format!(
+        "[[upstream]]\nname = \"anthropic\"\nroute = \"/anthropic\"\nbase_url = \"http://{sim_addr}/\"\nrate_limit = \"off\"\n[upstream.retry]\nmax_throttle_retries = 0\n"
+    ))
+    .await;
+    let env = [
+        ("ANTHROPIC_BASE_URL", corral.url("/anthropic")),
+        ("ANTHROPIC_API_KEY", "sk-ant-test".to_owned()),
+        ("CORRAL_SDK_MAX_RETRIES", "20".to_owned()),
+    ];
+    let tests = ["test_429_storm_is_absorbed"];
+    let stdout = run_script(&python, "test_anthropic_sdk.py", &tests, &env, 1).await;
+    eprintln!("{stdout}upstream statuses: {:?}", sim.stats().by_status);
+    let metrics = corral.app.metrics().render();
+    let passed_through = sample(
+        &metrics,
+        "corral_client_throttled_total{source=\"upstream\",upstream=\"anthropic\"}",
+    );
+    assert!(passed_through > 0, "no 429 reached the SDK:\n{metrics}");
+    assert_eq!(
+        sample(
+            &metrics,
+            "corral_client_retries_total{upstream=\"anthropic\"}"
+        ),
+        passed_through,
+        "one SDK retry counted per 429 passed through"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,14 +19,15 @@ use support::*;
 
 /// How many requests the blip fails, all at once.
 const BLIP: usize = 20;
-/// `retry.base` (= `retry.cap`): the first retry sleeps uniform(0, 300 ms).
-const BACKOFF: Duration = Duration::from_millis(300);
-/// `breaker.cooldown`.
-const COOLDOWN: Duration = Duration::from_millis(500);
+/// `retry.base` (= `retry.cap`): the first retry sleeps uniform(0, 1 s).
+const BACKOFF: Duration = Duration::from_secs(1);
+/// `breaker.cooldown`: long beside the slack, so a second cool-down (at least 1.5 s with
+/// jitter, more as it doubles) cannot hide in it.
+const COOLDOWN: Duration = Duration::from_secs(2);
 /// On top of one backoff and one cool-down: up to 100 ms of jitter on the probes' wake-up, up
-/// to 100 ms on each held request's release, two round trips to the mock and scheduling on a
-/// busy machine.
-const SLACK: Duration = Duration::from_millis(700);
+/// to 100 ms on each held request's release, two round trips to the mock, and over a second
+/// for scheduling on a busy machine.
+const SLACK: Duration = Duration::from_millis(1400);
 
 /// An upstream that holds the first [`BLIP`] requests until all have arrived, answers them 503
 /// together, and 200 to everything after. Records when each request arrived.
@@ -289,8 +290,9 @@ async fn switchable() -> (MockUpstream, Arc<std::sync::atomic::AtomicU8>) {
     (upstream, mode)
 }
 
-/// A request sent on a raw connection that is closed after `after`, unanswered.
-async fn send_and_leave(corral: &Corral, after: Duration) {
+/// A request sent on a raw connection that is closed, unanswered, once `upstream` has seen
+/// `calls` requests.
+async fn send_and_leave(corral: &Corral, upstream: &MockUpstream, calls: usize) {
     use tokio::io::AsyncWriteExt;
     let addr = corral
         .url("/")
@@ -304,8 +306,26 @@ async fn send_and_leave(corral: &Corral, after: Duration) {
         body.len()
     );
     stream.write_all(head.as_bytes()).await.unwrap();
-    tokio::time::sleep(after).await;
+    assert!(
+        eventually(Duration::from_secs(10), || upstream.calls() >= calls).await,
+        "the request never reached the upstream"
+    );
     drop(stream);
+}
+
+/// The mock upstream's breaker.
+fn breaker(corral: &Corral) -> Arc<corral::stack::breaker::BreakerShared> {
+    let upstream = corral.app.upstream("mock").expect("the mock upstream");
+    Arc::clone(upstream.state.breaker.as_ref().expect("a breaker"))
+}
+
+/// Wait until the open breaker's cool-down (jittered to 75-100% of it) has ended.
+async fn cooled_down(corral: &Corral) {
+    use corral::stack::breaker::state::Phase;
+    match breaker(corral).phase() {
+        Phase::Open { until } => tokio::time::sleep_until(until).await,
+        other => panic!("the breaker is not open: {other:?}"),
+    }
 }
 
 /// README, the breaker (`on_open = "reject"`) over HTTP, its whole lifecycle: failures open it;
@@ -315,7 +335,6 @@ async fn send_and_leave(corral: &Corral, after: Duration) {
 /// back, so the next requests probe, succeed and close it.
 #[tokio::test]
 async fn the_breakers_lifecycle_over_http_including_a_probe_whose_client_leaves() {
-    const COOL: Duration = Duration::from_millis(300);
     let (upstream, mode) = switchable().await;
     let config = format!(
         "{TRICKLE}cooldown = \"300ms\"\nmax_cooldown = \"300ms\"\nhalf_open_probes = 2\nclose_error_rate = 0.0\n"
@@ -355,8 +374,8 @@ async fn the_breakers_lifecycle_over_http_including_a_probe_whose_client_leaves(
         "a rejected request reached the upstream"
     );
 
-    // 2. After the cool-down (jittered to 75-100% of it), two probes; one fails: open again.
-    tokio::time::sleep(COOL + Duration::from_millis(100)).await;
+    // 2. After the cool-down, two probes; one fails: open again.
+    cooled_down(&corral).await;
     mode.store(ALTERNATE, Ordering::SeqCst);
     let (a, b) = tokio::join!(send(&c, post(&url, "{}")), send(&c, post(&url, "{}")));
     let mut probes = [a.0.status.as_u16(), b.0.status.as_u16()];
@@ -373,17 +392,27 @@ async fn the_breakers_lifecycle_over_http_including_a_probe_whose_client_leaves(
         .headers
         .contains_key(corral::error::CORRAL_ERROR_HEADER));
 
-    // 3. Two probes whose clients leave before the (hanging) upstream answers.
-    tokio::time::sleep(COOL + Duration::from_millis(100)).await;
+    // 3. Two probes whose clients leave once both reached the (hanging) upstream.
+    cooled_down(&corral).await;
     mode.store(HANG, Ordering::SeqCst);
     tokio::join!(
-        send_and_leave(&corral, Duration::from_millis(300)),
-        send_and_leave(&corral, Duration::from_millis(300))
+        send_and_leave(&corral, &upstream, calls + 4),
+        send_and_leave(&corral, &upstream, calls + 4)
     );
     assert_eq!(upstream.calls(), calls + 4, "both probes went upstream");
-    // Their slots came back: the next two requests probe, succeed, and close the breaker.
+    // Their slots come back: the next two requests probe, succeed, and close the breaker.
     mode.store(OK, Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released = || {
+        matches!(
+            breaker(&corral).phase(),
+            corral::stack::breaker::state::Phase::HalfOpen { admitted: 0, .. }
+        )
+    };
+    assert!(
+        eventually(Duration::from_secs(10), released).await,
+        "the leaving probes' slots did not come back: {:?}",
+        breaker(&corral).phase()
+    );
     let (a, b) = tokio::join!(send(&c, post(&url, "{}")), send(&c, post(&url, "{}")));
     assert_eq!(
         (a.0.status.as_u16(), b.0.status.as_u16()),

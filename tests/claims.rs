@@ -31,12 +31,12 @@ fn with_key(
 
 /// README, `partition = "api_key"`: one set of buckets per client credential. Three callers
 /// (two keys and one without a key) each get their bucket of one at once; a key's second
-/// request waits for its own bucket (1 a second); and the key appears in neither `/metrics`
+/// request waits for its own bucket (one every 3 s); and the key appears in neither `/metrics`
 /// nor `/status`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_api_key_has_its_own_buckets_and_shows_nowhere() {
     let upstream = ok_upstream().await;
-    let limits = "[upstream.limits]\npartition = \"api_key\"\nrpm = 60\nburst = 1\n";
+    let limits = "[upstream.limits]\npartition = \"api_key\"\nrpm = 20\nburst = 1\n";
     let corral = Corral::start(&one_upstream(&upstream, limits)).await;
     let c = client();
     let url = corral.url("/v1/chat/completions");
@@ -47,20 +47,20 @@ async fn each_api_key_has_its_own_buckets_and_shows_nowhere() {
         let (parts, _) = send(&c, with_key(post(&url, BODY), key)).await;
         assert_eq!(parts.status, 200, "{key:?}");
     }
-    // One shared bucket of one would have made the second and third wait a second each.
-    // Bound: 900 ms for three unpaced requests on a busy machine.
+    // One shared bucket of one would have made the second and third wait 3 s each.
+    // Bound: 2.5 s for three unpaced requests on a busy machine.
     let unpaced = start.elapsed();
     assert!(
-        unpaced < Duration::from_millis(900),
+        unpaced < Duration::from_millis(2500),
         "three keys, three buckets: {unpaced:?}"
     );
 
-    // A's second request waits for A's bucket: about a second after A's first.
+    // A's second request waits for A's bucket: 3 s after A's first (one-sided bound, 2.5 s).
     let (parts, _) = send(&c, with_key(post(&url, BODY), Some(a))).await;
     assert_eq!(parts.status, 200);
     let paced = start.elapsed();
     assert!(
-        paced >= Duration::from_millis(800),
+        paced >= Duration::from_millis(2500),
         "a key's second request was not paced: {paced:?}"
     );
     assert_eq!(upstream.calls(), 4);
@@ -90,19 +90,20 @@ async fn each_api_key_has_its_own_buckets_and_shows_nowhere() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deadline_header_shortens_never_lengthens_and_stays_with_corral() {
     let upstream = MockUpstream::start(|_| async {
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        tokio::time::sleep(Duration::from_secs(60)).await;
         json(200, serde_json::json!({"ok": true}))
     })
     .await;
-    let retry = "[upstream.retry]\ndeadline = \"1500ms\"\n";
+    let retry = "[upstream.retry]\ndeadline = \"5s\"\n";
     let corral = Corral::start(&one_upstream(&upstream, retry)).await;
     let c = client();
     let url = corral.url("/v1/chat/completions");
     for (header, shortest, longest) in [
-        // Shortened to 300 ms: answered after at least that, well before the 1.5 s deadline.
-        ("300", 250, 1200),
-        // Asked for 60 s: the configured 1.5 s still holds (the upstream takes 5 s).
-        ("60000", 1400, 4000),
+        // Shortened to 1 s: answered after at least that, well before the 5 s deadline (3 s of
+        // slack for a busy machine).
+        ("1000", 950, 4000),
+        // Asked for 60 s: the configured 5 s still holds (the upstream takes 60 s).
+        ("60000", 4950, 15000),
     ] {
         let mut req = post(&url, BODY);
         req.headers_mut()
@@ -258,7 +259,7 @@ async fn giving_up_on_the_budget_or_the_deadline_is_marked() {
         ),
         (
             "deadline",
-            "max_retries = 100\nbase = \"100ms\"\ncap = \"100ms\"\njitter = \"none\"\ndeadline = \"650ms\"\n",
+            "max_retries = 100\nbase = \"100ms\"\ncap = \"100ms\"\njitter = \"none\"\ndeadline = \"2s\"\n",
         ),
     ];
     for (why, retry) in cases {
@@ -277,11 +278,11 @@ async fn giving_up_on_the_budget_or_the_deadline_is_marked() {
         let calls = upstream.calls();
         match why {
             "budget" => assert_eq!(calls, 1, "the empty budget allowed a retry"),
-            // 100 ms between attempts within 650 ms: about six; at least two on any machine,
-            // and the answer by the deadline plus 1 s of slack.
+            // 100 ms between attempts within 2 s: about twenty; at least two on any machine,
+            // and the answer by the deadline plus 3 s of slack.
             _ => {
-                assert!((2..=7).contains(&calls), "{calls} attempts");
-                assert!(took < Duration::from_millis(1650), "{took:?}");
+                assert!((2..=21).contains(&calls), "{calls} attempts");
+                assert!(took < Duration::from_secs(5), "{took:?}");
             }
         }
         let metrics = corral.app.metrics().render();

@@ -557,12 +557,12 @@ fn rss(pid: u32) -> Option<(u64, u64)> {
     Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
-/// `corral_buffered_request_bytes` from corral's `/metrics`.
-async fn buffered_bytes(addr: std::net::SocketAddr) -> Option<u64> {
+/// `corral_buffered_request_bytes` from corral's `/metrics`, or what came back instead.
+async fn buffered_bytes(addr: std::net::SocketAddr) -> Result<u64, String> {
     let reply = raw_exchange(
         addr,
         b"GET /metrics HTTP/1.1\r\nhost: corral\r\nconnection: close\r\n\r\n",
-        Duration::from_secs(2),
+        Duration::from_secs(10),
     )
     .await;
     reply
@@ -570,6 +570,7 @@ async fn buffered_bytes(addr: std::net::SocketAddr) -> Option<u64> {
         .lines()
         .find_map(|l| l.strip_prefix("corral_buffered_request_bytes "))
         .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| format!("no corral_buffered_request_bytes in {:?}", reply.text))
 }
 
 /// One client's request: a fresh connection, `size` bytes of body, the status line back (0:
@@ -601,8 +602,9 @@ async fn load_request(addr: std::net::SocketAddr, payload: &[u8], deadline: Inst
 /// 2,000 concurrent connections each send a 1-8 MB body (and, refused, try again after
 /// Retry-After, up to 5 times) through the real binary to an upstream that takes 2 s per
 /// request. Prints corral's peak RSS against its buffer cap. Figures only: timings are not
-/// asserted; the only assertions are that corral survived and that its buffered bytes never
-/// passed the cap. Environment: LOAD_CONNECTIONS (2000), LOAD_CAP_MIB (128), LOAD_SECONDS (150).
+/// asserted; the only assertions are that corral survived, that its buffered bytes (scraped from
+/// `/metrics` on the admin listener every 100 ms, every scrape answered) were seen above zero and
+/// never passed the cap, and that its RSS stayed within budget. Environment: LOAD_CONNECTIONS (2000), LOAD_CAP_MIB (128), LOAD_SECONDS (150).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a load test: run benches/load.sh"]
 async fn load_2000_connections_stay_under_the_buffer_cap() {
@@ -639,6 +641,8 @@ async fn load_2000_connections_stay_under_the_buffer_cap() {
         config.to_str().unwrap(),
         "--listen",
         "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
         "--log-format",
         "json",
     ])
@@ -649,17 +653,26 @@ async fn load_2000_connections_stay_under_the_buffer_cap() {
     .expect("spawn corral");
     let pid = child.id().expect("a pid");
     let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr: std::net::SocketAddr = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Ok(Some(line)) = lines.next_line().await {
-            let json: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
-            if json["message"] == "corral listening" {
-                return json["addr"].as_str().unwrap().parse().unwrap();
+    // The main listener and the admin one (scraped apart from the load).
+    let (addr, admin): (std::net::SocketAddr, std::net::SocketAddr) =
+        tokio::time::timeout(Duration::from_secs(10), async {
+            let (mut addr, mut admin) = (None, None);
+            while let Ok(Some(line)) = lines.next_line().await {
+                let json: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+                let at = || json["addr"].as_str().unwrap().parse().unwrap();
+                if json["message"] == "corral listening" {
+                    addr = Some(at());
+                } else if json["message"] == "admin endpoints listening" {
+                    admin = Some(at());
+                }
+                if let (Some(addr), Some(admin)) = (addr, admin) {
+                    return (addr, admin);
+                }
             }
-        }
-        panic!("corral exited before listening")
-    })
-    .await
-    .expect("corral listens within 10 s");
+            panic!("corral exited before listening")
+        })
+        .await
+        .expect("corral listens within 10 s");
     // Drain the rest of corral's log so it never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     let (idle_rss, _) = rss(pid).expect("corral's /proc status");
@@ -672,17 +685,20 @@ async fn load_2000_connections_stay_under_the_buffer_cap() {
     let sampler = {
         let done = Arc::clone(&done);
         tokio::spawn(async move {
-            let (mut peak_rss, mut peak_buffered) = (0u64, 0u64);
+            let (mut peak_rss, mut peak_buffered, mut scrapes) = (0u64, 0u64, 0usize);
             while !done.load(Ordering::SeqCst) {
                 if let Some((now, _)) = rss(pid) {
                     peak_rss = peak_rss.max(now);
                 }
-                if let Some(b) = buffered_bytes(addr).await {
-                    peak_buffered = peak_buffered.max(b);
-                }
+                // A failed scrape would leave the peak at 0 and the cap unchecked.
+                let b = buffered_bytes(admin)
+                    .await
+                    .unwrap_or_else(|e| panic!("scrape {scrapes} failed: {e}"));
+                peak_buffered = peak_buffered.max(b);
+                scrapes += 1;
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            (peak_rss, peak_buffered)
+            (peak_rss, peak_buffered, scrapes)
         })
     };
     let mut clients = tokio::task::JoinSet::new();
@@ -720,7 +736,7 @@ async fn load_2000_connections_stay_under_the_buffer_cap() {
     }
     let elapsed = started.elapsed();
     done.store(true, Ordering::SeqCst);
-    let (peak_rss_sampled, peak_buffered) = sampler.await.unwrap();
+    let (peak_rss_sampled, peak_buffered, scrapes) = sampler.await.expect("every scrape answered");
     let (_, hwm) = rss(pid).expect("corral still running");
     assert!(
         child.try_wait().unwrap().is_none(),
@@ -740,6 +756,10 @@ async fn load_2000_connections_stay_under_the_buffer_cap() {
         mib(peak_rss_sampled),
         mib(peak_buffered),
         mib((connections * 9 / 2 * MB) as u64),
+    );
+    assert!(
+        peak_buffered > 0,
+        "{scrapes} scrapes never saw a buffered byte while {connections} clients sent bodies"
     );
     assert!(
         peak_buffered <= cap_mib << 20,

@@ -36,11 +36,22 @@ async fn status_of(corral: &Corral) -> serde_json::Value {
     serde_json::from_slice(&body).unwrap()
 }
 
+/// A request in flight across two reloads finishes on the stack it started on: its
+/// concurrency slot stays held on the old `a` until its answer ends, while the new `a` never
+/// sees it.
 #[tokio::test]
 async fn a_reload_changes_routes_for_new_requests_and_keeps_unchanged_upstreams() {
-    let a = MockUpstream::start(|_| async {
-        tokio::time::sleep(Duration::from_millis(400)).await;
-        json(200, serde_json::json!({"from": "a"}))
+    // `a` answers only when the test says so, so the request is surely in flight meanwhile.
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let a = MockUpstream::start({
+        let release = Arc::clone(&release);
+        move |_| {
+            let release = Arc::clone(&release);
+            async move {
+                release.acquire().await.unwrap().forget();
+                json(200, serde_json::json!({"from": "a"}))
+            }
+        }
     })
     .await;
     let b = MockUpstream::start(|_| async { json(200, serde_json::json!({"from": "b"})) }).await;
@@ -53,9 +64,13 @@ async fn a_reload_changes_routes_for_new_requests_and_keeps_unchanged_upstreams(
     // A request in flight on `a` while the config changes under it.
     let in_flight = tokio::spawn({
         let url = corral.url("/a/chat/completions");
-        async move { send(&client(), post(&url, "{}")).await.0.status }
+        async move { send(&client(), post(&url, "{}")).await }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        eventually(Duration::from_secs(10), || a.calls() == 1).await,
+        "the request never reached `a`"
+    );
+    assert_eq!(before.state.window.in_use(), 1, "it holds a slot on `a`");
 
     let unchanged = config::load_str("reload.toml", &two_routes(&a, Some(&b), "")).unwrap();
     let summary = corral.app.reload(&unchanged);
@@ -77,11 +92,38 @@ async fn a_reload_changes_routes_for_new_requests_and_keeps_unchanged_upstreams(
     .unwrap();
     let summary = corral.app.reload(&changed);
     assert_eq!((summary.kept, summary.built, summary.removed), (1, 1, 1));
-    assert!(!Arc::ptr_eq(&before, &corral.app.upstream("a").unwrap()));
+    let new_a = corral.app.upstream("a").unwrap();
+    assert!(!Arc::ptr_eq(&before, &new_a));
     assert_eq!(
-        in_flight.await.unwrap(),
-        200,
-        "the request in flight across two reloads finished on its old stack"
+        (before.state.window.in_use(), new_a.state.window.in_use()),
+        (1, 0),
+        "the request in flight stays on the old stack, the new one is empty"
+    );
+    // A new request takes the new stack.
+    let next = tokio::spawn({
+        let url = corral.url("/a/chat/completions");
+        async move { send(&client(), post(&url, "{}")).await }
+    });
+    assert!(
+        eventually(Duration::from_secs(10), || a.calls() == 2).await,
+        "the new request never reached `a`"
+    );
+    assert_eq!(
+        (before.state.window.in_use(), new_a.state.window.in_use()),
+        (1, 1),
+        "a new request goes through the new stack"
+    );
+
+    release.add_permits(2);
+    for (what, request) in [("in flight across two reloads", in_flight), ("new", next)] {
+        let (parts, body) = request.await.unwrap();
+        assert_eq!(parts.status, 200, "the request {what}");
+        assert!(String::from_utf8_lossy(&body).contains("\"a\""));
+    }
+    assert_eq!(
+        (before.state.window.in_use(), new_a.state.window.in_use()),
+        (0, 0),
+        "each slot went back to the stack it came from"
     );
 
     let status = status_of(&corral).await;

@@ -3,8 +3,10 @@
 Reads ANTHROPIC_BASE_URL (corral's /anthropic route) and ANTHROPIC_API_KEY from the environment,
 as a real client would; CORRAL_OVERLOADED_BASE_URL is a second route, to an upstream that
 answers some requests 529 (for `test_529_overloads_are_absorbed`). The SDK's own retries are off
-(`max_retries=0`): every call must succeed because corral absorbs the 429s and 529s. Driven by
-tests/anthropic_sdk.rs; also runs under pytest. Run alone:
+(`max_retries=0`) unless CORRAL_SDK_MAX_RETRIES says otherwise: every call must succeed because
+corral absorbs the 429s and 529s. With retries on, a 429 that reached the SDK would come back
+with `x-stainless-retry-count`, which corral counts. Driven by tests/anthropic_sdk.rs; also runs
+under pytest. Run alone:
 `ANTHROPIC_BASE_URL=http://127.0.0.1:PORT/anthropic python test_anthropic_sdk.py [TEST ...]`.
 """
 
@@ -19,12 +21,14 @@ import runner  # tests/python/runner.py, beside this script
 MODEL = "claude-test"
 STORM = int(os.environ.get("CORRAL_STORM_CALLS", "40"))
 OVERLOADED_CALLS = int(os.environ.get("CORRAL_OVERLOADED_CALLS", "10"))
+MAX_RETRIES = int(os.environ.get("CORRAL_SDK_MAX_RETRIES", "0"))
 
 
 def make_client(base_url=None) -> anthropic.Anthropic:
-    # max_retries=0: a 429 or 529 reaching the SDK fails the call instead of being retried.
+    # max_retries=0 (the default here): a 429 or 529 reaching the SDK fails the call instead of
+    # being retried.
     return anthropic.Anthropic(
-        base_url=base_url or os.environ["ANTHROPIC_BASE_URL"], max_retries=0, timeout=60
+        base_url=base_url or os.environ["ANTHROPIC_BASE_URL"], max_retries=MAX_RETRIES, timeout=60
     )
 
 

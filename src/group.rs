@@ -317,14 +317,72 @@ impl Group {
     }
 }
 
-/// `body` with its JSON `"model"` set to `model`; unchanged when it is not a JSON object.
+/// `body` with its top-level JSON `"model"` set to `model`, added first when absent; unchanged
+/// when it is not a JSON object. Only the value's bytes change: every other byte (whitespace,
+/// key order, numbers of any size) stays as the client wrote it, and the rest of the body is
+/// scanned, never built into a tree.
 pub fn with_model(body: &Bytes, model: &str) -> Bytes {
-    match serde_json::from_slice::<serde_json::Value>(body) {
-        Ok(serde_json::Value::Object(mut map)) => {
-            map.insert("model".into(), serde_json::Value::String(model.to_owned()));
-            Bytes::from(serde_json::to_vec(&map).expect("a JSON map serializes"))
+    let Ok(TopLevel(spans)) = serde_json::from_slice::<TopLevel<'_>>(body) else {
+        return body.clone();
+    };
+    let value = serde_json::to_string(model).expect("a string serializes");
+    let mut out = Vec::with_capacity(body.len() + value.len() + 10);
+    if spans.is_empty() {
+        // A JSON object starts with `{` after any whitespace.
+        let open = body.iter().position(|b| *b == b'{').expect("an object") + 1;
+        let empty = body[open..]
+            .iter()
+            .all(|b| b.is_ascii_whitespace() || *b == b'}');
+        out.extend_from_slice(&body[..open]);
+        out.extend_from_slice(b"\"model\":");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(if empty { b"" } else { b"," });
+        out.extend_from_slice(&body[open..]);
+        return Bytes::from(out);
+    }
+    let mut from = 0;
+    for span in spans {
+        // The raw value borrows from `body`: its offset there is a pointer difference.
+        let start = span.get().as_ptr() as usize - body.as_ptr() as usize;
+        out.extend_from_slice(&body[from..start]);
+        out.extend_from_slice(value.as_bytes());
+        from = start + span.get().len();
+    }
+    out.extend_from_slice(&body[from..]);
+    Bytes::from(out)
+}
+
+/// The raw values of a JSON object's top-level `"model"` keys (a duplicated key each time),
+/// read without building the rest.
+struct TopLevel<'a>(Vec<&'a serde_json::value::RawValue>);
+
+impl<'de> serde::Deserialize<'de> for TopLevel<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        /// A key, borrowed unless it has escapes.
+        #[derive(serde::Deserialize)]
+        struct Key<'a>(#[serde(borrow)] std::borrow::Cow<'a, str>);
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = TopLevel<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut spans = Vec::new();
+                while let Some(Key(key)) = map.next_key()? {
+                    if key == "model" {
+                        spans.push(map.next_value()?);
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(TopLevel(spans))
+            }
         }
-        _ => body.clone(),
+        d.deserialize_map(Visitor)
     }
 }
 
@@ -339,8 +397,28 @@ mod tests {
             serde_json::from_slice(&with_model(&body, "gpt-4o-mini")).unwrap();
         assert_eq!(out["model"], "gpt-4o-mini");
         assert_eq!(out["stream"], true);
-        let not_json = Bytes::from_static(b"not json");
-        assert_eq!(with_model(&not_json, "m"), not_json);
+        for not_an_object in [&b"not json"[..], b"[1, 2]", b"\"model\"", b"{\"model\": 1"] {
+            let body = Bytes::copy_from_slice(not_an_object);
+            assert_eq!(with_model(&body, "m"), body);
+        }
+    }
+
+    #[test]
+    fn only_the_models_bytes_change() {
+        // A number beyond u64 and f64, odd whitespace, escapes, a nested "model", key order.
+        let body = "\r\n { \"temperature\" :0.70,\"n\":123456789012345678901234567890 ,\n\t\
+                    \"model\"  :  \"gpt-4o\\u0041\" ,\"tools\":[{\"model\":\"x\"}],\"m\\u006fdel2\":{} }  ";
+        let out = with_model(&Bytes::from(body), "gpt-4o-mini \"2\"");
+        let want = body.replace(r#""gpt-4o\u0041""#, r#""gpt-4o-mini \"2\"""#);
+        assert_eq!(std::str::from_utf8(&out).unwrap(), want);
+        // Every top-level "model" (a duplicated key too); an escaped key is still the key.
+        let out = with_model(&Bytes::from(r#"{"model":1,"mod\u0065l":[2, 3]}"#), "m");
+        assert_eq!(&out[..], br#"{"model":"m","mod\u0065l":"m"}"#);
+        // Added first when absent.
+        let out = with_model(&Bytes::from(" {\"n\": 1e400}"), "m");
+        assert_eq!(&out[..], br#" {"model":"m","n": 1e400}"#);
+        let out = with_model(&Bytes::from("{ }"), "m");
+        assert_eq!(&out[..], br#"{"model":"m" }"#);
     }
 
     #[test]

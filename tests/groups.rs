@@ -248,6 +248,32 @@ async fn a_members_model_and_headers_are_its_own() {
     assert_eq!(b.headers["api-key"], "azure-key");
 }
 
+/// A member's `model` changes the body's model value and nothing else: an integer beyond u64,
+/// odd whitespace and key order reach the member byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewritten_body_keeps_every_byte_but_the_model() {
+    let (primary, backup) = (always(429, quota()).await, always(200, ok()).await);
+    let toml = format!(
+        "[[upstream]]\nname = \"primary\"\nbase_url = \"{}\"\n\
+         [[upstream]]\nname = \"backup\"\nbase_url = \"{}\"\n\
+         [[group]]\nname = \"chat\"\nroute = \"/v1\"\nmembers = [\"primary\", {{ upstream = \"backup\", model = \"gpt-4o-mini\" }}]\n",
+        primary.url("/v1"),
+        backup.url("/v1"),
+    );
+    let corral = Corral::start(&toml).await;
+    let body = "{ \"seed\" :123456789012345678901234567890,\n\t\"model\"\t: \"gpt-4o\" ,\
+                \"temperature\":0.70 ,\"messages\":[ ] }\n";
+    let (parts, _) = send(&client(), post(&corral.url("/v1/chat/completions"), body)).await;
+    assert_eq!((parts.status.as_u16(), member(&parts)), (200, "backup"));
+    assert_eq!(
+        &primary.last().body[..],
+        body.as_bytes(),
+        "no model of its own"
+    );
+    let want = body.replace("\"gpt-4o\"", "\"gpt-4o-mini\"");
+    assert_eq!(String::from_utf8_lossy(&backup.last().body), want);
+}
+
 /// What a group needs, checked at load: file, key and reason.
 #[test]
 fn groups_naming_unknown_upstreams_or_forming_cycles_are_refused() {

@@ -18,7 +18,6 @@
 //! A member may set `model`: the JSON body's `"model"` is rewritten for that member only.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,6 +25,7 @@ use bytes::Bytes;
 use http::HeaderName;
 use prometheus::IntCounter;
 use tokio::time::Instant;
+use tower::retry::budget::{Budget, TpsBudget};
 
 use crate::config::{GroupConfig, HedgeAfter, UpstreamConfig};
 use crate::error::ProxyError;
@@ -66,11 +66,34 @@ impl Member {
     }
 }
 
-/// A group's hedging: when, and how many so far.
+/// A group's hedging: when, and how many its recent requests allow.
 struct Hedging {
     after: HedgeAfter,
-    max_ratio: f64,
-    sent: AtomicU64,
+    /// tower's windowed budget: each request deposits, each hedge withdraws, and both count
+    /// for [`HEDGE_WINDOW`] only, so a quiet past lends an incident nothing. Withdrawals hold
+    /// the lock, so requests racing for the last hedge cannot all take it.
+    budget: Mutex<TpsBudget>,
+    /// Requests a hedge costs: `hedge_max_ratio` as one in a whole number, rounded so hedges
+    /// never exceed the ratio.
+    cost: u32,
+}
+
+/// How long a request (and a hedge) counts for `hedge_max_ratio`.
+pub const HEDGE_WINDOW: Duration = Duration::from_secs(10);
+
+impl Hedging {
+    fn new(after: HedgeAfter, max_ratio: f64) -> Self {
+        // The ratio is validated within (0, 1]; the small tolerance keeps 1/0.1 at 10.
+        let cost = ((1.0 / max_ratio) - 1e-9).ceil().max(1.0) as u32;
+        // TpsBudget charges `1 / percent` deposits a withdrawal, rounded down: ask for
+        // `1 / (cost + 0.5)` to be charged exactly `cost`.
+        let percent = 1.0 / (cost as f32 + 0.5);
+        Self {
+            after,
+            budget: Mutex::new(TpsBudget::new(HEDGE_WINDOW, 0, percent)),
+            cost,
+        }
+    }
 }
 
 /// A group, ready to serve.
@@ -83,8 +106,6 @@ pub struct Group {
     hedging: Option<Hedging>,
     /// The priority of a request without `x-corral-priority`, if the group sets one.
     pub priority: Option<crate::config::Priority>,
-    /// Requests the group has served, for `hedge_max_ratio`.
-    requests: AtomicU64,
     metrics: Metrics,
 }
 
@@ -165,12 +186,9 @@ impl Group {
                     members,
                     fallback_wait: g.fallback_wait,
                     cooldown: g.cooldown.0,
-                    hedging: g.hedge_after.map(|after| Hedging {
-                        after,
-                        max_ratio: g.hedge_max_ratio,
-                        sent: AtomicU64::new(0),
-                    }),
-                    requests: AtomicU64::new(0),
+                    hedging: g
+                        .hedge_after
+                        .map(|after| Hedging::new(after, g.hedge_max_ratio)),
                     priority: g.priority,
                     metrics: metrics.clone(),
                 })
@@ -227,9 +245,11 @@ impl Group {
         self.members[i].answers.inc();
     }
 
-    /// A request arrived (counted for `hedge_max_ratio`).
+    /// A request arrived (counted for `hedge_max_ratio` over [`HEDGE_WINDOW`]).
     pub fn arrived(&self) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
+        if let Some(h) = &self.hedging {
+            lock(&h.budget).deposit();
+        }
     }
 
     /// Member `i` gave an answer (one that did not send the request on) after `took`.
@@ -265,25 +285,24 @@ impl Group {
     }
 
     /// Whether a hedge to member `j` may go: within `hedge_max_ratio` of the group's requests
-    /// (counted in one compare-and-swap, so requests racing for the last hedge cannot all
-    /// take it) and with a retry taken from the member's budget. Counts it as sent.
+    /// over the last [`HEDGE_WINDOW`], and with a retry taken from the member's budget.
+    /// Counts it as sent.
     pub fn take_hedge(&self, j: usize) -> bool {
         let Some(h) = &self.hedging else {
             return false;
         };
-        let allowed = (h.max_ratio * self.requests.load(Ordering::Relaxed) as f64) as u64;
-        let took = h
-            .sent
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |sent| {
-                (sent < allowed).then_some(sent + 1)
-            });
-        if took.is_err() {
+        let budget = lock(&h.budget);
+        if !budget.withdraw() {
             return false;
         }
         if !self.members[j].upstream.state.retry.withdraw_for_hedge() {
-            h.sent.fetch_sub(1, Ordering::AcqRel);
+            // Not sent after all: the requests it was charged count again.
+            for _ in 0..h.cost {
+                budget.deposit();
+            }
             return false;
         }
+        drop(budget);
         self.metrics.group_hedge(&self.name, "sent");
         true
     }
@@ -446,6 +465,56 @@ mod tests {
             lock(&member.heads).push_back(Duration::from_millis((k * 37) % 100 + 1));
         }
         assert_eq!(member.p95(), Some(Duration::from_millis(95)));
+    }
+
+    /// A group of two members on an unreachable port, from `group` TOML lines.
+    fn router(group: &str) -> crate::router::Router {
+        let toml = format!(
+            "[[upstream]]\nname = \"a\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+             [[upstream]]\nname = \"b\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+             [[group]]\nname = \"g\"\nroute = \"/v1\"\nmembers = [\"a\", \"b\"]\n{group}"
+        );
+        let config = crate::config::load_str("t.toml", &toml).unwrap();
+        crate::router::Router::new(
+            &config.upstreams,
+            &config.groups,
+            None,
+            &Metrics::new(),
+            None,
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hedges_are_a_share_of_recent_requests_only() {
+        let router = router("hedge_after = \"1s\"\nhedge_max_ratio = 0.1\n");
+        let group = &router.groups()[0];
+        // A quiet past lends an incident nothing.
+        for _ in 0..100_000 {
+            group.arrived();
+        }
+        tokio::time::advance(HEDGE_WINDOW + Duration::from_secs(1)).await;
+        for _ in 0..100 {
+            group.arrived();
+        }
+        let hedges = (0..100).filter(|_| group.take_hedge(1)).count();
+        assert_eq!(hedges, 10, "a tenth of the 100 requests in the window");
+        // Within the window, the same requests allow no more.
+        tokio::time::advance(HEDGE_WINDOW / 2).await;
+        assert!(!group.take_hedge(1));
+        // Requests and hedges both leave the window.
+        tokio::time::advance(HEDGE_WINDOW).await;
+        assert!(!group.take_hedge(1), "no requests in the window");
+        for _ in 0..30 {
+            group.arrived();
+        }
+        assert_eq!((0..10).filter(|_| group.take_hedge(1)).count(), 3);
+    }
+
+    #[test]
+    fn a_hedge_costs_a_whole_number_of_requests_never_more_than_the_ratio() {
+        for (ratio, cost) in [(1.0, 1), (0.5, 2), (0.2, 5), (0.1, 10), (0.15, 7), (0.3, 4)] {
+            assert_eq!(Hedging::new(HedgeAfter::P95, ratio).cost, cost, "{ratio}");
+        }
     }
 
     #[test]

@@ -15,6 +15,13 @@
 //! comes from two members. The last member's answer, whatever it is, goes to the client. Every
 //! answer carries `x-corral-upstream: <member>`.
 //!
+//! A request is sent to a second member, by a hedge or after an error that may have reached the
+//! first (a 5xx, a timeout, a connection lost after the request went out), only when it is safe
+//! to repeat: its path ends with one of `repeatable_paths`, it carries `Idempotency-Key`, or it
+//! is a GET or HEAD. Any other moves on only when no attempt on the member can have been acted
+//! on (a refused connection, a 429, corral's own refusal: `RequestCtx::may_have_reached`), so a
+//! file upload or a batch is never created twice.
+//!
 //! A member may set `model`: the JSON body's `"model"` is rewritten for that member only.
 
 use std::collections::VecDeque;
@@ -35,6 +42,8 @@ use crate::stack::layer::{lock, SetAside};
 
 /// The header naming the member that answered.
 pub const UPSTREAM_HEADER: HeaderName = HeaderName::from_static("x-corral-upstream");
+/// A client's promise that sending its request twice does its work once.
+const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// One member of a group.
 pub struct Member {
@@ -106,6 +115,8 @@ pub struct Group {
     hedging: Option<Hedging>,
     /// The priority of a request without `x-corral-priority`, if the group sets one.
     pub priority: Option<crate::config::Priority>,
+    /// Path endings of requests safe to send twice (`repeatable_paths`).
+    repeatable_paths: Vec<String>,
     metrics: Metrics,
 }
 
@@ -190,6 +201,7 @@ impl Group {
                         .hedge_after
                         .map(|after| Hedging::new(after, g.hedge_max_ratio)),
                     priority: g.priority,
+                    repeatable_paths: g.repeatable_paths.clone(),
                     metrics: metrics.clone(),
                 })
             })
@@ -238,6 +250,31 @@ impl Group {
         } else {
             tracing::info!(%group, %member, reason, "falling back to the next member");
         }
+    }
+
+    /// Whether a request is safe to send twice (hedged, or sent on after an error that may have
+    /// reached its member): a GET or HEAD, one with `Idempotency-Key`, or one whose path ends
+    /// with one of `repeatable_paths`.
+    pub fn repeatable(&self, parts: &http::request::Parts) -> bool {
+        let path = parts.uri.path();
+        matches!(parts.method, http::Method::GET | http::Method::HEAD)
+            || parts.headers.contains_key(IDEMPOTENCY_KEY)
+            || self
+                .repeatable_paths
+                .iter()
+                .any(|p| path.ends_with(p.as_str()))
+    }
+
+    /// A request not safe to repeat stays with member `i` although `why` would move it on: the
+    /// member may have acted on it.
+    pub fn stayed(&self, i: usize, why: Fallback) {
+        let (group, member, reason) = (&self.name, &self.members[i].upstream.name, why.label());
+        tracing::info!(
+            %group,
+            %member,
+            reason,
+            "not falling back: the member may have acted on a request not safe to repeat"
+        );
     }
 
     /// Member `i` answered.

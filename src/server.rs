@@ -61,6 +61,8 @@ struct Tally {
     attempts: u32,
     /// See [`RequestCtx::held_until`].
     held: Duration,
+    /// See [`RequestCtx::may_have_reached`].
+    reached: bool,
 }
 
 /// corral's refusal of a request to `upstream` before its stack saw it: counted, no attempts.
@@ -436,8 +438,10 @@ impl App {
         let mut tally = Tally::default();
         let last = group.members.len() - 1;
         let mut i = 0;
-        // At most one hedge per request, however many members it goes through.
-        let mut may_hedge = true;
+        let repeatable = group.repeatable(&parts);
+        // At most one hedge per request, however many members it goes through; none for a
+        // request that is not safe to send twice.
+        let mut may_hedge = repeatable;
         while i <= last {
             let now = Instant::now();
             if group.passed_over(i, now) {
@@ -458,7 +462,13 @@ impl App {
             };
             tally.attempts += t.attempts;
             tally.held = tally.held.max(t.held);
-            match tried.why {
+            // A request not safe to send twice moves on only from a member that certainly did
+            // not act on it.
+            let why = tried.why.filter(|_| repeatable || !t.reached);
+            if let (Some(why), None, true) = (tried.why, why, who < last) {
+                group.stayed(who, why);
+            }
+            match why {
                 Some(why) if who < last => {
                     group.fell_back(who, why, Instant::now());
                     i = who + 1;
@@ -650,6 +660,7 @@ impl App {
             attempts: ctx.attempts(),
             // The clock is read only for a request that never made an attempt.
             held: ctx.held_until(Instant::now),
+            reached: ctx.may_have_reached(),
         };
         match result {
             Ok(response) => {

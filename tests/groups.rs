@@ -274,6 +274,116 @@ async fn a_rewritten_body_keeps_every_byte_but_the_model() {
     assert_eq!(String::from_utf8_lossy(&backup.last().body), want);
 }
 
+/// A POST to `path` with an `Idempotency-Key` when `key` is set.
+async fn post_to(corral: &Corral, path: &str, key: bool) -> (u16, String) {
+    let mut req = post(&corral.url(path), BODY);
+    if key {
+        req.headers_mut()
+            .insert("idempotency-key", http::HeaderValue::from_static("k-1"));
+    }
+    let (parts, _) = send(&client(), req).await;
+    (parts.status.as_u16(), member(&parts).to_owned())
+}
+
+/// A request not safe to send twice (a `/files` or `/batches` POST) stays with a member that
+/// may have acted on it: a 5xx or a per-try timeout goes to the client as the member's answer,
+/// and the backup never sees the request. An allow-listed path, an `Idempotency-Key`, a GET or
+/// a path added to `repeatable_paths` moves on as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_not_safe_to_repeat_stays_with_a_member_that_may_have_acted_on_it() {
+    let no_retry = "rate_limit = \"off\"\n[upstream.retry]\nmax_retries = 0\n";
+    let (primary, backup) = (
+        always(503, serde_json::json!({"error": {"message": "down"}})).await,
+        always(200, ok()).await,
+    );
+    let group = "repeatable_paths = [\"/chat/completions\", \"/files\"]";
+    let corral = Corral::start(&group_config(&primary, no_retry, &backup, "", group)).await;
+    assert_eq!(
+        post_to(&corral, "/v1/batches", false).await,
+        (503, "primary".into())
+    );
+    assert_eq!(backup.calls(), 0, "a 5xx may come after the work was done");
+    assert_eq!(
+        post_to(&corral, "/v1/batches", true).await,
+        (200, "backup".into())
+    );
+    assert_eq!(
+        post_to(&corral, "/v1/files", false).await,
+        (200, "backup".into())
+    );
+    assert_eq!(
+        post_to(&corral, "/v1/chat/completions", false).await,
+        (200, "backup".into())
+    );
+    let get = http::Request::get(corral.url("/v1/batches/b-1"))
+        .body(http_body_util::Full::default())
+        .unwrap();
+    let (parts, _) = send(&client(), get).await;
+    assert_eq!((parts.status.as_u16(), member(&parts)), (200, "backup"));
+    assert_eq!((primary.calls(), backup.calls()), (5, 4));
+
+    // A per-try timeout (200 ms against a member that answers after 5 s): the request may be
+    // running there.
+    let slow_primary = slow(Duration::from_secs(5)).await;
+    let timeout = format!("{no_retry}per_try_timeout = \"200ms\"\n");
+    let corral = Corral::start(&group_config(&slow_primary, &timeout, &backup, "", "")).await;
+    assert_eq!(
+        post_to(&corral, "/v1/files", false).await,
+        (504, "primary".into())
+    );
+    assert_eq!(backup.calls(), 4, "the backup was not asked");
+    assert_eq!(
+        post_to(&corral, "/v1/embeddings", false).await,
+        (200, "backup".into())
+    );
+}
+
+/// A request not safe to send twice still moves on from a member that certainly did not act
+/// on it: the connection was refused, the member answered 429 (out of quota, nothing done), or
+/// corral itself had no capacity for it there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_not_safe_to_repeat_moves_on_from_a_member_that_never_acted_on_it() {
+    let backup = always(200, ok()).await;
+    let no_retry = "rate_limit = \"off\"\n[upstream.retry]\nmax_retries = 0\n";
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let toml = format!(
+        "[[upstream]]\nname = \"primary\"\nbase_url = \"http://{closed}/v1\"\n{no_retry}\
+         [[upstream]]\nname = \"backup\"\nbase_url = \"{}\"\n\
+         [[group]]\nname = \"chat\"\nroute = \"/v1\"\nmembers = [\"primary\", \"backup\"]\n",
+        backup.url("/v1"),
+    );
+    let corral = Corral::start(&toml).await;
+    assert_eq!(
+        post_to(&corral, "/v1/files", false).await,
+        (200, "backup".into())
+    );
+
+    let quota_primary = always(429, quota()).await;
+    let corral = Corral::start(&group_config(&quota_primary, "", &backup, "", "")).await;
+    assert_eq!(
+        post_to(&corral, "/v1/files", false).await,
+        (200, "backup".into())
+    );
+    assert_eq!(quota_primary.calls(), 1);
+
+    // One request a minute: the second finds no capacity within `fallback_wait`.
+    let primary = always(200, ok()).await;
+    let one = "[upstream.limits]\nrpm = 1\nburst = 1\n[upstream.retry]\ndeadline = \"2s\"\n";
+    let corral = Corral::start(&group_config(&primary, one, &backup, "", "")).await;
+    assert_eq!(
+        post_to(&corral, "/v1/files", false).await,
+        (200, "primary".into())
+    );
+    assert_eq!(
+        post_to(&corral, "/v1/files", false).await,
+        (200, "backup".into())
+    );
+    assert_eq!(primary.calls(), 1);
+}
+
 /// What a group needs, checked at load: file, key and reason.
 #[test]
 fn groups_naming_unknown_upstreams_or_forming_cycles_are_refused() {
@@ -320,6 +430,14 @@ fn groups_naming_unknown_upstreams_or_forming_cycles_are_refused() {
     assert!(clash.contains("group[0].name"), "{clash}");
     let route = load("[[group]]\nname = \"g\"\nroute = \"/b\"\nmembers = [\"a\"]\n").unwrap_err();
     assert!(route.contains("duplicate route `/b`"), "{route}");
+    let paths = load(
+        "[[group]]\nname = \"g\"\nroute = \"/v1\"\nmembers = [\"a\"]\nrepeatable_paths = [\"/files\", \"\"]\n",
+    )
+    .unwrap_err();
+    assert!(
+        paths.contains("group[0].repeatable_paths") && paths.contains("got \"\""),
+        "{paths}"
+    );
 }
 
 /// An upstream that answers 200 after `delay`.
@@ -388,6 +506,36 @@ async fn a_slow_primary_is_hedged_within_the_ratio_and_the_loser_cancelled() {
     ] {
         assert!(metric(&corral, line), "no `{line}`");
     }
+}
+
+/// A request not safe to send twice is never hedged: a `/files` POST waits for the slow
+/// primary (600 ms, `hedge_after = "100ms"`); the same POST with an `Idempotency-Key` is
+/// hedged to the backup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_not_safe_to_repeat_is_not_hedged() {
+    let (primary, backup) = (
+        slow(Duration::from_millis(600)).await,
+        always(200, ok()).await,
+    );
+    let group = "hedge_after = \"100ms\"\nhedge_max_ratio = 1.0\n";
+    let corral = Corral::start(&group_config(&primary, "", &backup, "", group)).await;
+    assert_eq!(
+        post_to(&corral, "/v1/files", false).await,
+        (200, "primary".into())
+    );
+    assert_eq!(backup.calls(), 0);
+    assert!(
+        !metric(&corral, "corral_group_hedges_total{"),
+        "a hedge was sent"
+    );
+    assert_eq!(
+        post_to(&corral, "/v1/files", true).await,
+        (200, "backup".into())
+    );
+    assert!(metric(
+        &corral,
+        r#"corral_group_hedges_total{group="chat",outcome="sent"} 1"#
+    ));
 }
 
 /// A stream whose first event is an Anthropic `error` event (`overloaded_error`, before any

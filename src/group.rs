@@ -51,10 +51,11 @@ pub struct Member {
     /// The `model` the JSON body gets for this member, if set.
     pub model: Option<String>,
     /// Passed over until then (it answered a permanent 429).
-    aside: SetAside,
+    /// Shared with the same member of the group before a reload, as is `heads`.
+    aside: Arc<SetAside>,
     answers: IntCounter,
     /// Its latest times to an answer (for `hedge_after = "p95"`), oldest first.
-    heads: Mutex<VecDeque<Duration>>,
+    heads: Arc<Mutex<VecDeque<Duration>>>,
 }
 
 /// Answer times kept per member for its p95.
@@ -81,7 +82,8 @@ struct Hedging {
     /// tower's windowed budget: each request deposits, each hedge withdraws, and both count
     /// for [`HEDGE_WINDOW`] only, so a quiet past lends an incident nothing. Withdrawals hold
     /// the lock, so requests racing for the last hedge cannot all take it.
-    budget: Mutex<TpsBudget>,
+    /// Shared with the same group before a reload when the cost is the same.
+    budget: Arc<Mutex<TpsBudget>>,
     /// Requests a hedge costs: `hedge_max_ratio` as one in a whole number, rounded so hedges
     /// never exceed the ratio.
     cost: u32,
@@ -99,7 +101,7 @@ impl Hedging {
         let percent = 1.0 / (cost as f32 + 0.5);
         Self {
             after,
-            budget: Mutex::new(TpsBudget::new(HEDGE_WINDOW, 0, percent)),
+            budget: Arc::new(Mutex::new(TpsBudget::new(HEDGE_WINDOW, 0, percent))),
             cost,
         }
     }
@@ -168,38 +170,54 @@ impl Fallback {
 
 impl Group {
     /// Every configured group over the built `upstreams` (configs validated: every member
-    /// resolves, no cycles).
+    /// resolves, no cycles). A group of the same name in `previous` (the groups before a
+    /// reload) hands on what it learned: its members' cool-downs and answer times, by
+    /// upstream name, and its recent requests and hedges.
     pub fn build_all(
         configs: &[UpstreamConfig],
         groups: &[GroupConfig],
         upstreams: &[Arc<Upstream>],
         metrics: &Metrics,
+        previous: &[Arc<Group>],
     ) -> Vec<Arc<Self>> {
         groups
             .iter()
             .map(|g| {
+                let was = previous.iter().find(|p| p.name == g.name());
                 let members = crate::config::group_members(configs, groups, g)
                     .into_iter()
                     .filter_map(|(config, model)| {
                         let upstream = upstreams.iter().find(|u| u.name == config.name())?;
+                        let same = was.and_then(|w| {
+                            w.members.iter().find(|m| m.upstream.name == config.name())
+                        });
                         Some(Member {
                             upstream: Arc::clone(upstream),
                             model: model.map(str::to_owned),
-                            aside: SetAside::default(),
+                            aside: same.map_or_else(Arc::default, |m| Arc::clone(&m.aside)),
                             answers: metrics.group_answers(g.name(), config.name()),
-                            heads: Mutex::new(VecDeque::with_capacity(HEAD_SAMPLES)),
+                            heads: same.map_or_else(
+                                || Arc::new(Mutex::new(VecDeque::with_capacity(HEAD_SAMPLES))),
+                                |m| Arc::clone(&m.heads),
+                            ),
                         })
                     })
                     .collect();
+                let hedging = g.hedge_after.map(|after| {
+                    let mut hedging = Hedging::new(after, g.hedge_max_ratio);
+                    let same = was.and_then(|w| w.hedging.as_ref());
+                    if let Some(same) = same.filter(|h| h.cost == hedging.cost) {
+                        hedging.budget = Arc::clone(&same.budget);
+                    }
+                    hedging
+                });
                 Arc::new(Self {
                     name: g.name().to_owned(),
                     route: g.route().to_owned(),
                     members,
                     fallback_wait: g.fallback_wait,
                     cooldown: g.cooldown.0,
-                    hedging: g
-                        .hedge_after
-                        .map(|after| Hedging::new(after, g.hedge_max_ratio)),
+                    hedging,
                     priority: g.priority,
                     repeatable_paths: g.repeatable_paths.clone(),
                     metrics: metrics.clone(),
@@ -488,9 +506,9 @@ mod tests {
         let member = Member {
             upstream: Arc::new(Upstream::new(&config, &metrics, 1 << 20, None)),
             model: None,
-            aside: SetAside::default(),
+            aside: Arc::default(),
             answers: metrics.group_answers("g", "m"),
-            heads: Mutex::new(VecDeque::new()),
+            heads: Arc::default(),
         };
         for ms in 1..MIN_HEAD_SAMPLES as u64 {
             lock(&member.heads).push_back(Duration::from_millis(ms));
@@ -545,6 +563,32 @@ mod tests {
             group.arrived();
         }
         assert_eq!((0..10).filter(|_| group.take_hedge(1)).count(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reload_keeps_answer_times_and_recent_requests() {
+        let before = router("hedge_after = \"p95\"\nhedge_max_ratio = 0.5\n");
+        let group = &before.groups()[0];
+        for _ in 0..MIN_HEAD_SAMPLES {
+            group.record_head(0, Duration::from_millis(40));
+        }
+        for _ in 0..4 {
+            group.arrived();
+        }
+        assert!(group.take_hedge(1));
+        // A changed member and group: both rebuilt.
+        let toml = "[[upstream]]\nname = \"a\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+                    [upstream.limits]\nmax_concurrency = 7\n\
+                    [[upstream]]\nname = \"b\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+                    [[group]]\nname = \"g\"\nroute = \"/v1\"\nmembers = [\"a\", \"b\"]\n\
+                    hedge_after = \"p95\"\nhedge_max_ratio = 0.5\nfallback_wait = 0.5\n";
+        let config = crate::config::load_str("t.toml", toml).unwrap();
+        let (after, _) = before.reload(&config.upstreams, &config.groups, &Metrics::new(), None);
+        let group = &after.groups()[0];
+        assert_eq!(group.hedge_delay(0), Some(Duration::from_millis(40)));
+        // Four requests allow two hedges at 0.5: one was taken before the reload.
+        assert!(group.take_hedge(1));
+        assert!(!group.take_hedge(1));
     }
 
     #[test]

@@ -102,6 +102,40 @@ async fn a_primary_out_of_quota_falls_back_and_is_passed_over() {
     assert!(group["members"][1]["set_aside_ms"].is_null(), "{group}");
 }
 
+/// A reload rebuilds the groups but keeps what they learned: the primary's cool-down after its
+/// permanent 429 survives a reload that changes both the primary and the group, so the
+/// primary is still passed over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_members_cool_down_survives_a_reload() {
+    let (primary, backup) = (always(429, quota()).await, always(200, ok()).await);
+    let corral = Corral::start(&group_config(&primary, "", &backup, "", "")).await;
+    assert_eq!(member(&chat(&corral).await.0), "backup");
+    assert_eq!(primary.calls(), 1);
+    let changed = group_config(
+        &primary,
+        "[upstream.limits]\nmax_concurrency = 7\n",
+        &backup,
+        "",
+        "fallback_wait = 0.5",
+    );
+    let summary = corral
+        .app
+        .reload(&corral::config::load_str("reload.toml", &changed).unwrap());
+    assert_eq!(
+        (summary.kept, summary.built),
+        (1, 1),
+        "the primary was rebuilt"
+    );
+    for _ in 0..3 {
+        assert_eq!(member(&chat(&corral).await.0), "backup");
+    }
+    assert_eq!(
+        primary.calls(),
+        1,
+        "the reload ended the primary's cool-down"
+    );
+}
+
 /// A primary whose retries are spent on 503s (max_retries = 1: two calls) falls back; once its
 /// breaker opens the primary is not asked at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

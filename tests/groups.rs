@@ -483,54 +483,77 @@ async fn slow(delay: Duration) -> MockUpstream {
     .await
 }
 
-/// Hedging (issue 13, item 3): a primary that answers after 2 s, a fast backup, `hedge_after =
-/// "300ms"`: ten requests at once, and `hedge_max_ratio = 0.2` lets exactly two of them hedge
-/// (the ratio is of the group's requests, all ten arrived before the first hedge was due).
-/// Those two are answered by the backup, well before the primary would have (bound: 1.5 s),
-/// each with one hedge; their primary attempts are cancelled; the other eight wait for the
-/// primary.
+/// An upstream that answers 200 once `release` says so (at once when it already has), counting
+/// its calls; each answer says which call it was (`{"call": n}`).
+async fn held_until(release: tokio::sync::watch::Receiver<bool>) -> MockUpstream {
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    MockUpstream::start(move |_| {
+        let mut release = release.clone();
+        let call = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        async move {
+            let _ = release.wait_for(|go| *go).await;
+            json(200, serde_json::json!({"call": call}))
+        }
+    })
+    .await
+}
+
+/// Ten chat requests at once; each one's status, member and time, in the order they end.
+fn fire_ten(corral: &Corral) -> tokio::sync::mpsc::UnboundedReceiver<(u16, String, Duration)> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let c = std::sync::Arc::new(client());
+    for _ in 0..10 {
+        let (c, url, tx) = (
+            std::sync::Arc::clone(&c),
+            corral.url("/v1/chat/completions"),
+            tx.clone(),
+        );
+        tokio::spawn(async move {
+            let start = Instant::now();
+            let (parts, _) = send(&c, post(&url, BODY)).await;
+            let _ = tx.send((
+                parts.status.as_u16(),
+                member(&parts).to_owned(),
+                start.elapsed(),
+            ));
+        });
+    }
+    rx
+}
+
+/// Hedging: a primary held until the test releases it, a fast backup, `hedge_after =
+/// "300ms"`: ten requests at once, and `hedge_max_ratio = 0.2` lets exactly two of them hedge.
+/// However the arrivals spread, the second hedge needs all ten requests counted, and no third
+/// fits. Those two are answered by the backup, no sooner than `hedge_after`, each with one
+/// hedge; their primary attempts are cancelled; the other eight wait for the primary (nothing
+/// else has answered when it is released).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_primary_is_hedged_within_the_ratio_and_the_loser_cancelled() {
-    let (primary, backup) = (slow(Duration::from_secs(2)).await, always(200, ok()).await);
+    let (release, held) = tokio::sync::watch::channel(false);
+    let (primary, backup) = (held_until(held).await, always(200, ok()).await);
     let group = "hedge_after = \"300ms\"\nhedge_max_ratio = 0.2\n";
     let corral = Corral::start(&group_config(&primary, "", &backup, "", group)).await;
-    let c = std::sync::Arc::new(client());
-    let tasks: Vec<_> = (0..10)
-        .map(|_| {
-            let (c, url) = (
-                std::sync::Arc::clone(&c),
-                corral.url("/v1/chat/completions"),
-            );
-            tokio::spawn(async move {
-                let start = Instant::now();
-                let (parts, _) = send(&c, post(&url, BODY)).await;
-                (
-                    parts.status.as_u16(),
-                    member(&parts).to_owned(),
-                    start.elapsed(),
-                )
-            })
-        })
-        .collect();
-    let mut hedged = 0;
-    for t in tasks {
-        let (status, member, took) = t.await.unwrap();
-        assert_eq!(status, 200);
-        if member == "backup" {
-            hedged += 1;
-            assert!(
-                took < Duration::from_millis(1500),
-                "a hedged request took {took:?}"
-            );
-            assert!(
-                took >= Duration::from_millis(300),
-                "hedged before hedge_after: {took:?}"
-            );
-        } else {
-            assert!(took >= Duration::from_secs(2), "{took:?}");
-        }
+    let mut answers = fire_ten(&corral);
+    // Bound: the hedges' answers come within seconds (10 s, generous for a busy machine).
+    for _ in 0..2 {
+        let answer = tokio::time::timeout(Duration::from_secs(10), answers.recv()).await;
+        let (status, member, took) = answer.expect("a hedged answer").unwrap();
+        assert_eq!((status, member.as_str()), (200, "backup"));
+        assert!(
+            took >= Duration::from_millis(300),
+            "hedged before hedge_after: {took:?}"
+        );
     }
-    assert_eq!(hedged, 2, "hedge_max_ratio = 0.2 of 10 requests");
+    // The eight others are held by the primary: none can have answered.
+    assert!(
+        answers.try_recv().is_err(),
+        "a third answer before the primary's release"
+    );
+    release.send(true).unwrap();
+    for _ in 0..8 {
+        let (status, member, _) = answers.recv().await.unwrap();
+        assert_eq!((status, member.as_str()), (200, "primary"));
+    }
     assert_eq!(backup.calls(), 2, "one hedge per hedged request");
     assert_eq!(primary.calls(), 10);
     for line in [
@@ -540,6 +563,101 @@ async fn a_slow_primary_is_hedged_within_the_ratio_and_the_loser_cancelled() {
     ] {
         assert!(metric(&corral, line), "no `{line}`");
     }
+}
+
+/// On the last member, a hedge goes to that same member: a group of one whose first call never
+/// answers and whose second answers at once. The hedge's answer (call 2) wins and the first
+/// call is cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_members_hedge_goes_to_the_same_member() {
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let only = MockUpstream::start(move |_| {
+        let call = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        async move {
+            if call == 1 {
+                std::future::pending::<()>().await;
+            }
+            json(200, serde_json::json!({"call": call}))
+        }
+    })
+    .await;
+    let toml = format!(
+        "[[upstream]]\nname = \"only\"\nbase_url = \"{}\"\n\
+         [[group]]\nname = \"chat\"\nroute = \"/v1\"\nmembers = [\"only\"]\n\
+         hedge_after = \"100ms\"\nhedge_max_ratio = 1.0\n",
+        only.url("/v1"),
+    );
+    let corral = Corral::start(&toml).await;
+    let (parts, body) = chat(&corral).await;
+    assert_eq!((parts.status.as_u16(), member(&parts)), (200, "only"));
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&body).unwrap(),
+        serde_json::json!({"call": 2})
+    );
+    assert_eq!(only.calls(), 2);
+    for line in [
+        r#"corral_group_hedges_total{group="chat",outcome="sent"} 1"#,
+        r#"corral_group_hedges_total{group="chat",outcome="won"} 1"#,
+        r#"corral_group_cancelled_total{group="chat"} 1"#,
+    ] {
+        assert!(metric(&corral, line), "no `{line}`");
+    }
+}
+
+/// A hedge takes rate-limit tokens like any attempt: with one token a minute on the backup,
+/// the first request's hedge takes it and wins; the second request's hedge waits for a token
+/// that does not come, so the primary (released once that hedge was sent) answers it, and the
+/// backup is asked once in all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hedge_takes_rate_limit_tokens() {
+    let (release, held) = tokio::sync::watch::channel(false);
+    let (primary, backup) = (held_until(held).await, always(200, ok()).await);
+    let one_token = "rate_limit = \"off\"\n[upstream.limits]\nrpm = 1\nburst = 1\n";
+    let group = "hedge_after = \"100ms\"\nhedge_max_ratio = 1.0\n";
+    let corral = Corral::start(&group_config(&primary, "", &backup, one_token, group)).await;
+    assert_eq!(member(&chat(&corral).await.0), "backup");
+    let second = tokio::spawn({
+        let url = corral.url("/v1/chat/completions");
+        async move { send(&client(), post(&url, BODY)).await.0 }
+    });
+    // Wait for the second hedge to be sent (and held by the backup's limiter), then release.
+    let sent = r#"corral_group_hedges_total{group="chat",outcome="sent"} 2"#;
+    let waited = tokio::time::timeout(Duration::from_secs(10), async {
+        while !metric(&corral, sent) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "no second hedge within 10 s");
+    release.send(true).unwrap();
+    let parts = second.await.unwrap();
+    assert_eq!((parts.status.as_u16(), member(&parts)), (200, "primary"));
+    assert_eq!(backup.calls(), 1, "the second hedge went without a token");
+}
+
+/// A hedge takes a retry from its member's retry budget: with the backup's budget empty
+/// (`budget_ratio = 0`, `budget_min_per_second = 0`), no hedge goes and the request waits
+/// for the primary (released at 1 s, long after the hedge was due at 100 ms and refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hedge_takes_a_retry_from_the_members_budget() {
+    let (release, held) = tokio::sync::watch::channel(false);
+    let (primary, backup) = (held_until(held).await, always(200, ok()).await);
+    let no_budget = "[upstream.retry]\nbudget_ratio = 0.0\nbudget_min_per_second = 0\n";
+    let group = "hedge_after = \"100ms\"\nhedge_max_ratio = 1.0\n";
+    let corral = Corral::start(&group_config(&primary, "", &backup, no_budget, group)).await;
+    let request = tokio::spawn({
+        let url = corral.url("/v1/chat/completions");
+        async move { send(&client(), post(&url, BODY)).await.0 }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    release.send(true).unwrap();
+    let parts = request.await.unwrap();
+    assert_eq!((parts.status.as_u16(), member(&parts)), (200, "primary"));
+    assert_eq!(backup.calls(), 0);
+    assert!(
+        !metric(&corral, "corral_group_hedges_total{"),
+        "a hedge was sent"
+    );
 }
 
 /// A request not safe to send twice is never hedged: a `/files` POST waits for the slow
@@ -638,11 +756,11 @@ async fn a_request_hedges_once_across_its_members() {
 }
 
 /// Three `corral simulate` upstreams in one group: a primary that fails mid-run (every answer
-/// a 503 from 0.3 s on), a slow member (300 ms a request) and a fast one, `hedge_after =
-/// "100ms"`. A hundred requests, ten clients each pausing 100 ms between its requests (about a
-/// second in all), over the failure: every client gets a 200;
-/// the primary answered before its failure and the others after; hedges stay within one a
-/// request.
+/// a 503 from 0.3 s after it was made), a slow member (300 ms a request) and a fast one,
+/// `hedge_after = "100ms"`. A hundred requests, ten clients each pausing 100 ms between its
+/// requests (about a second in all), over the failure: every client gets a 200; the primary
+/// answered before its failure, and every request that started after it went to the others;
+/// hedges were sent, within one a request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_simulators_one_failing_mid_run_one_slow_one_fast() {
     use corral::simulate::{FailWindow, SimConfig, Simulator};
@@ -691,6 +809,8 @@ async fn three_simulators_one_failing_mid_run_one_slow_one_fast() {
         upstream("fast", &fast),
     );
     let corral = Corral::start(&toml).await;
+    // The simulators were made before this: the primary fails by then + 300 ms.
+    let failed_by = Instant::now() + Duration::from_millis(300);
     let c = std::sync::Arc::new(client());
     let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let tasks: Vec<_> = (0..10)
@@ -700,30 +820,44 @@ async fn three_simulators_one_failing_mid_run_one_slow_one_fast() {
             tokio::spawn(async move {
                 let mut out = Vec::new();
                 while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < 100 {
+                    let start = Instant::now();
                     let (parts, _) = send(&c, post(&url, BODY)).await;
-                    out.push((parts.status.as_u16(), member(&parts).to_owned()));
+                    out.push((start, parts.status.as_u16(), member(&parts).to_owned()));
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 out
             })
         })
         .collect();
-    let mut by = std::collections::BTreeMap::<String, usize>::new();
+    let mut answers = Vec::new();
     for t in tasks {
-        for (status, who) in t.await.unwrap() {
-            assert_eq!(status, 200, "answered by {who}");
-            *by.entry(who).or_default() += 1;
-        }
+        answers.extend(t.await.unwrap());
     }
-    assert_eq!(by.values().sum::<usize>(), 100);
-    assert!(by.get("primary").is_some_and(|n| *n > 0), "{by:?}");
-    let others = by.get("slow").unwrap_or(&0) + by.get("fast").unwrap_or(&0);
-    assert!(others > 0, "nothing fell back: {by:?}");
+    answers.sort_by_key(|(start, _, _)| *start);
+    assert_eq!(answers.len(), 100);
+    for (_, status, who) in &answers {
+        assert_eq!(*status, 200, "answered by {who}");
+    }
+    let order: Vec<&str> = answers.iter().map(|(_, _, who)| who.as_str()).collect();
+    assert!(order.contains(&"primary"), "{order:?}");
+    let after: Vec<&str> = answers
+        .iter()
+        .filter(|(start, _, _)| *start >= failed_by)
+        .map(|(_, _, who)| who.as_str())
+        .collect();
+    assert!(!after.is_empty(), "no request started after the failure");
+    assert!(
+        after.iter().all(|who| *who == "slow" || *who == "fast"),
+        "the primary answered after its failure: {order:?}"
+    );
     let metrics = corral.app.metrics().render();
     let sent = metrics
         .lines()
         .find(|l| l.starts_with(r#"corral_group_hedges_total{group="chat",outcome="sent"}"#))
         .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .unwrap_or(0.0);
-    assert!(sent <= 100.0, "{sent} hedges for 100 requests");
+        .expect("no hedge was sent: a slow member's 300 ms is past hedge_after");
+    assert!(
+        (1.0..=100.0).contains(&sent),
+        "{sent} hedges for 100 requests"
+    );
 }

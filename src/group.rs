@@ -22,7 +22,8 @@
 //! on (a refused connection, a 429, corral's own refusal: `RequestCtx::may_have_reached`), so a
 //! file upload or a batch is never created twice.
 //!
-//! A member may set `model`: the JSON body's `"model"` is rewritten for that member only.
+//! A member may set `model`: the JSON body's top-level `"model"` value is replaced for that
+//! member only, every other byte kept, in one copy per request that counts in the body budget.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -36,6 +37,7 @@ use tower::retry::budget::{Budget, TpsBudget};
 
 use crate::config::{GroupConfig, HedgeAfter, UpstreamConfig};
 use crate::error::ProxyError;
+use crate::forward::buffer::{BufferBudget, Held};
 use crate::metrics::Metrics;
 use crate::router::Upstream;
 use crate::stack::layer::{lock, SetAside};
@@ -293,6 +295,32 @@ impl Group {
             reason,
             "not falling back: the member may have acted on a request not safe to repeat"
         );
+    }
+
+    /// The body member `i` gets: the request's own, or with a `model` the request's copy for
+    /// that member (made on its first attempt, in `copy`), held in the body `budget` for as long
+    /// as the request.
+    pub async fn member_body(
+        &self,
+        i: usize,
+        body: &Bytes,
+        copy: &tokio::sync::OnceCell<(Bytes, Held)>,
+        budget: &BufferBudget,
+        deadline: Instant,
+    ) -> Result<Bytes, ProxyError> {
+        let Some(model) = &self.members[i].model else {
+            return Ok(body.clone());
+        };
+        let (copy, _) = copy
+            .get_or_try_init(|| async {
+                // Room before the copy: the body, and the new value escaped at worst.
+                let held = budget
+                    .hold(body.len() + 6 * model.len() + 16, deadline)
+                    .await?;
+                Ok::<_, ProxyError>((with_model(body, model), held))
+            })
+            .await?;
+        Ok(copy.clone())
     }
 
     /// Member `i` answered.

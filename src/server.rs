@@ -86,6 +86,9 @@ struct Tried {
 struct GroupRequest<'a> {
     parts: &'a http::request::Parts,
     body: &'a bytes::Bytes,
+    /// Per member, its copy of the body with its `model` (see [`Group::member_body`]).
+    copies: Vec<tokio::sync::OnceCell<(bytes::Bytes, buffer::Held)>>,
+    budget: &'a buffer::BufferBudget,
     deadlines: forward::Deadlines,
     priority: Priority,
     peer: SocketAddr,
@@ -422,7 +425,8 @@ impl App {
             idle: first.body_idle_timeout,
             deadline: deadlines.head,
         };
-        let read = buffer::read_body(incoming, bounds, self.router.load().buffer()).await;
+        let router = self.router.load_full();
+        let read = buffer::read_body(incoming, bounds, router.buffer()).await;
         let (body, held) = match read {
             Ok(read) => read,
             Err(e) => return (Err(refused(first, &parts.method, e)), Some(&first.name)),
@@ -430,6 +434,8 @@ impl App {
         let req = GroupRequest {
             parts: &parts,
             body: &body,
+            copies: group.members.iter().map(|_| Default::default()).collect(),
+            budget: router.buffer(),
             deadlines,
             priority,
             peer,
@@ -565,9 +571,15 @@ impl App {
                 why: None,
             };
         };
-        let body = match &member.model {
-            Some(model) => group::with_model(req.body, model),
-            None => req.body.clone(),
+        let body = group.member_body(i, req.body, &req.copies[i], req.budget, req.deadlines.head);
+        let body = match body.await {
+            Ok(body) => body,
+            Err(e) => {
+                return Tried {
+                    result: Err(refused(upstream, &req.parts.method, e)),
+                    why: None,
+                }
+            }
         };
         let now = Instant::now();
         let attempt = Attempt {

@@ -418,6 +418,44 @@ async fn a_request_not_safe_to_repeat_moves_on_from_a_member_that_never_acted_on
     assert_eq!(primary.calls(), 1);
 }
 
+/// A member's copy of the body counts in `max_buffered_bytes` like the body itself: with room
+/// for 1 MiB, a 300 KiB body and its copy fit, a 700 KiB body and its copy do not, and the
+/// member that needs the copy is refused with `buffer_full` (after waiting a second for room)
+/// instead of holding it outside the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_members_copy_of_the_body_counts_in_the_body_budget() {
+    let (primary, backup) = (always(429, quota()).await, always(200, ok()).await);
+    let toml = format!(
+        "max_buffered_bytes = \"1MiB\"\n\
+         [[upstream]]\nname = \"primary\"\nbase_url = \"{}\"\nbody_limit = \"1MiB\"\n\
+         [[upstream]]\nname = \"backup\"\nbase_url = \"{}\"\nbody_limit = \"1MiB\"\n\
+         [[group]]\nname = \"chat\"\nroute = \"/v1\"\nmembers = [\"primary\", {{ upstream = \"backup\", model = \"gpt-4o-mini\" }}]\n",
+        primary.url("/v1"),
+        backup.url("/v1"),
+    );
+    let corral = Corral::start(&toml).await;
+    let body = |kib: usize| {
+        format!(
+            r#"{{"model":"gpt-4o","messages":[{{"role":"user","content":"{}"}}]}}"#,
+            "x".repeat(kib << 10)
+        )
+    };
+    let (parts, _) = send(
+        &client(),
+        post(&corral.url("/v1/chat/completions"), &body(300)),
+    )
+    .await;
+    assert_eq!((parts.status.as_u16(), member(&parts)), (200, "backup"));
+    let (parts, _) = send(
+        &client(),
+        post(&corral.url("/v1/chat/completions"), &body(700)),
+    )
+    .await;
+    assert_eq!(parts.status, 503);
+    assert_eq!(parts.headers["x-corral-error"], "buffer_full");
+    assert_eq!(backup.calls(), 1);
+}
+
 /// What a group needs, checked at load: file, key and reason.
 #[test]
 fn groups_naming_unknown_upstreams_or_forming_cycles_are_refused() {

@@ -15,10 +15,17 @@
 //! comes from two members. The last member's answer, whatever it is, goes to the client. Every
 //! answer carries `x-corral-upstream: <member>`.
 //!
-//! A member may set `model`: the JSON body's `"model"` is rewritten for that member only.
+//! A request is sent to a second member, by a hedge or after an error that may have reached the
+//! first (a 5xx, a timeout, a connection lost after the request went out), only when it is safe
+//! to repeat: its path ends with one of `repeatable_paths`, it carries `Idempotency-Key`, or it
+//! is a GET or HEAD. Any other moves on only when no attempt on the member can have been acted
+//! on (a refused connection, a 429, corral's own refusal: `RequestCtx::may_have_reached`), so a
+//! file upload or a batch is never created twice.
+//!
+//! A member may set `model`: the JSON body's top-level `"model"` value is replaced for that
+//! member only, every other byte kept, in one copy per request that counts in the body budget.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,16 +33,20 @@ use bytes::Bytes;
 use http::HeaderName;
 use prometheus::IntCounter;
 use tokio::time::Instant;
+use tower::retry::budget::{Budget, TpsBudget};
 
 use crate::config::{GroupConfig, HedgeAfter, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::forward;
+use crate::forward::buffer::{BufferBudget, Held};
 use crate::metrics::Metrics;
 use crate::router::Upstream;
 use crate::stack::layer::{lock, SetAside};
 
 /// The header naming the member that answered.
 pub const UPSTREAM_HEADER: HeaderName = HeaderName::from_static("x-corral-upstream");
+/// A client's promise that sending its request twice does its work once.
+const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// One member of a group.
 pub struct Member {
@@ -46,10 +57,11 @@ pub struct Member {
     /// credential header and every header another member injects ([`forward::withheld`]).
     pub withheld: Vec<HeaderName>,
     /// Passed over until then (it answered a permanent 429).
-    aside: SetAside,
+    /// Shared with the same member of the group before a reload, as is `heads`.
+    aside: Arc<SetAside>,
     answers: IntCounter,
     /// Its latest times to an answer (for `hedge_after = "p95"`), oldest first.
-    heads: Mutex<VecDeque<Duration>>,
+    heads: Arc<Mutex<VecDeque<Duration>>>,
 }
 
 /// Answer times kept per member for its p95.
@@ -70,11 +82,35 @@ impl Member {
     }
 }
 
-/// A group's hedging: when, and how many so far.
+/// A group's hedging: when, and how many its recent requests allow.
 struct Hedging {
     after: HedgeAfter,
-    max_ratio: f64,
-    sent: AtomicU64,
+    /// tower's windowed budget: each request deposits, each hedge withdraws, and both count
+    /// for [`HEDGE_WINDOW`] only, so a quiet past lends an incident nothing. Withdrawals hold
+    /// the lock, so requests racing for the last hedge cannot all take it.
+    /// Shared with the same group before a reload when the cost is the same.
+    budget: Arc<Mutex<TpsBudget>>,
+    /// Requests a hedge costs: `hedge_max_ratio` as one in a whole number, rounded so hedges
+    /// never exceed the ratio.
+    cost: u32,
+}
+
+/// How long a request (and a hedge) counts for `hedge_max_ratio`.
+pub const HEDGE_WINDOW: Duration = Duration::from_secs(10);
+
+impl Hedging {
+    fn new(after: HedgeAfter, max_ratio: f64) -> Self {
+        // The ratio is validated within (0, 1]; the small tolerance keeps 1/0.1 at 10.
+        let cost = ((1.0 / max_ratio) - 1e-9).ceil().max(1.0) as u32;
+        // TpsBudget charges `1 / percent` deposits a withdrawal, rounded down: ask for
+        // `1 / (cost + 0.5)` to be charged exactly `cost`.
+        let percent = 1.0 / (cost as f32 + 0.5);
+        Self {
+            after,
+            budget: Arc::new(Mutex::new(TpsBudget::new(HEDGE_WINDOW, 0, percent))),
+            cost,
+        }
+    }
 }
 
 /// A group, ready to serve.
@@ -87,8 +123,8 @@ pub struct Group {
     hedging: Option<Hedging>,
     /// The priority of a request without `x-corral-priority`, if the group sets one.
     pub priority: Option<crate::config::Priority>,
-    /// Requests the group has served, for `hedge_max_ratio`.
-    requests: AtomicU64,
+    /// Path endings of requests safe to send twice (`repeatable_paths`).
+    repeatable_paths: Vec<String>,
     metrics: Metrics,
 }
 
@@ -140,16 +176,20 @@ impl Fallback {
 
 impl Group {
     /// Every configured group over the built `upstreams` (configs validated: every member
-    /// resolves, no cycles).
+    /// resolves, no cycles). A group of the same name in `previous` (the groups before a
+    /// reload) hands on what it learned: its members' cool-downs and answer times, by
+    /// upstream name, and its recent requests and hedges.
     pub fn build_all(
         configs: &[UpstreamConfig],
         groups: &[GroupConfig],
         upstreams: &[Arc<Upstream>],
         metrics: &Metrics,
+        previous: &[Arc<Group>],
     ) -> Vec<Arc<Self>> {
         groups
             .iter()
             .map(|g| {
+                let was = previous.iter().find(|p| p.name == g.name());
                 let found: Vec<_> = crate::config::group_members(configs, groups, g)
                     .into_iter()
                     .filter_map(|(config, model)| {
@@ -165,34 +205,43 @@ impl Group {
                 let members = found
                     .into_iter()
                     .map(|(upstream, config, model)| {
-                        let own = &upstream.injects;
+                        let same = was.and_then(|w| {
+                            w.members.iter().find(|m| m.upstream.name == config.name())
+                        });
                         Member {
                             withheld: forward::withheld(
-                                own,
+                                &upstream.injects,
                                 upstream.injects_credential,
                                 &injected,
                             ),
                             upstream: Arc::clone(upstream),
                             model: model.map(str::to_owned),
-                            aside: SetAside::default(),
+                            aside: same.map_or_else(Arc::default, |m| Arc::clone(&m.aside)),
                             answers: metrics.group_answers(g.name(), config.name()),
-                            heads: Mutex::new(VecDeque::with_capacity(HEAD_SAMPLES)),
+                            heads: same.map_or_else(
+                                || Arc::new(Mutex::new(VecDeque::with_capacity(HEAD_SAMPLES))),
+                                |m| Arc::clone(&m.heads),
+                            ),
                         }
                     })
                     .collect();
+                let hedging = g.hedge_after.map(|after| {
+                    let mut hedging = Hedging::new(after, g.hedge_max_ratio);
+                    let same = was.and_then(|w| w.hedging.as_ref());
+                    if let Some(same) = same.filter(|h| h.cost == hedging.cost) {
+                        hedging.budget = Arc::clone(&same.budget);
+                    }
+                    hedging
+                });
                 Arc::new(Self {
                     name: g.name().to_owned(),
                     route: g.route().to_owned(),
                     members,
                     fallback_wait: g.fallback_wait,
                     cooldown: g.cooldown.0,
-                    hedging: g.hedge_after.map(|after| Hedging {
-                        after,
-                        max_ratio: g.hedge_max_ratio,
-                        sent: AtomicU64::new(0),
-                    }),
-                    requests: AtomicU64::new(0),
+                    hedging,
                     priority: g.priority,
+                    repeatable_paths: g.repeatable_paths.clone(),
                     metrics: metrics.clone(),
                 })
             })
@@ -243,14 +292,67 @@ impl Group {
         }
     }
 
+    /// Whether a request is safe to send twice (hedged, or sent on after an error that may have
+    /// reached its member): a GET or HEAD, one with `Idempotency-Key`, or one whose path ends
+    /// with one of `repeatable_paths`.
+    pub fn repeatable(&self, parts: &http::request::Parts) -> bool {
+        let path = parts.uri.path();
+        matches!(parts.method, http::Method::GET | http::Method::HEAD)
+            || parts.headers.contains_key(IDEMPOTENCY_KEY)
+            || self
+                .repeatable_paths
+                .iter()
+                .any(|p| path.ends_with(p.as_str()))
+    }
+
+    /// A request not safe to repeat stays with member `i` although `why` would move it on: the
+    /// member may have acted on it.
+    pub fn stayed(&self, i: usize, why: Fallback) {
+        let (group, member, reason) = (&self.name, &self.members[i].upstream.name, why.label());
+        tracing::info!(
+            %group,
+            %member,
+            reason,
+            "not falling back: the member may have acted on a request not safe to repeat"
+        );
+    }
+
+    /// The body member `i` gets: the request's own, or with a `model` the request's copy for
+    /// that member (made on its first attempt, in `copy`), held in the body `budget` for as long
+    /// as the request.
+    pub async fn member_body(
+        &self,
+        i: usize,
+        body: &Bytes,
+        copy: &tokio::sync::OnceCell<(Bytes, Held)>,
+        budget: &BufferBudget,
+        deadline: Instant,
+    ) -> Result<Bytes, ProxyError> {
+        let Some(model) = &self.members[i].model else {
+            return Ok(body.clone());
+        };
+        let (copy, _) = copy
+            .get_or_try_init(|| async {
+                // Room before the copy: the body, and the new value escaped at worst.
+                let held = budget
+                    .hold(body.len() + 6 * model.len() + 16, deadline)
+                    .await?;
+                Ok::<_, ProxyError>((with_model(body, model), held))
+            })
+            .await?;
+        Ok(copy.clone())
+    }
+
     /// Member `i` answered.
     pub fn answered(&self, i: usize) {
         self.members[i].answers.inc();
     }
 
-    /// A request arrived (counted for `hedge_max_ratio`).
+    /// A request arrived (counted for `hedge_max_ratio` over [`HEDGE_WINDOW`]).
     pub fn arrived(&self) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
+        if let Some(h) = &self.hedging {
+            lock(&h.budget).deposit();
+        }
     }
 
     /// Member `i` gave an answer (one that did not send the request on) after `took`.
@@ -286,25 +388,24 @@ impl Group {
     }
 
     /// Whether a hedge to member `j` may go: within `hedge_max_ratio` of the group's requests
-    /// (counted in one compare-and-swap, so requests racing for the last hedge cannot all
-    /// take it) and with a retry taken from the member's budget. Counts it as sent.
+    /// over the last [`HEDGE_WINDOW`], and with a retry taken from the member's budget.
+    /// Counts it as sent.
     pub fn take_hedge(&self, j: usize) -> bool {
         let Some(h) = &self.hedging else {
             return false;
         };
-        let allowed = (h.max_ratio * self.requests.load(Ordering::Relaxed) as f64) as u64;
-        let took = h
-            .sent
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |sent| {
-                (sent < allowed).then_some(sent + 1)
-            });
-        if took.is_err() {
+        let budget = lock(&h.budget);
+        if !budget.withdraw() {
             return false;
         }
         if !self.members[j].upstream.state.retry.withdraw_for_hedge() {
-            h.sent.fetch_sub(1, Ordering::AcqRel);
+            // Not sent after all: the requests it was charged count again.
+            for _ in 0..h.cost {
+                budget.deposit();
+            }
             return false;
         }
+        drop(budget);
         self.metrics.group_hedge(&self.name, "sent");
         true
     }
@@ -338,14 +439,72 @@ impl Group {
     }
 }
 
-/// `body` with its JSON `"model"` set to `model`; unchanged when it is not a JSON object.
+/// `body` with its top-level JSON `"model"` set to `model`, added first when absent; unchanged
+/// when it is not a JSON object. Only the value's bytes change: every other byte (whitespace,
+/// key order, numbers of any size) stays as the client wrote it, and the rest of the body is
+/// scanned, never built into a tree.
 pub fn with_model(body: &Bytes, model: &str) -> Bytes {
-    match serde_json::from_slice::<serde_json::Value>(body) {
-        Ok(serde_json::Value::Object(mut map)) => {
-            map.insert("model".into(), serde_json::Value::String(model.to_owned()));
-            Bytes::from(serde_json::to_vec(&map).expect("a JSON map serializes"))
+    let Ok(TopLevel(spans)) = serde_json::from_slice::<TopLevel<'_>>(body) else {
+        return body.clone();
+    };
+    let value = serde_json::to_string(model).expect("a string serializes");
+    let mut out = Vec::with_capacity(body.len() + value.len() + 10);
+    if spans.is_empty() {
+        // A JSON object starts with `{` after any whitespace.
+        let open = body.iter().position(|b| *b == b'{').expect("an object") + 1;
+        let empty = body[open..]
+            .iter()
+            .all(|b| b.is_ascii_whitespace() || *b == b'}');
+        out.extend_from_slice(&body[..open]);
+        out.extend_from_slice(b"\"model\":");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(if empty { b"" } else { b"," });
+        out.extend_from_slice(&body[open..]);
+        return Bytes::from(out);
+    }
+    let mut from = 0;
+    for span in spans {
+        // The raw value borrows from `body`: its offset there is a pointer difference.
+        let start = span.get().as_ptr() as usize - body.as_ptr() as usize;
+        out.extend_from_slice(&body[from..start]);
+        out.extend_from_slice(value.as_bytes());
+        from = start + span.get().len();
+    }
+    out.extend_from_slice(&body[from..]);
+    Bytes::from(out)
+}
+
+/// The raw values of a JSON object's top-level `"model"` keys (a duplicated key each time),
+/// read without building the rest.
+struct TopLevel<'a>(Vec<&'a serde_json::value::RawValue>);
+
+impl<'de> serde::Deserialize<'de> for TopLevel<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        /// A key, borrowed unless it has escapes.
+        #[derive(serde::Deserialize)]
+        struct Key<'a>(#[serde(borrow)] std::borrow::Cow<'a, str>);
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = TopLevel<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut spans = Vec::new();
+                while let Some(Key(key)) = map.next_key()? {
+                    if key == "model" {
+                        spans.push(map.next_value()?);
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(TopLevel(spans))
+            }
         }
-        _ => body.clone(),
+        d.deserialize_map(Visitor)
     }
 }
 
@@ -360,8 +519,28 @@ mod tests {
             serde_json::from_slice(&with_model(&body, "gpt-4o-mini")).unwrap();
         assert_eq!(out["model"], "gpt-4o-mini");
         assert_eq!(out["stream"], true);
-        let not_json = Bytes::from_static(b"not json");
-        assert_eq!(with_model(&not_json, "m"), not_json);
+        for not_an_object in [&b"not json"[..], b"[1, 2]", b"\"model\"", b"{\"model\": 1"] {
+            let body = Bytes::copy_from_slice(not_an_object);
+            assert_eq!(with_model(&body, "m"), body);
+        }
+    }
+
+    #[test]
+    fn only_the_models_bytes_change() {
+        // A number beyond u64 and f64, odd whitespace, escapes, a nested "model", key order.
+        let body = "\r\n { \"temperature\" :0.70,\"n\":123456789012345678901234567890 ,\n\t\
+                    \"model\"  :  \"gpt-4o\\u0041\" ,\"tools\":[{\"model\":\"x\"}],\"m\\u006fdel2\":{} }  ";
+        let out = with_model(&Bytes::from(body), "gpt-4o-mini \"2\"");
+        let want = body.replace(r#""gpt-4o\u0041""#, r#""gpt-4o-mini \"2\"""#);
+        assert_eq!(std::str::from_utf8(&out).unwrap(), want);
+        // Every top-level "model" (a duplicated key too); an escaped key is still the key.
+        let out = with_model(&Bytes::from(r#"{"model":1,"mod\u0065l":[2, 3]}"#), "m");
+        assert_eq!(&out[..], br#"{"model":"m","mod\u0065l":"m"}"#);
+        // Added first when absent.
+        let out = with_model(&Bytes::from(" {\"n\": 1e400}"), "m");
+        assert_eq!(&out[..], br#" {"model":"m","n": 1e400}"#);
+        let out = with_model(&Bytes::from("{ }"), "m");
+        assert_eq!(&out[..], br#"{"model":"m" }"#);
     }
 
     #[test]
@@ -376,9 +555,9 @@ mod tests {
             upstream: Arc::new(Upstream::new(&config, &metrics, 1 << 20, None)),
             model: None,
             withheld: Vec::new(),
-            aside: SetAside::default(),
+            aside: Arc::default(),
             answers: metrics.group_answers("g", "m"),
-            heads: Mutex::new(VecDeque::new()),
+            heads: Arc::default(),
         };
         for ms in 1..MIN_HEAD_SAMPLES as u64 {
             lock(&member.heads).push_back(Duration::from_millis(ms));
@@ -390,6 +569,82 @@ mod tests {
             lock(&member.heads).push_back(Duration::from_millis((k * 37) % 100 + 1));
         }
         assert_eq!(member.p95(), Some(Duration::from_millis(95)));
+    }
+
+    /// A group of two members on an unreachable port, from `group` TOML lines.
+    fn router(group: &str) -> crate::router::Router {
+        let toml = format!(
+            "[[upstream]]\nname = \"a\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+             [[upstream]]\nname = \"b\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+             [[group]]\nname = \"g\"\nroute = \"/v1\"\nmembers = [\"a\", \"b\"]\n{group}"
+        );
+        let config = crate::config::load_str("t.toml", &toml).unwrap();
+        crate::router::Router::new(
+            &config.upstreams,
+            &config.groups,
+            None,
+            &Metrics::new(),
+            None,
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hedges_are_a_share_of_recent_requests_only() {
+        let router = router("hedge_after = \"1s\"\nhedge_max_ratio = 0.1\n");
+        let group = &router.groups()[0];
+        // A quiet past lends an incident nothing.
+        for _ in 0..100_000 {
+            group.arrived();
+        }
+        tokio::time::advance(HEDGE_WINDOW + Duration::from_secs(1)).await;
+        for _ in 0..100 {
+            group.arrived();
+        }
+        let hedges = (0..100).filter(|_| group.take_hedge(1)).count();
+        assert_eq!(hedges, 10, "a tenth of the 100 requests in the window");
+        // Within the window, the same requests allow no more.
+        tokio::time::advance(HEDGE_WINDOW / 2).await;
+        assert!(!group.take_hedge(1));
+        // Requests and hedges both leave the window.
+        tokio::time::advance(HEDGE_WINDOW).await;
+        assert!(!group.take_hedge(1), "no requests in the window");
+        for _ in 0..30 {
+            group.arrived();
+        }
+        assert_eq!((0..10).filter(|_| group.take_hedge(1)).count(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reload_keeps_answer_times_and_recent_requests() {
+        let before = router("hedge_after = \"p95\"\nhedge_max_ratio = 0.5\n");
+        let group = &before.groups()[0];
+        for _ in 0..MIN_HEAD_SAMPLES {
+            group.record_head(0, Duration::from_millis(40));
+        }
+        for _ in 0..4 {
+            group.arrived();
+        }
+        assert!(group.take_hedge(1));
+        // A changed member and group: both rebuilt.
+        let toml = "[[upstream]]\nname = \"a\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+                    [upstream.limits]\nmax_concurrency = 7\n\
+                    [[upstream]]\nname = \"b\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+                    [[group]]\nname = \"g\"\nroute = \"/v1\"\nmembers = [\"a\", \"b\"]\n\
+                    hedge_after = \"p95\"\nhedge_max_ratio = 0.5\nfallback_wait = 0.5\n";
+        let config = crate::config::load_str("t.toml", toml).unwrap();
+        let (after, _) = before.reload(&config.upstreams, &config.groups, &Metrics::new(), None);
+        let group = &after.groups()[0];
+        assert_eq!(group.hedge_delay(0), Some(Duration::from_millis(40)));
+        // Four requests allow two hedges at 0.5: one was taken before the reload.
+        assert!(group.take_hedge(1));
+        assert!(!group.take_hedge(1));
+    }
+
+    #[test]
+    fn a_hedge_costs_a_whole_number_of_requests_never_more_than_the_ratio() {
+        for (ratio, cost) in [(1.0, 1), (0.5, 2), (0.2, 5), (0.1, 10), (0.15, 7), (0.3, 4)] {
+            assert_eq!(Hedging::new(HedgeAfter::P95, ratio).cost, cost, "{ratio}");
+        }
     }
 
     #[test]

@@ -200,7 +200,7 @@ impl Router {
             }
         }
         upstreams.sort_by_key(|u| std::cmp::Reverse(u.route.len()));
-        let groups = Group::build_all(configs, groups, &upstreams, metrics);
+        let groups = Group::build_all(configs, groups, &upstreams, metrics, &[]);
         Self {
             routes: routes(&upstreams, &groups),
             upstreams,
@@ -211,7 +211,9 @@ impl Router {
 
     /// The router for a reloaded config: upstreams whose config is unchanged are kept as they are
     /// (in-flight requests, learned limits, breaker state and queue carry on); new or changed
-    /// ones are built afresh; the body buffer is kept (its cap changes only on restart).
+    /// ones are built afresh, a changed one keeping its breaker's state and its 429 pauses;
+    /// groups are rebuilt, keeping by name what they learned; the body buffer is kept (its cap
+    /// changes only on restart).
     pub fn reload(
         &self,
         configs: &[UpstreamConfig],
@@ -230,7 +232,12 @@ impl Router {
                 }
                 None => {
                     summary.built += 1;
-                    Arc::new(Upstream::new(c, metrics, cap, fleet))
+                    let built = Upstream::new(c, metrics, cap, fleet);
+                    // A changed upstream keeps its breaker's state and its 429 pauses.
+                    if let Some(was) = self.upstreams.iter().find(|u| u.name == c.name()) {
+                        built.state.carry_from(&was.state);
+                    }
+                    Arc::new(built)
                 }
             })
             .collect();
@@ -240,7 +247,7 @@ impl Router {
             .filter(|u| !upstreams.iter().any(|n| Arc::ptr_eq(n, u)))
             .count();
         upstreams.sort_by_key(|u| std::cmp::Reverse(u.route.len()));
-        let groups = Group::build_all(configs, groups, &upstreams, metrics);
+        let groups = Group::build_all(configs, groups, &upstreams, metrics, &self.groups);
         let router = Self {
             routes: routes(&upstreams, &groups),
             upstreams,

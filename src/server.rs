@@ -61,6 +61,8 @@ struct Tally {
     attempts: u32,
     /// See [`RequestCtx::held_until`].
     held: Duration,
+    /// See [`RequestCtx::may_have_reached`].
+    reached: bool,
 }
 
 /// corral's refusal of a request to `upstream` before its stack saw it: counted, no attempts.
@@ -84,6 +86,9 @@ struct Tried {
 struct GroupRequest<'a> {
     parts: &'a http::request::Parts,
     body: &'a bytes::Bytes,
+    /// Per member, its copy of the body with its `model` (see [`Group::member_body`]).
+    copies: Vec<tokio::sync::OnceCell<(bytes::Bytes, buffer::Held)>>,
+    budget: &'a buffer::BufferBudget,
     deadlines: forward::Deadlines,
     priority: Priority,
     peer: SocketAddr,
@@ -424,7 +429,8 @@ impl App {
             idle: first.body_idle_timeout,
             deadline: deadlines.head,
         };
-        let read = buffer::read_body(incoming, bounds, self.router.load().buffer()).await;
+        let router = self.router.load_full();
+        let read = buffer::read_body(incoming, bounds, router.buffer()).await;
         let (body, held) = match read {
             Ok(read) => read,
             Err(e) => return (Err(refused(first, &parts.method, e)), Some(&first.name)),
@@ -432,6 +438,8 @@ impl App {
         let req = GroupRequest {
             parts: &parts,
             body: &body,
+            copies: group.members.iter().map(|_| Default::default()).collect(),
+            budget: router.buffer(),
             deadlines,
             priority,
             peer,
@@ -440,8 +448,10 @@ impl App {
         let mut tally = Tally::default();
         let last = group.members.len() - 1;
         let mut i = 0;
-        // At most one hedge per request, however many members it goes through.
-        let mut may_hedge = true;
+        let repeatable = group.repeatable(&parts);
+        // At most one hedge per request, however many members it goes through; none for a
+        // request that is not safe to send twice.
+        let mut may_hedge = repeatable;
         while i <= last {
             let now = Instant::now();
             if group.passed_over(i, now) {
@@ -462,7 +472,13 @@ impl App {
             };
             tally.attempts += t.attempts;
             tally.held = tally.held.max(t.held);
-            match tried.why {
+            // A request not safe to send twice moves on only from a member that certainly did
+            // not act on it.
+            let why = tried.why.filter(|_| repeatable || !t.reached);
+            if let (Some(why), None, true) = (tried.why, why, who < last) {
+                group.stayed(who, why);
+            }
+            match why {
                 Some(why) if who < last => {
                     group.fell_back(who, why, Instant::now());
                     i = who + 1;
@@ -559,9 +575,15 @@ impl App {
                 why: None,
             };
         };
-        let body = match &member.model {
-            Some(model) => group::with_model(req.body, model),
-            None => req.body.clone(),
+        let body = group.member_body(i, req.body, &req.copies[i], req.budget, req.deadlines.head);
+        let body = match body.await {
+            Ok(body) => body,
+            Err(e) => {
+                return Tried {
+                    result: Err(refused(upstream, &req.parts.method, e)),
+                    why: None,
+                }
+            }
         };
         let now = Instant::now();
         let attempt = Attempt {
@@ -661,6 +683,7 @@ impl App {
             attempts: ctx.attempts(),
             // The clock is read only for a request that never made an attempt.
             held: ctx.held_until(Instant::now),
+            reached: ctx.may_have_reached(),
         };
         match result {
             Ok(response) => {

@@ -208,3 +208,99 @@ async fn sighup_rereads_the_file_and_refuses_a_broken_one() {
     assert!(status.success());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A reload that changes an upstream builds it a new stack, but what the upstream told corral
+/// stays in force: `a`'s open breaker (60 s cool-down) still refuses at once without asking
+/// `a`, and the partition `b`'s 429 paused for 60 s (one credential and model) still refuses
+/// a request whose 5 s deadline the pause outlasts, without asking `b`.
+#[tokio::test]
+async fn a_changed_upstream_keeps_its_open_breaker_and_its_429_pause() {
+    let a = MockUpstream::start(|_| async {
+        json(503, serde_json::json!({"error": {"message": "down"}}))
+    })
+    .await;
+    let b = MockUpstream::start(|_| async {
+        let mut r = json(
+            429,
+            serde_json::json!({"error": {"message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded"}}),
+        );
+        r.headers_mut()
+            .insert("retry-after", http::HeaderValue::from_static("60"));
+        r
+    })
+    .await;
+    let toml = |limits: &str| {
+        format!(
+            "[[upstream]]\nname = \"a\"\nroute = \"/a\"\nbase_url = \"http://{}/v1\"\nrate_limit = \"off\"\n{limits}\
+             [upstream.retry]\nmax_retries = 0\n\
+             [upstream.breaker]\nmin_samples = 4\nmin_span = \"1ms\"\ncooldown = \"60s\"\nmax_cooldown = \"60s\"\non_open = \"reject\"\n\
+             [[upstream]]\nname = \"b\"\nroute = \"/b\"\nbase_url = \"http://{}/v1\"\n{limits}\
+             [upstream.retry]\ndeadline = \"5s\"\n",
+            a.addr, b.addr
+        )
+    };
+    let corral = Corral::start(&toml("")).await;
+    let c = client();
+    let request = |path: &str| {
+        let mut req = post(&corral.url(path), r#"{"model":"gpt-4o"}"#);
+        req.headers_mut().insert(
+            "authorization",
+            http::HeaderValue::from_static("Bearer k-1"),
+        );
+        req
+    };
+    let corrals = |parts: &http::response::Parts| {
+        parts
+            .headers
+            .get(corral::error::CORRAL_ERROR_HEADER)
+            .cloned()
+    };
+    let mut opened = false;
+    for _ in 0..20 {
+        let (parts, _) = send(&c, request("/a/chat/completions")).await;
+        if corrals(&parts).is_some_and(|e| e == "circuit_open") {
+            opened = true;
+            break;
+        }
+    }
+    assert!(opened, "a's breaker never opened");
+    let (parts, _) = send(&c, request("/b/chat/completions")).await;
+    assert_eq!(
+        (parts.status.as_u16(), corrals(&parts)),
+        (429, None),
+        "b's own 429"
+    );
+    let (parts, _) = send(&c, request("/b/chat/completions")).await;
+    assert!(corrals(&parts).is_some(), "paused: corral answers itself");
+    let (a_calls, b_calls) = (a.calls(), b.calls());
+
+    let changed = config::load_str(
+        "reload.toml",
+        &toml("[upstream.limits]\nmax_concurrency = 7\n"),
+    )
+    .unwrap();
+    let summary = corral.app.reload(&changed);
+    assert_eq!((summary.kept, summary.built, summary.removed), (0, 2, 2));
+    let (parts, _) = send(&c, request("/a/chat/completions")).await;
+    assert_eq!(
+        (parts.status.as_u16(), corrals(&parts)),
+        (503, Some(http::HeaderValue::from_static("circuit_open"))),
+        "the breaker was reset by the reload"
+    );
+    let status = status_of(&corral).await;
+    let a_status = status["upstreams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["name"] == "a")
+        .unwrap();
+    assert_eq!(a_status["breaker"], "open", "{a_status}");
+    let (parts, _) = send(&c, request("/b/chat/completions")).await;
+    assert_eq!(parts.status, 429);
+    assert!(corrals(&parts).is_some(), "the 429 pause was forgotten");
+    assert_eq!(
+        (a.calls(), b.calls()),
+        (a_calls, b_calls),
+        "asked after the reload"
+    );
+}

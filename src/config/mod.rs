@@ -100,6 +100,12 @@ pub struct GroupConfig {
     /// Hedges never exceed this share of the group's requests.
     #[serde(default = "default_hedge_max_ratio")]
     pub hedge_max_ratio: f64,
+    /// Requests safe to send twice: a path ending with one of these (or a request with
+    /// `Idempotency-Key`, or a GET or HEAD) may be hedged, and may move to the next member
+    /// after an error that may have reached the upstream. Any other moves on only when the
+    /// member certainly did not act on it.
+    #[serde(default = "default_repeatable_paths")]
+    pub repeatable_paths: Vec<String>,
     /// The priority of a request that sends no `x-corral-priority` (unset: the first member's).
     #[serde(default)]
     pub priority: Option<Priority>,
@@ -107,6 +113,18 @@ pub struct GroupConfig {
 
 fn default_hedge_max_ratio() -> f64 {
     0.1
+}
+
+fn default_repeatable_paths() -> Vec<String> {
+    [
+        "/chat/completions",
+        "/completions",
+        "/messages",
+        "/responses",
+        "/embeddings",
+    ]
+    .map(str::to_owned)
+    .to_vec()
 }
 
 fn default_fallback_wait() -> f64 {

@@ -480,6 +480,16 @@ fn validate_groups<'a>(
             ));
         }
         cooldown("cooldown", g.cooldown.0).map_err(|reason| at("cooldown", reason))?;
+        if let Some(bad) = g
+            .repeatable_paths
+            .iter()
+            .find(|p| p.is_empty() || p.contains(char::is_whitespace))
+        {
+            return Err(at(
+                "repeatable_paths",
+                format!("`repeatable_paths` holds path endings such as \"/chat/completions\"; got {bad:?}"),
+            ));
+        }
     }
     let mut reached = vec![false; config.upstreams.len()];
     for (i, g) in config.groups.iter().enumerate() {

@@ -63,6 +63,15 @@ impl BufferBudget {
         self.cap
     }
 
+    /// Room for `bytes` more (a copy of a body made for one upstream), waiting for it until
+    /// [`BUFFER_WAIT`] from now or `deadline`, whichever is sooner.
+    pub async fn hold(&self, bytes: usize, deadline: Instant) -> Result<Held, ProxyError> {
+        let mut held = self.none();
+        let until = (Instant::now() + BUFFER_WAIT).min(deadline);
+        self.cover(&mut held, bytes, until).await?;
+        Ok(held)
+    }
+
     /// Nothing held yet.
     fn none(&self) -> Held {
         Held {

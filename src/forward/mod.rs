@@ -10,7 +10,7 @@
 pub mod buffer;
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,6 +89,8 @@ pub struct RequestCtx {
     /// When its first attempt went out, past every gate, in microseconds after `start`;
     /// [`NOT_SENT`] until then.
     first_sent: AtomicU64,
+    /// Whether an attempt may have been acted on upstream (see [`RequestCtx::may_have_reached`]).
+    reached: AtomicBool,
 }
 
 /// [`RequestCtx::first_sent`] before the first attempt.
@@ -104,6 +106,7 @@ impl RequestCtx {
             attempts: AtomicU32::new(0),
             entered: AtomicU64::new(0),
             first_sent: AtomicU64::new(NOT_SENT),
+            reached: AtomicBool::new(false),
         }
     }
     pub fn attempts(&self) -> u32 {
@@ -135,6 +138,17 @@ impl RequestCtx {
             sent => sent,
         };
         Duration::from_micros(sent.saturating_sub(self.entered.load(Ordering::Relaxed)))
+    }
+    /// An attempt ended in a way that may mean the upstream acted on it: anything but a failed
+    /// connect or a 429 (the innermost layer says so).
+    pub fn reached_upstream(&self) {
+        self.reached.store(true, Ordering::Relaxed);
+    }
+    /// Whether any attempt may have been acted on upstream; `false` means none certainly was
+    /// (every one refused by corral, never connected, or answered 429), so sending the request
+    /// elsewhere cannot do its work twice.
+    pub fn may_have_reached(&self) -> bool {
+        self.reached.load(Ordering::Relaxed)
     }
     /// Time left before the deadline (zero once it has passed).
     pub fn remaining(&self) -> Duration {

@@ -67,6 +67,15 @@ pub struct StackState {
 }
 
 impl StackState {
+    /// Take on what `old` learned that a config change does not undo (a reload rebuilt the
+    /// upstream under the same name): its breaker's state and its 429 pauses.
+    pub fn carry_from(&self, old: &StackState) {
+        if let (Some(breaker), Some(was)) = (&self.breaker, &old.breaker) {
+            breaker.carry_from(was);
+        }
+        self.rate_limit.carry_from(&old.rate_limit);
+    }
+
     /// A JSON view of the stack's state (the server adds the upstream's name and route).
     pub fn status(&self) -> serde_json::Value {
         serde_json::json!({

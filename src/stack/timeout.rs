@@ -38,7 +38,7 @@ impl Middleware for TryTimeout {
             return Box::pin(async { Err(ProxyError::DeadlineExceeded) });
         }
         // The first attempt tells the request when it got past every gate (its `held` time).
-        let first = (ctx.count_attempt() == 1).then_some(ctx);
+        let first = (ctx.count_attempt() == 1).then_some(Arc::clone(&ctx));
         let fut = next.oneshot(req);
         Box::pin(async move {
             let start = Instant::now();
@@ -62,6 +62,14 @@ impl Middleware for TryTimeout {
             } else {
                 outcome
             };
+            // Only a connect that failed or a 429 certainly left the upstream's work undone.
+            let unsent = match &result {
+                Ok(response) => response.status() == http::StatusCode::TOO_MANY_REQUESTS,
+                Err(e) => matches!(e, ProxyError::UpstreamConnect { .. }),
+            };
+            if !unsent {
+                ctx.reached_upstream();
+            }
             metrics.attempt(outcome.label());
             if let Outcome::Throttled(code) | Outcome::Overloaded(code) = outcome {
                 metrics.upstream_throttle(code);

@@ -102,6 +102,18 @@ impl BreakerShared {
         lock(&self.state).0.phase()
     }
 
+    /// Take on `old`'s state under this breaker's settings (a reload rebuilt the upstream with
+    /// a changed config): an open breaker stays open.
+    pub fn carry_from(&self, old: &BreakerShared) {
+        let carried = lock(&old.state).0.clone();
+        let mut guard = lock(&self.state);
+        guard.0.carry_from(&carried);
+        self.mirror(&guard.0);
+        self.metrics.breaker_state.set(guard.0.phase().gauge());
+        drop(guard);
+        self.changed.notify_waiters();
+    }
+
     /// Whether it is open (holding all traffic); the state lock only when it is not closed.
     pub fn is_open(&self) -> bool {
         !self.closed.load(Ordering::Acquire) && matches!(self.phase(), Phase::Open { .. })

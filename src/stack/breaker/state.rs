@@ -121,7 +121,7 @@ struct Slot {
 
 /// The closed breaker's evidence: the last `window` outcomes, stretched back to cover at least
 /// `min_span`, in 100 ms slots.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Window {
     /// Oldest first.
     slots: VecDeque<Slot>,
@@ -194,7 +194,7 @@ struct Episode {
     closed_at: Option<Instant>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Breaker {
     /// The upstream's `[upstream.breaker]`.
     config: BreakerConfig,
@@ -233,6 +233,25 @@ impl Breaker {
 
     pub fn phase(&self) -> Phase {
         self.phase
+    }
+
+    /// Take on `old`'s state under this breaker's settings (a reload changed its upstream's
+    /// config): an open breaker stays open for the rest of its cool-down, and its evidence and
+    /// history carry on. A half-open round starts over: its probes answer to the breaker that
+    /// admitted them.
+    pub fn carry_from(&mut self, old: &Breaker) {
+        *self = Self {
+            config: self.config.clone(),
+            ..old.clone()
+        };
+        if let Phase::HalfOpen { .. } = self.phase {
+            self.phase = Phase::HalfOpen {
+                admitted: 0,
+                answered: 0,
+                failed: 0,
+            };
+            self.round += 1;
+        }
     }
 
     /// Admit one request at `now`, `ticket` being its place if it has to wait (the same ticket

@@ -87,6 +87,13 @@ impl Drop for Unanswered<'_> {
     }
 }
 
+/// The hasher of every upstream's partition keys, one for the process's life: an upstream a
+/// reload rebuilds finds each partition under the hash it had.
+fn partition_hasher() -> RandomState {
+    static HASHER: std::sync::OnceLock<RandomState> = std::sync::OnceLock::new();
+    HASHER.get_or_init(RandomState::new).clone()
+}
+
 /// Partitions listed by name in `/status`, the most recently used first.
 const STATUS_PARTITIONS: usize = 32;
 
@@ -179,7 +186,7 @@ impl RateLimitShared {
     ) -> Arc<Self> {
         let scope = config.partition();
         let by_key =
-            (scope != config::Partition::Upstream).then(|| (Mutex::default(), RandomState::new()));
+            (scope != config::Partition::Upstream).then(|| (Mutex::default(), partition_hasher()));
         if config.rate_limit == LearnMode::Off {
             let source = |configured: bool| if configured { "config" } else { "none" };
             metrics.limit_source("requests", source(config.limits.rpm.is_some()));
@@ -261,6 +268,45 @@ impl RateLimitShared {
         };
         map.by_hash.insert(key, keyed);
         partition
+    }
+
+    /// Take on `old`'s 429 pauses (a reload rebuilt this upstream with a changed config): the
+    /// upstream's own partition, every paused partition of the same credential and model
+    /// (without `[fleet]`, whose partitions lease under their credential's name, which is
+    /// not kept: they learn their pauses from Redis again), and each pooled key's pause and
+    /// cool-down.
+    pub fn carry_from(&self, old: &RateLimitShared) {
+        self.default.carry_pause(&old.default);
+        if let (Some(pool), Some(was)) = (&self.pool, &old.pool) {
+            pool.carry_from(was);
+        }
+        let (Some((map, _)), Some((was, _))) = (&self.by_key, &old.by_key) else {
+            return;
+        };
+        if self.scope != old.scope || self.fleet.is_some() {
+            return;
+        }
+        let now = Instant::now();
+        let was = lock(was);
+        let mut map = lock(map);
+        // Both maps hash with the process's one hasher: a key names the same partition.
+        for (hash, keyed) in was.by_hash.iter() {
+            if !keyed.partition.is_paused(now) || map.by_hash.contains_key(hash) {
+                continue;
+            }
+            if !map.make_room(now) {
+                break;
+            }
+            let partition = Arc::new(Partition::new(&self.config, None));
+            partition.carry_pause(&keyed.partition);
+            let carried = Keyed {
+                partition,
+                last_used: keyed.last_used,
+                model: keyed.model.clone(),
+                keyed: keyed.keyed,
+            };
+            map.by_hash.insert(*hash, carried);
+        }
     }
 
     pub fn status(&self) -> serde_json::Value {

@@ -244,6 +244,17 @@ impl Partition {
         self.pause.until(now).is_some() || self.guessed_pause.until(now).is_some()
     }
 
+    /// Take on the pauses `old` has in force (a reload rebuilt this partition's upstream).
+    pub fn carry_pause(&self, old: &Partition) {
+        let now = Instant::now();
+        if let Some(until) = old.pause.until(now) {
+            self.pause.extend(until);
+        }
+        if let Some(until) = old.guessed_pause.until(now) {
+            self.guessed_pause.extend(until);
+        }
+    }
+
     /// Whether requests must be charged a token estimate.
     pub fn charges_tokens(&self) -> bool {
         self.tokens.is_some()

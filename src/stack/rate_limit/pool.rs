@@ -122,6 +122,21 @@ impl Pool {
     }
 
     /// How many keys (never zero: a pool is made only from keys).
+    /// Take on `old`'s pauses and cool-downs, key by key (matched by fingerprint): a reload
+    /// rebuilt the upstream.
+    pub fn carry_from(&self, old: &Pool) {
+        let now = Instant::now();
+        for key in &self.keys {
+            let Some(was) = old.keys.iter().find(|k| k.fingerprint == key.fingerprint) else {
+                continue;
+            };
+            key.partition.carry_pause(&was.partition);
+            if let Some((until, why)) = was.aside.until(now) {
+                key.aside.set(until, why);
+            }
+        }
+    }
+
     pub fn keys(&self) -> usize {
         self.keys.len()
     }

@@ -433,3 +433,40 @@ async fn a_slow_probe_from_an_earlier_round_is_not_taken_for_this_one() {
         }
     );
 }
+
+#[test]
+fn a_carried_breaker_stays_open_and_starts_its_probes_over() {
+    let mut old = breaker();
+    let opened = fail_until_open(&mut old, Instant::now());
+    let open_until = until(&old);
+    let mut new = Breaker::new(BreakerConfig {
+        half_open_probes: 1,
+        ..config()
+    });
+    new.carry_from(&old);
+    assert_eq!(new.phase(), Phase::Open { until: open_until });
+    assert!(matches!(new.admit(opened, &mut ticket()).0, Admit::Wait(_)));
+    // Half-open with both of its probes out: the new breaker admits its own (one, by its
+    // settings); the old round's answers do not count.
+    assert!(matches!(
+        old.admit(open_until, &mut ticket()).0,
+        Admit::Pass { .. }
+    ));
+    assert!(matches!(
+        old.admit(open_until, &mut ticket()).0,
+        Admit::Pass { .. }
+    ));
+    let old_probe = old.probe();
+    let mut new = Breaker::new(BreakerConfig {
+        half_open_probes: 1,
+        ..config()
+    });
+    new.carry_from(&old);
+    assert!(!new.record(false, old_probe, open_until, 1.0));
+    assert_eq!(
+        new.admit(open_until, &mut ticket()).0,
+        Admit::Pass { probe: new.probe() }
+    );
+    assert!(new.record(false, new.probe(), open_until + 10 * MS, 1.0));
+    assert_eq!(new.phase(), Phase::Closed);
+}

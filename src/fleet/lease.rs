@@ -98,7 +98,7 @@ struct Pool {
     /// The shared bucket's rate and burst (configured, or as Redis last said); `None`: it does
     /// not gate (nothing known yet).
     shared: Option<(f64, f64)>,
-    /// Usable now (negative: a large request took more than was usable).
+    /// Usable now (negative: a large request took more than was usable; at most one burst).
     available: f64,
     drips: VecDeque<Drip>,
     /// Units to give back with the next call.
@@ -290,41 +290,11 @@ impl Lease {
         });
         let config = [requests, tokens];
         let now = Instant::now();
-        let pool = |c: Option<(f64, f64)>| Pool {
-            shared: c,
-            ..Pool::default()
-        };
         Arc::new(Self {
             fleet,
             keys: ["requests", "tokens", "pause", "replicas"].map(|k| format!("{key}:{k}")),
             config,
-            state: Mutex::new(State {
-                pools: [pool(requests), pool(tokens)],
-                demand: Demand {
-                    since: now,
-                    count: 0.0,
-                    rate: 0.0,
-                },
-                arrivals: Demand {
-                    since: now,
-                    count: 0.0,
-                    rate: 0.0,
-                },
-                last_take: None,
-                waiting: 0,
-                avg_cost: 1.0,
-                last_call: None,
-                urgent: true,
-                pause_until: None,
-                refused: 0,
-                live: 1,
-                share: None,
-                not_before: None,
-                carried: [0.0; 2],
-                rejoin: None,
-                shortfall: [0.0; 2],
-                resync: false,
-            }),
+            state: Mutex::new(State::new(config, now)),
             wake: Notify::new(),
             granted: Notify::new(),
             started: Once::new(),
@@ -701,6 +671,38 @@ impl Lease {
 }
 
 impl State {
+    /// Nothing held yet, for buckets of these configured rates and bursts.
+    fn new(config: [Option<(f64, f64)>; 2], now: Instant) -> Self {
+        let pool = |c: Option<(f64, f64)>| Pool {
+            shared: c,
+            ..Pool::default()
+        };
+        let demand = || Demand {
+            since: now,
+            count: 0.0,
+            rate: 0.0,
+        };
+        Self {
+            pools: config.map(pool),
+            demand: demand(),
+            arrivals: demand(),
+            last_take: None,
+            waiting: 0,
+            avg_cost: 1.0,
+            last_call: None,
+            urgent: true,
+            pause_until: None,
+            refused: 0,
+            live: 1,
+            share: None,
+            not_before: None,
+            carried: [0.0; 2],
+            rejoin: None,
+            shortfall: [0.0; 2],
+            resync: false,
+        }
+    }
+
     /// The block size of bucket `k`, in its units.
     fn block(&self, k: usize) -> f64 {
         let Some((rate, burst)) = self.pools[k].shared else {
@@ -785,8 +787,15 @@ impl State {
             .collect();
         self.shortfall = [0.0; 2];
         if short.is_empty() {
-            self.pools[REQUESTS].available -= needs[REQUESTS].map_or(0.0, |_| 1.0);
-            self.pools[TOKENS].available -= needs[TOKENS].map_or(0.0, |_| cost);
+            // A request larger than what is usable (its estimate beyond the burst) owes the
+            // rest, but never more than one burst: the upstream's bucket cannot hold more, and a
+            // larger debt would hold the partition for the whole of one request's cost.
+            for (k, units) in [(REQUESTS, 1.0), (TOKENS, cost)] {
+                if let (Some(_), Some((_, burst))) = (needs[k], self.pools[k].shared) {
+                    let pool = &mut self.pools[k];
+                    pool.available = (pool.available - units).max(-burst);
+                }
+            }
             self.demand.record(now);
             self.last_take = Some(now);
             if cost > 0.0 {
@@ -952,6 +961,40 @@ mod tests {
         assert_eq!(
             queued.ready_at(1.0),
             Some(now + Duration::from_millis(3500))
+        );
+    }
+
+    /// A request larger than the shared burst takes what is usable and owes at most one burst:
+    /// the partition is not held for the whole of its cost at the shared rate.
+    #[tokio::test(start_paused = true)]
+    async fn a_huge_request_owes_the_lease_at_most_one_burst() {
+        let now = Instant::now();
+        let (rate, burst) = (100.0, 1_000.0);
+        let mut s = State::new([Some((10.0, 50.0)), Some((rate, burst))], now);
+        for pool in &mut s.pools {
+            pool.available = pool.shared.unwrap().1;
+        }
+        assert!(matches!(s.try_take(1.0e9, now), Step::Taken(..)));
+        let tokens = &s.pools[TOKENS];
+        assert!(
+            tokens.available >= -burst,
+            "owes {} tokens, more than the burst of {burst}",
+            -tokens.available
+        );
+        // Granted again at the shared rate, the next request waits for the debt and its own
+        // units: at most two bursts' worth of refill.
+        s.pools[TOKENS].drips.push_back(Drip {
+            origin: now,
+            offset: 0.0,
+            rate,
+            total: 2.0 * burst,
+            released: 0.0,
+        });
+        let ready = s.pools[TOKENS].ready_at(1.0).expect("within the grant");
+        assert!(
+            ready <= now + Duration::from_secs_f64(2.0 * burst / rate),
+            "ready after {:?}",
+            ready - now
         );
     }
 

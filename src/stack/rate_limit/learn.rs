@@ -491,11 +491,14 @@ impl Pacer {
             return Err(Some(self.next_send - now));
         }
         if self.level >= need {
-            self.level -= cost;
+            // Larger than a demoted burst (but within the reported bucket): charged down to
+            // one burst owed, not the whole of it.
+            let charge = cost.min(self.level + self.burst);
+            self.level -= charge;
             if let Some(gap) = gap {
                 self.next_send = now + gap;
             }
-            return Ok(self.admit(cost, now));
+            return Ok(self.admit(charge, now));
         }
         let quiet = now.saturating_duration_since(self.quiet_since);
         let stalled = self.source == Source::SlowStart && quiet >= SLOW_START_STALL;
@@ -868,7 +871,9 @@ impl Pacer {
         };
         let headroom = (r.remaining - floor) + self.header_rate * credit;
         let level = headroom * share - sent_after - slack;
-        let level = level.min(self.burst).min(self.verified);
+        // However much was sent since, the level owes at most one burst (the upstream refuses
+        // what its bucket cannot hold, it does not bank it as debt).
+        let level = level.min(self.burst).min(self.verified).max(-self.burst);
         // A report newer than the last one used sets the level; an older one (an answer that
         // took long describes the bucket as it was long ago) may only lower it.
         if ticket.seq > self.synced_seq {

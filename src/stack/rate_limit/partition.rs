@@ -716,6 +716,37 @@ mod tests {
         );
     }
 
+    /// The largest estimate a body can give takes at most the configured token burst: the
+    /// next request waits for one burst's refill at most, not for the estimate's.
+    #[tokio::test(start_paused = true)]
+    async fn a_huge_estimate_holds_the_partition_for_one_burst_at_most() {
+        let mut config = config();
+        config.rate_limit = LearnMode::Off;
+        config.limits.tpm = NonZeroU32::new(6000); // 100 tokens/s
+        config.limits.token_burst = NonZeroU32::new(100);
+        let partition = Partition::new(&config, None);
+        let start = Instant::now();
+        let deadline = start + Duration::from_secs(600);
+        let huge = super::super::estimate::estimate_tokens(
+            br#"{"prompt":"x","max_tokens":18446744073709551615}"#,
+            16,
+        );
+        assert!(huge >= u32::MAX / 2);
+        partition
+            .acquire(huge, deadline, Priority::Interactive, "t")
+            .await
+            .unwrap();
+        partition
+            .acquire(100, deadline, Priority::Interactive, "t")
+            .await
+            .unwrap();
+        assert!(
+            start.elapsed() <= Duration::from_secs(1),
+            "the next full-burst request waited {:?}, one burst's refill is 1 s",
+            start.elapsed()
+        );
+    }
+
     /// Issue 13, point 4: twenty batch waiters queue for one token a second, then an
     /// interactive one arrives: it passes all but the batch waiter holding the turn and the
     /// one queued for it, so it is served third, not twenty-first; and the batch waiters all

@@ -664,7 +664,7 @@ impl Lease {
         self.fleet.metrics.live_replicas.set(reply.live as i64);
         drop(s);
         if reply.pause_ms > 0 {
-            (self.on_pause)(now + Duration::from_millis(reply.pause_ms));
+            (self.on_pause)(super::pause_end(now, reply.pause_ms));
         }
         self.granted.notify_waiters();
     }

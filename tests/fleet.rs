@@ -3,9 +3,9 @@
 //! 429's pause and what one of them learned, give back unused leases on shutdown, and never let
 //! a slow, hung, lost or flushed Redis fail a client request.
 //!
-//! Each test starts its own `redis-server` on a free loopback port (`--save ""`). Without one
-//! installed the tests are skipped with a message, unless `CORRAL_REQUIRE_REDIS=1` (set by
-//! `.ci/run`) or `CI` is set: then they fail.
+//! Each test starts its own `redis-server` on a free loopback port (`--save ""`), ready when it
+//! answers `PING` as the process started. Without one installed the tests fail, unless
+//! `CORRAL_SKIP_REDIS=1` says to skip them (never under `CI`).
 
 mod support;
 
@@ -21,17 +21,18 @@ use support::binary::{corral_command, Running};
 use support::{client, eventually, json, post, send, Corral, MockUpstream};
 use tokio::time::Instant;
 
-/// A fresh `redis-server`, or `None` (skipped) when none is installed and CI does not require
-/// one.
+/// A fresh `redis-server`; `None` (after a note) when none is installed and
+/// `CORRAL_SKIP_REDIS=1`; otherwise a panic that says how to get one.
 fn redis() -> Option<RedisServer> {
     if !RedisServer::available() {
         assert!(
-            std::env::var("CORRAL_REQUIRE_REDIS").as_deref() != Ok("1"),
-            "redis-server is not installed: `apt install redis-server` (CORRAL_REQUIRE_REDIS=1)"
+            std::env::var("CORRAL_SKIP_REDIS").as_deref() == Ok("1"),
+            "redis-server is not installed: install Debian's `redis-server` package (`bash \
+             .ci/run` does), or set CORRAL_SKIP_REDIS=1 to skip the fleet tests"
         );
         support::skip(
             "a fleet test",
-            "redis-server is not installed (apt install redis-server)",
+            "CORRAL_SKIP_REDIS=1 and redis-server is not installed",
         );
         return None;
     }
@@ -731,4 +732,21 @@ async fn a_redis_that_comes_up_later_is_found() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(shared, "corral never leased from the Redis that came up");
+}
+
+/// The test server is ready only when the process it started answers `PING`: a port another
+/// Redis holds is a clash (the new server exits), not a server ready to use.
+#[test]
+fn a_taken_port_is_a_clash_not_a_ready_server() {
+    let Some(server) = redis() else { return };
+    let clash = RedisServer::on_port(server.port());
+    assert!(
+        clash.is_err(),
+        "a second redis-server on a taken port was taken for ready"
+    );
+    // The first is untouched.
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let pong: String = redis::cmd("PING").query(&mut conn).unwrap();
+    assert_eq!(pong, "PONG");
 }

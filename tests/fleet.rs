@@ -324,9 +324,14 @@ async fn one_429_pauses_every_replica() {
         "corral A's request reached the upstream"
     );
     let refused_at = arrivals.lock().unwrap()[1];
-    // The pause travels: A's answer, its lease call, the script's PUBLISH, B's listener. A
-    // few milliseconds; 400 ms allowed.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The pause travels: A's answer, its lease call, the script's PUBLISH, B's listener; B's
+    // `/status` shows it once it arrived. A few milliseconds; polled for up to the hint itself
+    // (after which there is no pause left to see).
+    let mut paused = false;
+    while !paused && refused_at.elapsed() < Duration::from_millis(1500) {
+        paused = model_m(&get_json(&b, "/status").await)["paused_ms"].as_u64() > Some(0);
+    }
+    assert!(paused, "B never saw the pause A's 429 set");
     assert_eq!(burst(&b, 1, 1).await, [200], "B's request went through");
     assert_eq!(
         first.await.unwrap(),
@@ -397,10 +402,10 @@ async fn what_one_learns_all_know() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unused_leases_go_back_and_a_stopped_corral_leaves() {
     let Some(server) = redis() else { return };
-    let (upstream, _) = recording_upstream().await;
+    let (upstream, arrivals) = recording_upstream().await;
     // 1 per second, burst 5: twelve requests at once lease what they need, a block of 10 (5 at
-    // once, 5 over the next 5 s); seven of them give up after 300 ms, so most of the block is
-    // never used.
+    // once, 5 over the next 5 s); once the five have reached the upstream, the other seven give
+    // up, so most of the block is never used.
     let toml = fleet_config(
         &upstream,
         &server.url(),
@@ -412,22 +417,28 @@ async fn unused_leases_go_back_and_a_stopped_corral_leaves() {
     let tries: Vec<_> = (0..12)
         .map(|_| {
             let url = url.clone();
-            tokio::spawn(async move {
-                let c = client();
-                tokio::time::timeout(Duration::from_millis(300), send(&c, post(&url, "{}")))
-                    .await
-                    .ok()
-                    .map(|(parts, _)| parts.status)
-            })
+            tokio::spawn(async move { send(&client(), post(&url, "{}")).await })
         })
         .collect();
-    let mut served = 0;
-    for t in tries {
-        served += usize::from(t.await.unwrap() == Some(http::StatusCode::OK));
-    }
+    let start = Instant::now();
     assert!(
-        (4..=6).contains(&served),
-        "{served} served from a burst of 5"
+        eventually(Duration::from_secs(10), || arrivals.lock().unwrap().len()
+            >= 5)
+        .await,
+        "the burst of 5 reached the upstream within 10 s"
+    );
+    for t in &tries {
+        t.abort();
+    }
+    for t in tries {
+        let _ = t.await;
+    }
+    // Five at once; each second spent getting here may have let one more through.
+    let served = arrivals.lock().unwrap().len();
+    let allowed = 5 + start.elapsed().as_secs() as usize + 1;
+    assert!(
+        (5..=allowed).contains(&served),
+        "{served} served from a burst of 5 (at most {allowed} by now)"
     );
     let keys = match redis_cmd(&server, &["KEYS", "corral:*:requests"]).await {
         redis::Value::Array(keys) => keys,
@@ -452,10 +463,12 @@ async fn unused_leases_go_back_and_a_stopped_corral_leaves() {
     corral.shutdown();
     corral.task.take().unwrap().await.unwrap().unwrap();
     let after = level(redis_cmd(&server, &["HGET", &key, "level"]).await);
-    // Refill alone adds 1 a second; the unused units (about 4 of the 5 queued) add more.
+    // Refill alone adds 1 a second; the unused units (about 4 of the 5 queued, fewer if more
+    // were served) add more.
     let refill = start.elapsed().as_secs_f64() + 0.5;
+    let unused = 10.0 - served as f64;
     assert!(
-        after >= leased + refill + 2.5,
+        after >= leased + refill + unused - 2.5,
         "the unused units came back: {leased} -> {after} ({refill:.1} of refill)"
     );
     let replicas_key = key.replace(":requests", ":replicas");

@@ -763,3 +763,64 @@ fn a_taken_port_is_a_clash_not_a_ready_server() {
     let pong: String = redis::cmd("PING").query(&mut conn).unwrap();
     assert_eq!(pong, "PONG");
 }
+
+/// Pooled keys each get their own fleet bucket: two keys at 1 request a second with a burst
+/// of 5 each send ten requests at once (five per key), where one bucket shared by both would
+/// hold the last five for 5 s. Redis holds a requests bucket per key besides the upstream's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_keys_each_lease_from_their_own_fleet_bucket() {
+    let Some(server) = redis() else { return };
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s2 = Arc::clone(&seen);
+    let upstream = MockUpstream::start(move |req| {
+        let auth = req.headers.get("authorization").cloned();
+        s2.lock().unwrap().push(auth);
+        async { json(200, serde_json::json!({"ok": true})) }
+    })
+    .await;
+    let toml = fleet_config(
+        &upstream,
+        &server.url(),
+        "",
+        "keys = [\"sk-a\", \"sk-b\"]\n[upstream.limits]\nrpm = 60\nburst = 5\n\
+         [upstream.headers]\nAuthorization = \"Bearer {key}\"\n",
+    );
+    let corral = Corral::start(&toml).await;
+    assert!(wait_for_mode(&corral, "shared", Duration::from_secs(5)).await);
+    let start = Instant::now();
+    let statuses = burst(&corral, 10, 10).await;
+    let took = start.elapsed();
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    // Five at once per key; a shared bucket would need 5 s for the second five. 3 s allowed.
+    assert!(
+        took < Duration::from_secs(3),
+        "ten requests over two keys took {took:?}: the keys share one bucket"
+    );
+    let seen = seen.lock().unwrap().clone();
+    for key in ["Bearer sk-a", "Bearer sk-b"] {
+        let n = seen
+            .iter()
+            .filter(|a| a.as_ref().is_some_and(|a| a == key))
+            .count();
+        assert!(n >= 4, "{n} of 10 requests went with {key}");
+    }
+    let buckets = || async {
+        match redis_cmd(&server, &["KEYS", "corral:*:requests"]).await {
+            redis::Value::Array(keys) => keys.len(),
+            other => panic!("KEYS answered {other:?}"),
+        }
+    };
+    let mut n = 0;
+    let end = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < end {
+        n = buckets().await;
+        if n == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        n, 3,
+        "a requests bucket for each key and the upstream's own"
+    );
+}

@@ -824,3 +824,66 @@ async fn pooled_keys_each_lease_from_their_own_fleet_bucket() {
         "a requests bucket for each key and the upstream's own"
     );
 }
+
+/// README: a lost Redis costs at most one burst. Redis loses its data (`FLUSHALL`) under
+/// steady load at 1 request a second with a burst of 5; the corral does not notice (no
+/// fallback), and its next lease recreates the bucket full. From the loss until 5 s after that
+/// lease (long enough for any units granted from the lost bucket to fall due), the upstream
+/// sees at most the refill, that one burst, and one for timer slack: units of the lost bucket
+/// not yet due are not spent on top of the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_redis_costs_at_most_one_burst() {
+    let Some(server) = redis() else { return };
+    let (upstream, arrivals) = recording_upstream().await;
+    let toml = fleet_config(
+        &upstream,
+        &server.url(),
+        "",
+        "[upstream.limits]\nrpm = 60\nburst = 5\n",
+    );
+    let corral = Corral::start(&toml).await;
+    let load = Load::start(&corral, 12);
+    assert!(wait_for_mode(&corral, "shared", Duration::from_secs(5)).await);
+    // Steady state: the burst spent, blocks leased ahead of the refill.
+    assert!(
+        eventually(Duration::from_secs(20), || arrivals.lock().unwrap().len()
+            >= 8)
+        .await,
+        "the load reached the upstream"
+    );
+    assert_eq!(redis_cmd(&server, &["FLUSHALL"]).await, redis::Value::Okay);
+    let lost = Instant::now();
+    let mut recreated = false;
+    while !recreated && lost.elapsed() < Duration::from_secs(30) {
+        recreated = match redis_cmd(&server, &["KEYS", "corral:*:requests"]).await {
+            redis::Value::Array(keys) => !keys.is_empty(),
+            other => panic!("KEYS answered {other:?}"),
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(recreated, "no lease within 30 s of the loss");
+    eprintln!("recreated after {:?}", lost.elapsed());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let end = Instant::now();
+    let (_, failed) = load.finish().await;
+    assert_eq!(failed, 0);
+    assert_eq!(
+        fleet_mode(&corral).await,
+        "shared",
+        "no fallback: not noticed"
+    );
+    let after = arrivals
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|t| **t > lost && **t <= end)
+        .count();
+    let secs = (end - lost).as_secs_f64();
+    let allowed = secs.ceil() as usize + 5 + 1;
+    eprintln!("{after} arrivals in {secs:.1} s after the loss (allowed {allowed})");
+    assert!(
+        after <= allowed,
+        "{after} requests reached the upstream in the {secs:.1} s after Redis lost its \
+         buckets: more than the refill, one burst and one ({allowed})"
+    );
+}

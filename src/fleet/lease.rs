@@ -134,6 +134,18 @@ impl Pool {
         None
     }
 
+    /// The shared bucket's epoch is `epoch` as of `now`. A new one means Redis lost the bucket
+    /// the units held came from and made another, full or empty from `now` on: units of the
+    /// lost one not yet due would spend the same refill twice, so they go (those already
+    /// usable stay: they were due when the bucket still had them).
+    fn rebase(&mut self, epoch: &str, now: Instant) {
+        if self.epoch.as_deref().is_some_and(|e| e != epoch) {
+            self.release(now);
+            self.drips.clear();
+        }
+        self.epoch = Some(epoch.to_owned());
+    }
+
     /// Everything held, emptied.
     fn drain(&mut self) -> f64 {
         // A debt (a request larger than the burst took more than was usable) is paid first.
@@ -633,7 +645,7 @@ impl Lease {
         let mut not_before: Option<Instant> = None;
         for (k, pool) in s.pools.iter_mut().enumerate() {
             let (grant, before, rate, burst) = reply.kinds[k];
-            pool.epoch = Some(reply.epochs[k].clone());
+            pool.rebase(&reply.epochs[k], now);
             if rate > 0.0 && grant < args.kinds[k].want {
                 let wait = ((args.kinds[k].want - grant) / rate).clamp(0.01, 1.0);
                 let until = now + Duration::from_secs_f64(wait);
@@ -996,6 +1008,30 @@ mod tests {
             "ready after {:?}",
             ready - now
         );
+    }
+
+    /// Redis lost the bucket a grant came from (a new epoch): the grant's units not yet due are
+    /// dropped, the usable ones kept; the same epoch keeps everything.
+    #[tokio::test(start_paused = true)]
+    async fn units_not_yet_due_from_a_lost_bucket_are_dropped() {
+        let now = Instant::now();
+        let mut pool = Pool {
+            shared: Some((1.0, 5.0)),
+            ..Pool::default()
+        };
+        pool.rebase("1:a", now);
+        pool.drips.push_back(Drip {
+            origin: now,
+            offset: 2.0,
+            rate: 1.0,
+            total: 10.0,
+            released: 0.0,
+        });
+        pool.rebase("1:a", now);
+        assert_eq!(pool.held(), 10.0, "same bucket: all kept");
+        pool.rebase("2:b", now);
+        assert_eq!(pool.available, 2.0, "the two due at once are kept");
+        assert_eq!(pool.held(), 2.0, "the eight not yet due are gone");
     }
 
     #[test]

@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use super::{Fleet, Mode};
 use crate::config::UpstreamConfig;
 use crate::stack::layer::lock;
-use crate::stack::rate_limit::bucket::{take, Bucket};
+use crate::stack::rate_limit::bucket::{take_all, Bucket};
 
 /// A block is at least this many requests' worth.
 pub const MIN_BLOCK: f64 = 10.0;
@@ -190,6 +190,17 @@ impl Demand {
 struct Share {
     requests: Option<Bucket>,
     tokens: Option<Bucket>,
+}
+
+impl Share {
+    /// One request and `cost` tokens, both checked before either is taken.
+    async fn take(&self, cost: f64, deadline: Instant) -> Result<(), Duration> {
+        let stages: Vec<(&Bucket, u32)> = [(&self.requests, 1), (&self.tokens, cost.ceil() as u32)]
+            .into_iter()
+            .filter_map(|(bucket, n)| bucket.as_ref().map(|b| (b, n)))
+            .collect();
+        take_all(&stages, deadline).await
+    }
 }
 
 struct State {
@@ -377,23 +388,9 @@ impl Lease {
                         self.wake.notify_one();
                     }
                     let Some(share) = share else { return Ok(()) };
-                    if let Some(b) = &share.requests {
-                        take(b, 1, deadline).await?;
-                    }
-                    if let Some(b) = &share.tokens {
-                        take(b, cost.ceil() as u32, deadline).await?;
-                    }
-                    return Ok(());
+                    return share.take(cost, deadline).await;
                 }
-                Step::Fallback(share) => {
-                    if let Some(b) = &share.requests {
-                        take(b, 1, deadline).await?;
-                    }
-                    if let Some(b) = &share.tokens {
-                        take(b, cost.ceil() as u32, deadline).await?;
-                    }
-                    return Ok(());
-                }
+                Step::Fallback(share) => return share.take(cost, deadline).await,
                 Step::Wait(at, refill) => {
                     if refill {
                         self.wake.notify_one();

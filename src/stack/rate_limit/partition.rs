@@ -2,12 +2,12 @@
 //! configured ceilings, its learned pacers, and the pause that a 429 puts on all of it.
 //!
 //! A request's way through [`Partition::acquire`]:
-//! 1. `fast_path`: nobody waiting, no pause, no governor bucket, and the
+//! 1. `fast_path`: nobody waiting, no pause, no configured bucket, and the
 //!    pacers admit it now: no turn to take, no timer.
 //! 2. Otherwise it waits out any pause (each waiter at its own jittered instant when nothing
 //!    else will pace them), then `take_turn`: a fair tokio mutex, so
 //!    waiters go in FIFO order and a large request is not starved by small ones.
-//! 3. `wait`: with the turn held, the governor buckets, then the pacers,
+//! 3. `wait`: with the turn held, the configured buckets and the pacers,
 //!    re-checking the pause (a 429 may arrive meanwhile), while the deadline allows.
 //!
 //! What may refuse a request, and what may only delay it:
@@ -30,7 +30,7 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::bucket::{take, Bucket};
+use super::bucket::{take_all, Bucket};
 use super::learn::{Answer, Pacer, Source, Ticket};
 use crate::classify::{Outcome, Reason, Throttle};
 use crate::config::{LearnMode, Priority, UpstreamConfig};
@@ -369,12 +369,11 @@ impl Partition {
     /// With the turn held: the configured ceilings, then the pacers, while the deadline allows.
     async fn wait(&self, cost: u32, limits: Limits) -> Result<Option<Tickets>, Duration> {
         let deadline = limits.deadline;
-        if let Some(bucket) = &self.requests {
-            take(bucket, 1, deadline).await?;
-        }
-        if let Some(bucket) = &self.tokens {
-            take(bucket, cost, deadline).await?;
-        }
+        let ceilings: Vec<(&Bucket, u32)> = [(&self.requests, 1), (&self.tokens, cost)]
+            .into_iter()
+            .filter_map(|(bucket, n)| bucket.as_ref().map(|b| (b, n)))
+            .collect();
+        take_all(&ceilings, deadline).await?;
         if let Some(lease) = &self.lease {
             lease.acquire(f64::from(cost), deadline).await?;
         }
@@ -744,6 +743,51 @@ mod tests {
             start.elapsed() <= Duration::from_secs(1),
             "the next full-burst request waited {:?}, one burst's refill is 1 s",
             start.elapsed()
+        );
+    }
+
+    /// Every ceiling is checked before any is taken: a request the tokens bucket refuses, or
+    /// that leaves while it waits for tokens, has spent nothing of the requests bucket, so the
+    /// next small request goes at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_refused_or_gone_spends_no_other_ceiling() {
+        let mut config = config();
+        config.rate_limit = LearnMode::Off;
+        config.limits.rpm = NonZeroU32::new(60); // 1/s
+        config.limits.burst = NonZeroU32::new(1);
+        config.limits.tpm = NonZeroU32::new(600); // 10 tokens/s
+        config.limits.token_burst = NonZeroU32::new(100);
+        let partition = Partition::new(&config, None);
+        let far = || Instant::now() + Duration::from_secs(60);
+        partition
+            .acquire(100, far(), Priority::Interactive, "t")
+            .await
+            .unwrap(); // both buckets empty
+        tokio::time::advance(Duration::from_secs(1)).await; // a request back, 10 tokens
+        let refused = partition
+            .acquire(
+                100,
+                Instant::now() + Duration::from_secs(1),
+                Priority::Interactive,
+                "t",
+            )
+            .await;
+        assert_eq!(refused.unwrap_err().status(), 429, "9 s of tokens short");
+        let gone = tokio::time::timeout(
+            Duration::from_millis(500),
+            partition.acquire(100, far(), Priority::Interactive, "t"),
+        )
+        .await;
+        assert!(gone.is_err(), "the client left while it waited for tokens");
+        let start = Instant::now();
+        partition
+            .acquire(1, far(), Priority::Interactive, "t")
+            .await
+            .unwrap();
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "the next request waited for what the refused or cancelled ones spent"
         );
     }
 

@@ -88,6 +88,14 @@ impl Bucket {
 /// waits either, so a request refused or cancelled here has spent nothing. (Callers hold their
 /// partition's turn: no one else takes from these buckets meanwhile.)
 pub async fn take_all(stages: &[(&Bucket, u32)], deadline: Instant) -> Result<(), Duration> {
+    ready_all(stages, deadline).await?;
+    take_ready(stages);
+    Ok(())
+}
+
+/// Wait until every bucket of `stages` could yield its units now, taking nothing; `Err`: the
+/// wait it would need beyond `deadline`.
+pub async fn ready_all(stages: &[(&Bucket, u32)], deadline: Instant) -> Result<(), Duration> {
     loop {
         let wait = stages
             .iter()
@@ -95,16 +103,19 @@ pub async fn take_all(stages: &[(&Bucket, u32)], deadline: Instant) -> Result<()
             .max()
             .unwrap_or_default();
         if wait.is_zero() {
-            for (bucket, n) in stages {
-                // Cannot fail under the turn: each said it holds its units just now.
-                let _ = bucket.try_take(*n);
-            }
             return Ok(());
         }
         if Instant::now() + wait > deadline {
             return Err(wait);
         }
         tokio::time::sleep(wait.max(Duration::from_micros(100))).await;
+    }
+}
+
+/// Take the units of `stages`, which [`ready_all`] found there (under the turn, they still are).
+pub fn take_ready(stages: &[(&Bucket, u32)]) {
+    for (bucket, n) in stages {
+        let _ = bucket.try_take(*n);
     }
 }
 

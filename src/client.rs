@@ -14,7 +14,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response};
+use http::header::ACCEPT_ENCODING;
+use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body_util::Full;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -103,6 +104,12 @@ impl tower::Service<ProxyRequest> for UpstreamClient {
         *out.uri_mut() = req.uri;
         // The one copy of the headers an attempt costs: the retry layer holds them for the next.
         *out.headers_mut() = HeaderMap::clone(&req.headers);
+        // Any attempt's answer may be a 429 or a 5xx whose body corral reads (a quota, a named
+        // wait), and a success's `usage` settles its token charge: a compressed body would hide
+        // them. The upstream is asked for the body as it is; the client gets it so, its
+        // headers still describing it.
+        out.headers_mut()
+            .insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
         let fut = self.client.request(out);
         let upstream = Arc::clone(&self.upstream);
         Box::pin(async move {

@@ -395,3 +395,63 @@ async fn usage_calibrates_the_prompt_estimate() {
     // limit): about 1.98; 1.9 allowed.
     assert!(ratio > 1.9, "ratio {ratio}");
 }
+
+/// OpenAI's `insufficient_quota` 429 body, gzipped (Python's `gzip.compress(body, mtime=0)`).
+const QUOTA_429_GZIP: &str = "1f8b080000000000020375ca310e80200c00c0af349d8d0fe0274e86946218b45a682221fc5d7477be6bc8aaa2e81aee9cb3df181d2e62c03731070e50c514c854f9287099143fe384a59eef4c47b61813a581eb87c348c28ff5fe00dce952fa70000000";
+
+/// A client that accepts gzip still has its permanent 429 read as one: corral asks the
+/// upstream for `identity` (an upstream that gzips when asked would hide `insufficient_quota`
+/// and the 429 would be retried as a throttle), and the client gets a body its headers
+/// describe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_accepting_gzip_still_gets_its_429_read() {
+    let plain = serde_json::json!({"error": {"message": "You exceeded your current quota.", "type": "insufficient_quota", "code": "insufficient_quota"}});
+    let gzipped: Vec<u8> = (0..QUOTA_429_GZIP.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&QUOTA_429_GZIP[i..i + 2], 16).unwrap())
+        .collect();
+    let body = plain.clone();
+    let upstream = MockUpstream::start(move |req| {
+        let gzip = req
+            .headers
+            .get_all("accept-encoding")
+            .iter()
+            .any(|v| v.to_str().unwrap_or_default().contains("gzip"));
+        let (body, gzipped) = (body.clone(), gzipped.clone());
+        async move {
+            if gzip {
+                http::Response::builder()
+                    .status(429)
+                    .header("content-type", "application/json")
+                    .header("content-encoding", "gzip")
+                    .body(corral::body::full(bytes::Bytes::from(gzipped)))
+                    .unwrap()
+            } else {
+                json(429, body)
+            }
+        }
+    })
+    .await;
+    let corral = Corral::start(&one_upstream(&upstream, "")).await;
+    let mut req = post(&corral.url("/v1/chat/completions"), r#"{"model":"m"}"#);
+    req.headers_mut()
+        .insert("accept-encoding", "gzip, deflate, br".parse().unwrap());
+    let (parts, got) = send(&client(), req).await;
+    assert_eq!(parts.status, 429);
+    assert_eq!(
+        upstream.calls(),
+        1,
+        "the quota 429 was retried as a throttle"
+    );
+    assert!(
+        parts.headers.get("content-encoding").is_none(),
+        "{:?}",
+        parts.headers
+    );
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&got).unwrap(),
+        plain
+    );
+    let seen = upstream.seen.lock().unwrap();
+    assert_eq!(seen[0].headers["accept-encoding"], "identity");
+}

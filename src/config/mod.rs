@@ -508,7 +508,7 @@ impl Partition {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsConfig {
-    /// Requests per minute (a governor bucket).
+    /// Requests per minute (a token bucket).
     pub rpm: Option<NonZeroU32>,
     /// Tokens per minute, charged from an estimate of each request.
     pub tpm: Option<NonZeroU32>,

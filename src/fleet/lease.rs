@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use super::{Fleet, Mode};
 use crate::config::UpstreamConfig;
 use crate::stack::layer::lock;
-use crate::stack::rate_limit::bucket::{take, Bucket};
+use crate::stack::rate_limit::bucket::{take_all, Bucket};
 
 /// A block is at least this many requests' worth.
 pub const MIN_BLOCK: f64 = 10.0;
@@ -98,7 +98,7 @@ struct Pool {
     /// The shared bucket's rate and burst (configured, or as Redis last said); `None`: it does
     /// not gate (nothing known yet).
     shared: Option<(f64, f64)>,
-    /// Usable now (negative: a large request took more than was usable).
+    /// Usable now (negative: a large request took more than was usable; at most one burst).
     available: f64,
     drips: VecDeque<Drip>,
     /// Units to give back with the next call.
@@ -132,6 +132,18 @@ impl Pool {
             short -= d.left();
         }
         None
+    }
+
+    /// The shared bucket's epoch is `epoch` as of `now`. A new one means Redis lost the bucket
+    /// the units held came from and made another, full or empty from `now` on: units of the
+    /// lost one not yet due would spend the same refill twice, so they go (those already
+    /// usable stay: they were due when the bucket still had them).
+    fn rebase(&mut self, epoch: &str, now: Instant) {
+        if self.epoch.as_deref().is_some_and(|e| e != epoch) {
+            self.release(now);
+            self.drips.clear();
+        }
+        self.epoch = Some(epoch.to_owned());
     }
 
     /// Everything held, emptied.
@@ -178,6 +190,17 @@ impl Demand {
 struct Share {
     requests: Option<Bucket>,
     tokens: Option<Bucket>,
+}
+
+impl Share {
+    /// One request and `cost` tokens, both checked before either is taken.
+    async fn take(&self, cost: f64, deadline: Instant) -> Result<(), Duration> {
+        let stages: Vec<(&Bucket, u32)> = [(&self.requests, 1), (&self.tokens, cost.ceil() as u32)]
+            .into_iter()
+            .filter_map(|(bucket, n)| bucket.as_ref().map(|b| (b, n)))
+            .collect();
+        take_all(&stages, deadline).await
+    }
 }
 
 struct State {
@@ -290,41 +313,11 @@ impl Lease {
         });
         let config = [requests, tokens];
         let now = Instant::now();
-        let pool = |c: Option<(f64, f64)>| Pool {
-            shared: c,
-            ..Pool::default()
-        };
         Arc::new(Self {
             fleet,
             keys: ["requests", "tokens", "pause", "replicas"].map(|k| format!("{key}:{k}")),
             config,
-            state: Mutex::new(State {
-                pools: [pool(requests), pool(tokens)],
-                demand: Demand {
-                    since: now,
-                    count: 0.0,
-                    rate: 0.0,
-                },
-                arrivals: Demand {
-                    since: now,
-                    count: 0.0,
-                    rate: 0.0,
-                },
-                last_take: None,
-                waiting: 0,
-                avg_cost: 1.0,
-                last_call: None,
-                urgent: true,
-                pause_until: None,
-                refused: 0,
-                live: 1,
-                share: None,
-                not_before: None,
-                carried: [0.0; 2],
-                rejoin: None,
-                shortfall: [0.0; 2],
-                resync: false,
-            }),
+            state: Mutex::new(State::new(config, now)),
             wake: Notify::new(),
             granted: Notify::new(),
             started: Once::new(),
@@ -395,23 +388,9 @@ impl Lease {
                         self.wake.notify_one();
                     }
                     let Some(share) = share else { return Ok(()) };
-                    if let Some(b) = &share.requests {
-                        take(b, 1, deadline).await?;
-                    }
-                    if let Some(b) = &share.tokens {
-                        take(b, cost.ceil() as u32, deadline).await?;
-                    }
-                    return Ok(());
+                    return share.take(cost, deadline).await;
                 }
-                Step::Fallback(share) => {
-                    if let Some(b) = &share.requests {
-                        take(b, 1, deadline).await?;
-                    }
-                    if let Some(b) = &share.tokens {
-                        take(b, cost.ceil() as u32, deadline).await?;
-                    }
-                    return Ok(());
-                }
+                Step::Fallback(share) => return share.take(cost, deadline).await,
                 Step::Wait(at, refill) => {
                     if refill {
                         self.wake.notify_one();
@@ -663,7 +642,7 @@ impl Lease {
         let mut not_before: Option<Instant> = None;
         for (k, pool) in s.pools.iter_mut().enumerate() {
             let (grant, before, rate, burst) = reply.kinds[k];
-            pool.epoch = Some(reply.epochs[k].clone());
+            pool.rebase(&reply.epochs[k], now);
             if rate > 0.0 && grant < args.kinds[k].want {
                 let wait = ((args.kinds[k].want - grant) / rate).clamp(0.01, 1.0);
                 let until = now + Duration::from_secs_f64(wait);
@@ -694,13 +673,45 @@ impl Lease {
         self.fleet.metrics.live_replicas.set(reply.live as i64);
         drop(s);
         if reply.pause_ms > 0 {
-            (self.on_pause)(now + Duration::from_millis(reply.pause_ms));
+            (self.on_pause)(super::pause_end(now, reply.pause_ms));
         }
         self.granted.notify_waiters();
     }
 }
 
 impl State {
+    /// Nothing held yet, for buckets of these configured rates and bursts.
+    fn new(config: [Option<(f64, f64)>; 2], now: Instant) -> Self {
+        let pool = |c: Option<(f64, f64)>| Pool {
+            shared: c,
+            ..Pool::default()
+        };
+        let demand = || Demand {
+            since: now,
+            count: 0.0,
+            rate: 0.0,
+        };
+        Self {
+            pools: config.map(pool),
+            demand: demand(),
+            arrivals: demand(),
+            last_take: None,
+            waiting: 0,
+            avg_cost: 1.0,
+            last_call: None,
+            urgent: true,
+            pause_until: None,
+            refused: 0,
+            live: 1,
+            share: None,
+            not_before: None,
+            carried: [0.0; 2],
+            rejoin: None,
+            shortfall: [0.0; 2],
+            resync: false,
+        }
+    }
+
     /// The block size of bucket `k`, in its units.
     fn block(&self, k: usize) -> f64 {
         let Some((rate, burst)) = self.pools[k].shared else {
@@ -785,8 +796,15 @@ impl State {
             .collect();
         self.shortfall = [0.0; 2];
         if short.is_empty() {
-            self.pools[REQUESTS].available -= needs[REQUESTS].map_or(0.0, |_| 1.0);
-            self.pools[TOKENS].available -= needs[TOKENS].map_or(0.0, |_| cost);
+            // A request larger than what is usable (its estimate beyond the burst) owes the
+            // rest, but never more than one burst: the upstream's bucket cannot hold more, and a
+            // larger debt would hold the partition for the whole of one request's cost.
+            for (k, units) in [(REQUESTS, 1.0), (TOKENS, cost)] {
+                if let (Some(_), Some((_, burst))) = (needs[k], self.pools[k].shared) {
+                    let pool = &mut self.pools[k];
+                    pool.available = (pool.available - units).max(-burst);
+                }
+            }
             self.demand.record(now);
             self.last_take = Some(now);
             if cost > 0.0 {
@@ -953,6 +971,64 @@ mod tests {
             queued.ready_at(1.0),
             Some(now + Duration::from_millis(3500))
         );
+    }
+
+    /// A request larger than the shared burst takes what is usable and owes at most one burst:
+    /// the partition is not held for the whole of its cost at the shared rate.
+    #[tokio::test(start_paused = true)]
+    async fn a_huge_request_owes_the_lease_at_most_one_burst() {
+        let now = Instant::now();
+        let (rate, burst) = (100.0, 1_000.0);
+        let mut s = State::new([Some((10.0, 50.0)), Some((rate, burst))], now);
+        for pool in &mut s.pools {
+            pool.available = pool.shared.unwrap().1;
+        }
+        assert!(matches!(s.try_take(1.0e9, now), Step::Taken(..)));
+        let tokens = &s.pools[TOKENS];
+        assert!(
+            tokens.available >= -burst,
+            "owes {} tokens, more than the burst of {burst}",
+            -tokens.available
+        );
+        // Granted again at the shared rate, the next request waits for the debt and its own
+        // units: at most two bursts' worth of refill.
+        s.pools[TOKENS].drips.push_back(Drip {
+            origin: now,
+            offset: 0.0,
+            rate,
+            total: 2.0 * burst,
+            released: 0.0,
+        });
+        let ready = s.pools[TOKENS].ready_at(1.0).expect("within the grant");
+        assert!(
+            ready <= now + Duration::from_secs_f64(2.0 * burst / rate),
+            "ready after {:?}",
+            ready - now
+        );
+    }
+
+    /// Redis lost the bucket a grant came from (a new epoch): the grant's units not yet due are
+    /// dropped, the usable ones kept; the same epoch keeps everything.
+    #[tokio::test(start_paused = true)]
+    async fn units_not_yet_due_from_a_lost_bucket_are_dropped() {
+        let now = Instant::now();
+        let mut pool = Pool {
+            shared: Some((1.0, 5.0)),
+            ..Pool::default()
+        };
+        pool.rebase("1:a", now);
+        pool.drips.push_back(Drip {
+            origin: now,
+            offset: 2.0,
+            rate: 1.0,
+            total: 10.0,
+            released: 0.0,
+        });
+        pool.rebase("1:a", now);
+        assert_eq!(pool.held(), 10.0, "same bucket: all kept");
+        pool.rebase("2:b", now);
+        assert_eq!(pool.available, 2.0, "the two due at once are kept");
+        assert_eq!(pool.held(), 2.0, "the eight not yet due are gone");
     }
 
     #[test]

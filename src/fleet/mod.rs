@@ -211,7 +211,7 @@ impl Fleet {
             return;
         };
         let pause = match (what, words.next().map(str::parse::<u64>)) {
-            ("pause", Some(Ok(ms))) => Some(Instant::now() + Duration::from_millis(ms)),
+            ("pause", Some(Ok(ms))) => Some(pause_end(Instant::now(), ms)),
             ("learned", None) => None,
             _ => return,
         };
@@ -504,6 +504,13 @@ async fn listen(fleet: Weak<Fleet>, client: redis::Client, wake: Arc<Notify>) {
     }
 }
 
+/// The end of a pause of `ms` milliseconds that Redis reported at `now`, capped as a local hint
+/// is ([`MAX_HINT`](crate::provider::hints::MAX_HINT)): a peer's word is no better than the
+/// upstream's, and a corrupt value must not overflow the clock or stop the partition for good.
+pub(crate) fn pause_end(now: Instant, ms: u64) -> Instant {
+    now + Duration::from_millis(ms).min(crate::provider::hints::MAX_HINT)
+}
+
 /// `message` with the URL's password, if any, replaced.
 fn redact(message: &str, url: &RedisUrl) -> String {
     let rest = url.0.split_once("://").map_or("", |(_, rest)| rest);
@@ -563,6 +570,47 @@ mod tests {
         assert_eq!(
             same_key, a,
             "the same credential, from the config or a request"
+        );
+    }
+
+    /// A pause from Redis (published by a peer, or in a lease's answer) is capped as a local
+    /// hint is: a corrupt or hostile value neither panics nor stops the partition for longer.
+    #[tokio::test]
+    async fn a_pause_from_redis_is_capped_as_a_local_hint() {
+        use crate::config::types::parse_base_url;
+        use crate::provider::hints::MAX_HINT;
+        let config = FleetConfig {
+            redis: Some(RedisUrl("redis://127.0.0.1:1/0".into())),
+            ..FleetConfig::default()
+        };
+        let fleet = Fleet::new(&config, crate::metrics::Metrics::new().fleet()).unwrap();
+        let base = parse_base_url("https://api.openai.com/v1").unwrap();
+        let upstream = UpstreamConfig::new("openai", "/v1", base);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = Arc::clone(&seen);
+        let lease = fleet.lease(
+            &upstream,
+            None,
+            Box::new(move |until| record.lock().unwrap().push(until)),
+            Arc::default(),
+        );
+        let key = lease.pause_key().to_owned();
+        let month = Duration::from_secs(30 * 24 * 3600).as_millis();
+        for ms in [month.to_string(), u64::MAX.to_string()] {
+            let before = Instant::now();
+            fleet.on_message(&format!("{key} pause {ms}"));
+            let until = *seen.lock().unwrap().last().expect("the pause was applied");
+            assert!(
+                until <= Instant::now() + MAX_HINT && until >= before + MAX_HINT,
+                "pause of {ms} ms ends {:?} from now",
+                until - before
+            );
+        }
+        let now = Instant::now();
+        assert_eq!(
+            pause_end(now, u64::MAX) - now,
+            MAX_HINT,
+            "a lease's answer is capped the same way"
         );
     }
 

@@ -1,54 +1,33 @@
-//! Configured ceilings as governor buckets on tokio's clock (so paused-time tests work), with
-//! waiters served in FIFO order through a fair tokio `Mutex`: governor keeps no waiter queue,
-//! and without one a large request could starve behind a stream of small ones.
+//! Configured ceilings as token buckets on tokio's clock (so paused-time tests work). A bucket
+//! can say how long until it could yield `n` without taking them ([`Bucket::wait_for`]), so a
+//! request checks every ceiling before it takes from any ([`take_all`]): a unit is never spent
+//! in one bucket for a request another bucket then refuses, or that leaves while it waits.
+//! (governor's buckets only answer by taking, and give nothing back.) Waiters are served in
+//! FIFO order by the partition's fair turn, so a large request is not starved by small ones.
 
 use std::num::NonZeroU32;
+use std::sync::Mutex;
 use std::time::Duration;
 
-use governor::clock::Clock;
-use governor::middleware::NoOpMiddleware;
-use governor::state::{InMemoryState, NotKeyed};
-use governor::{Quota, RateLimiter};
 use tokio::time::Instant;
 
-/// governor's clock, read from tokio's (which obeys `tokio::time::pause()`).
-#[derive(Debug, Clone)]
-pub struct TokioClock {
-    start: Instant,
-}
+use crate::stack::layer::lock;
 
-impl Default for TokioClock {
-    fn default() -> Self {
-        Self {
-            start: Instant::now(),
-        }
-    }
-}
+/// Rounding in the level's arithmetic (units): a level this close to `n` holds `n`.
+const EPSILON: f64 = 1e-9;
 
-impl Clock for TokioClock {
-    type Instant = Duration;
-    fn now(&self) -> Duration {
-        self.start.elapsed()
-    }
-}
-
-type Limiter = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<Duration>>;
-
-/// One per-minute governor bucket.
+/// One per-minute bucket: `burst` at most, refilled at `per_minute` a minute; it starts full.
 pub struct Bucket {
-    limiter: Limiter,
-    clock: TokioClock,
+    /// The level and when it was last refilled.
+    state: Mutex<(f64, Instant)>,
     burst: NonZeroU32,
     per_minute: NonZeroU32,
 }
 
 impl Bucket {
     pub fn per_minute(per_minute: NonZeroU32, burst: NonZeroU32) -> Self {
-        let clock = TokioClock::default();
-        let quota = Quota::per_minute(per_minute).allow_burst(burst);
         Self {
-            limiter: RateLimiter::direct_with_clock(quota, clock.clone()),
-            clock,
+            state: Mutex::new((f64::from(burst.get()), Instant::now())),
             burst,
             per_minute,
         }
@@ -62,26 +41,81 @@ impl Bucket {
         f64::from(self.per_minute.get()) / 60.0
     }
 
+    /// `n` clamped to the burst, since more could never pass.
+    fn clamp(&self, n: u32) -> f64 {
+        f64::from(n.clamp(1, self.burst.get()))
+    }
+
+    /// The level at `now`, refilled since `at`.
+    fn level(&self, (level, at): (f64, Instant), now: Instant) -> f64 {
+        let dt = now.saturating_duration_since(at).as_secs_f64();
+        (level + self.per_second() * dt).min(f64::from(self.burst.get()))
+    }
+
+    /// How long until `n` (clamped to the burst) could be taken; zero: now. Takes nothing.
+    pub fn wait_for(&self, n: u32) -> Duration {
+        let level = self.level(*lock(&self.state), Instant::now());
+        self.short(self.clamp(n), level)
+    }
+
+    fn short(&self, n: f64, level: f64) -> Duration {
+        if level + EPSILON >= n {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64((n - level) / self.per_second())
+        }
+    }
+
     /// Take `n` (clamped to the burst, since more could never pass): `Ok` now, or how long until
     /// it would succeed.
     pub fn try_take(&self, n: u32) -> Result<(), Duration> {
-        let n = NonZeroU32::new(n.clamp(1, self.burst.get())).expect("at least one");
-        match self.limiter.check_n(n) {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(not_until)) => Err(not_until.wait_time_from(self.clock.now())),
-            Err(_insufficient) => Err(Duration::from_secs(60)),
+        let n = self.clamp(n);
+        let now = Instant::now();
+        let mut state = lock(&self.state);
+        let level = self.level(*state, now);
+        let wait = self.short(n, level);
+        if wait.is_zero() {
+            *state = ((level - n).max(0.0), now);
+            Ok(())
+        } else {
+            Err(wait)
         }
     }
 }
 
-/// Wait until `bucket` yields `n`, unless that would pass `deadline`: then the wait it needs.
-pub async fn take(bucket: &Bucket, n: u32, deadline: Instant) -> Result<(), Duration> {
+/// Wait until every bucket of `stages` yields its units, then take them all, unless the wait
+/// would pass `deadline`: then the wait it needs, with nothing taken. Nothing is taken while it
+/// waits either, so a request refused or cancelled here has spent nothing. (Callers hold their
+/// partition's turn: no one else takes from these buckets meanwhile.)
+pub async fn take_all(stages: &[(&Bucket, u32)], deadline: Instant) -> Result<(), Duration> {
+    ready_all(stages, deadline).await?;
+    take_ready(stages);
+    Ok(())
+}
+
+/// Wait until every bucket of `stages` could yield its units now, taking nothing; `Err`: the
+/// wait it would need beyond `deadline`.
+pub async fn ready_all(stages: &[(&Bucket, u32)], deadline: Instant) -> Result<(), Duration> {
     loop {
-        match bucket.try_take(n) {
-            Ok(()) => return Ok(()),
-            Err(wait) if Instant::now() + wait > deadline => return Err(wait),
-            Err(wait) => tokio::time::sleep(wait.max(Duration::from_micros(100))).await,
+        let wait = stages
+            .iter()
+            .map(|(bucket, n)| bucket.wait_for(*n))
+            .max()
+            .unwrap_or_default();
+        if wait.is_zero() {
+            return Ok(());
         }
+        if Instant::now() + wait > deadline {
+            return Err(wait);
+        }
+        tokio::time::sleep(wait.max(Duration::from_micros(100))).await;
+    }
+}
+
+/// Take the units of `stages`, which [`ready_all`] found there (under the turn, they still are).
+pub fn take_ready(stages: &[(&Bucket, u32)]) {
+    for (bucket, n) in stages {
+        let _ = bucket.try_take(*n);
     }
 }
 
@@ -112,12 +146,16 @@ mod tests {
     async fn take_refuses_waits_beyond_the_deadline() {
         let b = Bucket::per_minute(nz(60), nz(1)); // 1/s
         let now = Instant::now();
-        take(&b, 1, now + Duration::from_secs(5)).await.unwrap();
-        let wait = take(&b, 1, now + Duration::from_millis(500))
+        take_all(&[(&b, 1)], now + Duration::from_secs(5))
+            .await
+            .unwrap();
+        let wait = take_all(&[(&b, 1)], now + Duration::from_millis(500))
             .await
             .unwrap_err();
         assert!(wait > Duration::from_millis(900), "{wait:?}");
-        take(&b, 1, now + Duration::from_secs(5)).await.unwrap();
+        take_all(&[(&b, 1)], now + Duration::from_secs(5))
+            .await
+            .unwrap();
         assert!(Instant::now() >= now + Duration::from_millis(999));
     }
 

@@ -151,6 +151,17 @@ pub enum Answer {
     Overloaded,
 }
 
+/// How a pacer would admit a request now ([`Pacer::admits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Ungated, or larger than the bucket: charged nothing.
+    Free,
+    /// Within the pace.
+    Paced,
+    /// Past the pace: nothing in flight or answered for a while.
+    Anyway,
+}
+
 /// Proof of admission, handed back with the answer.
 #[derive(Debug, Clone, Copy)]
 pub struct Ticket {
@@ -476,14 +487,36 @@ impl Pacer {
 
     /// Admit `cost` units now, or say how long to wait (`None`: until an answer arrives).
     pub fn try_acquire(&mut self, cost: f64, now: Instant) -> Result<Ticket, Option<Duration>> {
+        match self.admits(cost, now)? {
+            Admission::Free => Ok(self.admit(0.0, now)),
+            Admission::Paced => {
+                // Larger than a demoted burst (but within the reported bucket): charged down
+                // to one burst owed, not the whole of it.
+                let charge = cost.min(self.level + self.burst);
+                self.level -= charge;
+                if let Some(gap) = self.ramp_gap() {
+                    self.next_send = now + gap;
+                }
+                Ok(self.admit(charge, now))
+            }
+            Admission::Anyway => {
+                self.quiet_since = now;
+                Ok(self.admit_anyway(cost, now))
+            }
+        }
+    }
+
+    /// How [`try_acquire`](Self::try_acquire) would admit `cost` units now, taking nothing
+    /// (but the refill up to `now`); `Err` as there.
+    pub fn admits(&mut self, cost: f64, now: Instant) -> Result<Admission, Option<Duration>> {
         if self.source == Source::None {
-            return Ok(self.admit(0.0, now));
+            return Ok(Admission::Free);
         }
         self.refill(now);
         if self.oversize(cost) {
             // Larger than the bucket: no wait here can make room for it. It goes now, charged
             // nothing; the upstream's answer (its report) settles what it cost.
-            return Ok(self.admit(0.0, now));
+            return Ok(Admission::Free);
         }
         let need = cost.min(self.burst).max(f64::MIN_POSITIVE);
         let gap = self.ramp_gap();
@@ -491,19 +524,14 @@ impl Pacer {
             return Err(Some(self.next_send - now));
         }
         if self.level >= need {
-            self.level -= cost;
-            if let Some(gap) = gap {
-                self.next_send = now + gap;
-            }
-            return Ok(self.admit(cost, now));
+            return Ok(Admission::Paced);
         }
         let quiet = now.saturating_duration_since(self.quiet_since);
         let stalled = self.source == Source::SlowStart && quiet >= SLOW_START_STALL;
         if stalled || (self.unanswered.is_empty() && quiet >= IDLE) {
             // Nothing answered for a while (cancelled or slow requests), or nothing in flight
             // for a while: one request alone cannot overrun anything, so it goes now.
-            self.quiet_since = now;
-            return Ok(self.admit_anyway(cost, now));
+            return Ok(Admission::Anyway);
         }
         match self.time_for(need - self.level) {
             Some(wait) => Err(Some(wait)),
@@ -868,7 +896,9 @@ impl Pacer {
         };
         let headroom = (r.remaining - floor) + self.header_rate * credit;
         let level = headroom * share - sent_after - slack;
-        let level = level.min(self.burst).min(self.verified);
+        // However much was sent since, the level owes at most one burst (the upstream refuses
+        // what its bucket cannot hold, it does not bank it as debt).
+        let level = level.min(self.burst).min(self.verified).max(-self.burst);
         // A report newer than the last one used sets the level; an older one (an answer that
         // took long describes the bucket as it was long ago) may only lower it.
         if ticket.seq > self.synced_seq {

@@ -1,4 +1,4 @@
-//! Client-side rate limit for one upstream: configured ceilings (governor buckets for requests
+//! Client-side rate limit for one upstream: configured ceilings (token buckets for requests
 //! and tokens per minute), the learned pacers, and the pause a 429 puts on its partition; taken
 //! by every attempt in FIFO order while its deadline allows; beyond it, a 429 with a Retry-After
 //! computed from the bucket. Partitions follow how providers scope their limits: by default
@@ -14,7 +14,7 @@
 //! # Layout
 //! - `partition`: one partition's buckets, pacers and pause, and the way through them.
 //! - `learn`: the pacers, pure state machines in virtual time.
-//! - `bucket`: configured ceilings as governor buckets on tokio's clock.
+//! - `bucket`: configured ceilings as token buckets on tokio's clock.
 //! - `estimate`: token estimates of a request body.
 //! - `pool`: several credentials for one upstream (`keys`), a partition each.
 

@@ -2,12 +2,12 @@
 //! configured ceilings, its learned pacers, and the pause that a 429 puts on all of it.
 //!
 //! A request's way through [`Partition::acquire`]:
-//! 1. `fast_path`: nobody waiting, no pause, no governor bucket, and the
+//! 1. `fast_path`: nobody waiting, no pause, no configured bucket, and the
 //!    pacers admit it now: no turn to take, no timer.
 //! 2. Otherwise it waits out any pause (each waiter at its own jittered instant when nothing
 //!    else will pace them), then `take_turn`: a fair tokio mutex, so
 //!    waiters go in FIFO order and a large request is not starved by small ones.
-//! 3. `wait`: with the turn held, the governor buckets, then the pacers,
+//! 3. `wait`: with the turn held, the configured buckets and the pacers,
 //!    re-checking the pause (a 429 may arrive meanwhile), while the deadline allows.
 //!
 //! What may refuse a request, and what may only delay it:
@@ -30,7 +30,7 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::bucket::{take, Bucket};
+use super::bucket::{ready_all, take_ready, Bucket};
 use super::learn::{Answer, Pacer, Source, Ticket};
 use crate::classify::{Outcome, Reason, Throttle};
 use crate::config::{LearnMode, Priority, UpstreamConfig};
@@ -46,15 +46,6 @@ use crate::stack::priority::PriorityGate;
 pub struct Pacers {
     pub requests: Pacer,
     pub tokens: Pacer,
-}
-
-impl Pacers {
-    fn get_mut(&mut self, kind: Kind) -> &mut Pacer {
-        match kind {
-            Kind::Requests => &mut self.requests,
-            Kind::Tokens => &mut self.tokens,
-        }
-    }
 }
 
 /// Proofs of admission from both pacers, handed back with the answer.
@@ -377,60 +368,54 @@ impl Partition {
             .map_err(|_| Duration::from_secs(1))
     }
 
-    /// With the turn held: the configured ceilings, then the pacers, while the deadline allows.
+    /// With the turn held: every stage (the configured ceilings, the fleet's lease, the
+    /// pacers) is checked before any is taken, re-checking the pause (a 429 may arrive
+    /// meanwhile), while the deadline allows; so a request refused here, or whose client leaves
+    /// while it waits, has spent nothing. At `pace_by` the pacers admit it anyway (the pace is
+    /// corral's guess: only the upstream may refuse).
     async fn wait(&self, cost: u32, limits: Limits) -> Result<Option<Tickets>, Duration> {
         let deadline = limits.deadline;
-        if let Some(bucket) = &self.requests {
-            take(bucket, 1, deadline).await?;
-        }
-        if let Some(bucket) = &self.tokens {
-            take(bucket, cost, deadline).await?;
-        }
-        if let Some(lease) = &self.lease {
-            lease.acquire(f64::from(cost), deadline).await?;
-        }
-        let Some(pacers) = &self.pacers else {
-            return self.wait_pause(limits, false).await.map(|()| None);
-        };
-        let requests = self.wait_pacer(pacers, Kind::Requests, 1.0, limits).await?;
-        let tokens = self
-            .wait_pacer(pacers, Kind::Tokens, f64::from(cost), limits)
-            .await?;
-        Ok(Some(Tickets { requests, tokens }))
-    }
-
-    /// With the turn held: wait until the `kind` pacer admits `units`, or an answer teaches it
-    /// more (slow start), re-checking the pause; at `pace_by` the pacer admits it anyway (the
-    /// pace is corral's guess: only the upstream may refuse).
-    async fn wait_pacer(
-        &self,
-        pacers: &Mutex<Pacers>,
-        kind: Kind,
-        units: f64,
-        limits: Limits,
-    ) -> Result<Ticket, Duration> {
+        let units = f64::from(cost);
+        let ceilings: Vec<(&Bucket, u32)> = [(&self.requests, 1), (&self.tokens, cost)]
+            .into_iter()
+            .filter_map(|(bucket, n)| bucket.as_ref().map(|b| (b, n)))
+            .collect();
         loop {
+            ready_all(&ceilings, deadline).await?;
             self.wait_pause(limits, false).await?;
             let answered = self.answered.notified();
             let now = Instant::now();
-            let verdict = {
-                let mut p = lock(pacers);
-                let pacer = p.get_mut(kind);
-                match pacer.try_acquire(units, now) {
-                    Err(_) if now >= limits.pace_by => Ok(pacer.admit_anyway(units, now)),
-                    other => other,
+            let wake = self
+                .pacers
+                .as_ref()
+                .and_then(|p| pacers_wait(&mut lock(p), units, now, limits.pace_by));
+            if let Some(wake) = wake {
+                tokio::select! {
+                    // Slow start waits for answers, not for time.
+                    () = answered => {}
+                    () = tokio::time::sleep_until(wake) => {}
                 }
-            };
-            let wake = match verdict {
-                Ok(ticket) => return Ok(ticket),
-                Err(Some(wait)) => (now + wait.max(Duration::from_micros(200))).min(limits.pace_by),
-                // Slow start: wait for an answer to teach us more (or re-check soon).
-                Err(None) => (now + Duration::from_millis(250)).min(limits.pace_by),
-            };
-            tokio::select! {
-                () = answered, if kind == Kind::Requests => {}
-                () = tokio::time::sleep_until(wake) => {}
+                continue;
             }
+            if let Some(lease) = &self.lease {
+                // Taken whole when it has the units (the fleet has no configured ceilings here);
+                // a pause may have begun while it waited for them.
+                lease.acquire(units, deadline).await?;
+                self.wait_pause(limits, false).await?;
+            }
+            take_ready(&ceilings);
+            let now = Instant::now();
+            return Ok(self.pacers.as_ref().map(|p| {
+                let mut p = lock(p);
+                let take = |pacer: &mut Pacer, units: f64| {
+                    pacer
+                        .try_acquire(units, now)
+                        .unwrap_or_else(|_| pacer.admit_anyway(units, now))
+                };
+                let requests = take(&mut p.requests, 1.0);
+                let tokens = take(&mut p.tokens, units);
+                Tickets { requests, tokens }
+            }));
         }
     }
 
@@ -634,6 +619,22 @@ impl Partition {
     }
 }
 
+/// Until when a request of `units` tokens must wait for both pacers at `now`; `None`: both
+/// admit it now (or `pace_by` has come: they admit it anyway). Takes nothing.
+fn pacers_wait(p: &mut Pacers, units: f64, now: Instant, pace_by: Instant) -> Option<Instant> {
+    if now >= pace_by {
+        return None;
+    }
+    let wait = |verdict: Result<_, Option<Duration>>| match verdict {
+        Ok(_) => Duration::ZERO,
+        Err(Some(wait)) => wait.max(Duration::from_micros(200)),
+        // Slow start: wait for an answer to teach us more (or re-check soon).
+        Err(None) => Duration::from_millis(250),
+    };
+    let needed = wait(p.requests.admits(1.0, now)).max(wait(p.tokens.admits(units, now)));
+    (!needed.is_zero()).then(|| (now + needed).min(pace_by))
+}
+
 /// Which bucket a 429 came from, by the reports on it: a bucket whose `remaining` cannot cover
 /// the attempt refused it (honestly). When no report explains the refusal, the requests bucket
 /// is blamed: that is where providers quantize (a per-minute report over a per-second bucket).
@@ -725,6 +726,128 @@ mod tests {
             *order.lock().unwrap(),
             ["large", "small-1", "small-2", "small-3"]
         );
+    }
+
+    /// The largest estimate a body can give takes at most the configured token burst: the
+    /// next request waits for one burst's refill at most, not for the estimate's.
+    #[tokio::test(start_paused = true)]
+    async fn a_huge_estimate_holds_the_partition_for_one_burst_at_most() {
+        let mut config = config();
+        config.rate_limit = LearnMode::Off;
+        config.limits.tpm = NonZeroU32::new(6000); // 100 tokens/s
+        config.limits.token_burst = NonZeroU32::new(100);
+        let partition = Partition::new(&config, None);
+        let start = Instant::now();
+        let deadline = start + Duration::from_secs(600);
+        let huge = super::super::estimate::estimate_tokens(
+            br#"{"prompt":"x","max_tokens":18446744073709551615}"#,
+            16,
+        );
+        assert!(huge >= u32::MAX / 2);
+        partition
+            .acquire(huge, deadline, Priority::Interactive, "t")
+            .await
+            .unwrap();
+        partition
+            .acquire(100, deadline, Priority::Interactive, "t")
+            .await
+            .unwrap();
+        assert!(
+            start.elapsed() <= Duration::from_secs(1),
+            "the next full-burst request waited {:?}, one burst's refill is 1 s",
+            start.elapsed()
+        );
+    }
+
+    /// Every ceiling is checked before any is taken: a request the tokens bucket refuses, or
+    /// that leaves while it waits for tokens, has spent nothing of the requests bucket, so the
+    /// next small request goes at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_refused_or_gone_spends_no_other_ceiling() {
+        let mut config = config();
+        config.rate_limit = LearnMode::Off;
+        config.limits.rpm = NonZeroU32::new(60); // 1/s
+        config.limits.burst = NonZeroU32::new(1);
+        config.limits.tpm = NonZeroU32::new(600); // 10 tokens/s
+        config.limits.token_burst = NonZeroU32::new(100);
+        let partition = Partition::new(&config, None);
+        let far = || Instant::now() + Duration::from_secs(60);
+        partition
+            .acquire(100, far(), Priority::Interactive, "t")
+            .await
+            .unwrap(); // both buckets empty
+        tokio::time::advance(Duration::from_secs(1)).await; // a request back, 10 tokens
+        let refused = partition
+            .acquire(
+                100,
+                Instant::now() + Duration::from_secs(1),
+                Priority::Interactive,
+                "t",
+            )
+            .await;
+        assert_eq!(refused.unwrap_err().status(), 429, "9 s of tokens short");
+        let gone = tokio::time::timeout(
+            Duration::from_millis(500),
+            partition.acquire(100, far(), Priority::Interactive, "t"),
+        )
+        .await;
+        assert!(gone.is_err(), "the client left while it waited for tokens");
+        let start = Instant::now();
+        partition
+            .acquire(1, far(), Priority::Interactive, "t")
+            .await
+            .unwrap();
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "the next request waited for what the refused or cancelled ones spent"
+        );
+    }
+
+    /// The pacers are checked together before either is taken: a request that waits for the
+    /// tokens pacer and is cancelled has taken no slot of the requests pacer.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_cancelled_while_paced_for_tokens_takes_no_request_slot() {
+        let mut config = config();
+        config.adaptive.initial_burst = 1;
+        let partition = Partition::new(&config, None);
+        let metrics = crate::metrics::Metrics::new().upstream("t");
+        let far = Instant::now() + Duration::from_secs(60);
+        let sent = Instant::now();
+        let tickets = partition
+            .acquire(1, far, Priority::Interactive, "t")
+            .await
+            .unwrap();
+        // The answer: a success (slow start lets two more requests go) whose report shows the
+        // tokens bucket empty, refilling 1000 a minute.
+        let h = provider::header_map(&[
+            ("x-ratelimit-limit-tokens", "1000"),
+            ("x-ratelimit-remaining-tokens", "0"),
+            ("x-ratelimit-reset-tokens", "60s"),
+        ]);
+        partition.observe(
+            tickets,
+            Outcome::Success,
+            None,
+            Some(&h),
+            Some(sent),
+            &metrics,
+        );
+        let paced = tokio::time::timeout(
+            Duration::from_millis(100),
+            partition.acquire(500, far, Priority::Interactive, "t"),
+        )
+        .await;
+        assert!(paced.is_err(), "500 tokens at 1000 a minute: still waiting");
+        let pacers = partition.pacers.as_ref().unwrap();
+        for _ in 0..2 {
+            tokio::time::advance(Duration::from_millis(200)).await;
+            let now = Instant::now();
+            assert!(
+                lock(pacers).requests.try_acquire(1.0, now).is_ok(),
+                "slow start's two slots are both still there"
+            );
+        }
     }
 
     /// Issue 13, point 4: twenty batch waiters queue for one token a second, then an

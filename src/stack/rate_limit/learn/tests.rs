@@ -758,3 +758,60 @@ fn a_per_day_report_sets_no_pace() {
     assert_eq!(pacer.source(), Source::Aimd, "paced from the 429s");
     assert!(pacer.rate() >= MIN_RATE);
 }
+
+/// A demoted tokens pacer (its burst half a second of pace) admits a request that fits the
+/// reported bucket but not its own burst: it owes at most one burst, not the whole request.
+#[test]
+fn a_request_beyond_a_demoted_burst_owes_at_most_one_burst() {
+    let mut now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Tokens, 10, 1.0, now);
+    let report = |remaining: f64| Report {
+        limit: 30_000.0,
+        remaining,
+        reset: Some(Duration::from_secs_f64((30_000.0 - remaining) / 500.0)),
+    };
+    let t = pacer.admit_anyway(100.0, now);
+    pacer.observe(t, Answer::RateLimited, Some(report(1_000.0)), now);
+    now += Duration::from_secs(2);
+    let t = pacer.admit_anyway(100.0, now);
+    pacer.observe(t, Answer::RateLimited, Some(report(20_000.0)), now);
+    assert_eq!(pacer.source(), Source::Observed);
+    now += Duration::from_secs(10); // the level refills to the (small) burst
+    let t = pacer
+        .try_acquire(20_000.0, now)
+        .expect("the level is full: it goes");
+    assert!(t.cost() > 0.0, "charged: it fits the reported bucket");
+    assert!(
+        pacer.level >= -pacer.burst(),
+        "owes {} of a burst of {}",
+        -pacer.level,
+        pacer.burst()
+    );
+}
+
+/// A report that predates many sends resynchronises the level to what it says less what was
+/// sent since, but never to a debt beyond one burst.
+#[test]
+fn a_resync_from_an_old_report_owes_at_most_one_burst() {
+    let now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Tokens, 10, 1.0, now);
+    let report = |remaining: f64| Report {
+        limit: 1_000.0,
+        remaining,
+        reset: Some(Duration::from_secs(1)),
+    };
+    let t = pacer.admit_anyway(10.0, now);
+    pacer.observe(t, Answer::Ok, Some(report(990.0)), now);
+    assert_eq!(pacer.source(), Source::Headers);
+    let first = pacer.admit_anyway(10.0, now);
+    for _ in 0..100 {
+        pacer.admit_anyway(1_000.0, now);
+    }
+    pacer.observe(first, Answer::Ok, Some(report(0.0)), now);
+    assert!(
+        pacer.level >= -pacer.burst(),
+        "owes {} of a burst of {}",
+        -pacer.level,
+        pacer.burst()
+    );
+}

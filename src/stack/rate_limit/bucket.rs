@@ -2,7 +2,8 @@
 //! can say how long until it could yield `n` without taking them ([`Bucket::wait_for`]), so a
 //! request checks every ceiling before it takes from any ([`take_all`]): a unit is never spent
 //! in one bucket for a request another bucket then refuses, or that leaves while it waits.
-//! (governor's buckets only answer by taking, and give nothing back.) Waiters are served in
+//! (governor's buckets only answer by taking and give nothing back: a check that does not take
+//! is its open issue `boinkor-net/governor#15` and unmerged PR #211.) Waiters are served in
 //! FIFO order by the partition's fair turn, so a large request is not starved by small ones.
 
 use std::num::NonZeroU32;

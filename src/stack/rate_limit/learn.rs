@@ -72,6 +72,8 @@ const SLOW_START_STALL: Duration = Duration::from_secs(1);
 const MIN_WINDOW: Duration = Duration::from_secs(1);
 /// The round trip assumed for spreading a ramp's sends before one is measured.
 const RAMP_RTT_GUESS: f64 = 0.1;
+/// A ramp's sends due this long ago may still go back to back (timers tick per millisecond).
+const RAMP_CATCH_UP: Duration = Duration::from_millis(2);
 /// A throttle window counts only if at least this many units per second were sent in it.
 const MIN_PRESSURE: f64 = 2.0;
 /// Two throttle events further apart than this may have had a full bucket in between: their
@@ -495,7 +497,12 @@ impl Pacer {
                 let charge = cost.min(self.level + self.burst);
                 self.level -= charge;
                 if let Some(gap) = self.ramp_gap() {
-                    self.next_send = now + gap;
+                    // Spaced from the last send's slot, not from now: a waiter woken late (a
+                    // timer's tick is a millisecond) does not lose the sends its lateness owes,
+                    // so a ramp is not held to one send per tick. At most `RAMP_CATCH_UP` of
+                    // sends go back to back after a lull.
+                    let from = now.checked_sub(RAMP_CATCH_UP).unwrap_or(now);
+                    self.next_send = self.next_send.max(from) + gap;
                 }
                 Ok(self.admit(charge, now))
             }

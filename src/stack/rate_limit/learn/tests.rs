@@ -815,3 +815,42 @@ fn a_resync_from_an_old_report_owes_at_most_one_burst() {
         pacer.burst()
     );
 }
+
+/// A ramp through reported headroom doubles per round trip, whatever the timer's tick: 500
+/// requests at once, a bucket far larger than that, a 20 ms round trip and every fifth answer
+/// an overload. The sender wakes once per millisecond, as tokio's timers do. Doubling from 10
+/// per round trip sends the 500 in about seven round trips (140 ms, with the slow start's first
+/// spacing); one send per tick would take 500 ms. Bound: 250 ms.
+#[tokio::test(start_paused = true)]
+async fn a_ramp_is_not_held_to_one_send_per_timer_tick() {
+    let start = Instant::now();
+    let mut model = Model::new(1e6, 1e6);
+    let mut pacer = Pacer::new(Kind::Requests, 10, 0.97, start);
+    let mut in_flight: Vec<(Instant, Ticket, bool, HeaderMap)> = Vec::new();
+    let mut sent = 0u32;
+    while sent < 500 {
+        let now = Instant::now();
+        assert!(
+            now.duration_since(start) < Duration::from_millis(250),
+            "{sent} of 500 sent after 250 ms"
+        );
+        let (due, rest): (Vec<_>, Vec<_>) = in_flight.into_iter().partition(|(t, ..)| *t <= now);
+        in_flight = rest;
+        for (_, ticket, ok, headers) in due {
+            let r = report(&headers, Kind::Requests, SystemTime::now());
+            let answer = if ok { Answer::Ok } else { Answer::Overloaded };
+            pacer.observe(ticket, answer, r, now);
+        }
+        while sent < 500 {
+            let Ok(ticket) = pacer.try_acquire(1.0, now) else {
+                break;
+            };
+            let (_, headers, _) = model.arrive(now);
+            sent += 1;
+            let ok = sent % 5 != 0;
+            let rtt = Duration::from_millis(if ok { 20 } else { 1 });
+            in_flight.push((now + rtt, ticket, ok, headers));
+        }
+        tokio::time::advance(Duration::from_millis(1)).await;
+    }
+}

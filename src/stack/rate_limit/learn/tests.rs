@@ -847,7 +847,7 @@ async fn a_ramp_is_not_held_to_one_send_per_timer_tick() {
             };
             let (_, headers, _) = model.arrive(now);
             sent += 1;
-            let ok = sent % 5 != 0;
+            let ok = !sent.is_multiple_of(5);
             let rtt = Duration::from_millis(if ok { 20 } else { 1 });
             in_flight.push((now + rtt, ticket, ok, headers));
         }

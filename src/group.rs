@@ -41,7 +41,7 @@ use crate::forward;
 use crate::forward::buffer::{BufferBudget, Held};
 use crate::metrics::Metrics;
 use crate::router::Upstream;
-use crate::stack::layer::{lock, SetAside};
+use crate::sync::{lock, SetAside};
 
 /// The header naming the member that answered.
 pub const UPSTREAM_HEADER: HeaderName = HeaderName::from_static("x-corral-upstream");

@@ -42,3 +42,4 @@ pub mod server;
 pub mod shutdown;
 pub mod simulate;
 pub mod stack;
+pub mod sync;

@@ -28,8 +28,8 @@ use tokio::time::Instant;
 
 use super::{Fleet, Mode};
 use crate::config::UpstreamConfig;
-use crate::stack::layer::lock;
 use crate::stack::rate_limit::bucket::{take_all, Bucket};
+use crate::sync::lock;
 
 /// A block is at least this many requests' worth.
 pub const MIN_BLOCK: f64 = 10.0;

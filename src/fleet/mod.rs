@@ -32,7 +32,7 @@ use tokio::time::Instant;
 
 pub use self::lease::Lease;
 use crate::config::{FleetConfig, RedisUrl, UpstreamConfig};
-use crate::stack::layer::lock;
+use crate::sync::lock;
 
 /// The lease script.
 const SCRIPT: &str = include_str!("lease.lua");

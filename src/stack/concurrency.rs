@@ -26,8 +26,9 @@ use crate::config::Priority;
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{lock, BoxFuture, Middleware, Next, Shared};
+use crate::stack::layer::{BoxFuture, Middleware, Next, Shared};
 use crate::stack::priority::PriorityGate;
+use crate::sync::lock;
 
 pub mod gradient;
 
@@ -312,10 +313,10 @@ impl Middleware for Window {
 
 #[cfg(test)]
 impl Window {
-    /// Poison every std mutex this holds (tests of [`crate::stack::layer::lock`]).
+    /// Poison every std mutex this holds (tests of [`crate::sync::lock`]).
     pub(crate) fn poison_locks(&self) {
         if let Some(g) = &self.gradient {
-            crate::stack::layer::poison(g);
+            crate::sync::poison(g);
         }
     }
 }

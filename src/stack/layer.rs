@@ -4,16 +4,15 @@
 //! stack. Written once here; each layer implements [`Middleware::call`] only.
 //!
 //! Also here: [`CatchPanicLayer`], tower-http's catch-panic in corral's shape (outermost in
-//! every stack), and [`lock`], the one way the stack takes a std mutex.
+//! every stack). Std mutexes are taken with [`crate::sync::lock`].
 
 use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
-use tokio::time::Instant;
 use tower::util::MapRequest;
 use tower_http::catch_panic::ResponseForPanic;
 
@@ -111,56 +110,6 @@ impl<M: Middleware, S: Next> tower::Service<ProxyRequest> for Wrapped<M, S> {
     fn call(&mut self, req: ProxyRequest) -> BoxFuture {
         Arc::clone(&self.shared).call(S::clone(&self.inner), req)
     }
-}
-
-/// Lock `mutex`, even if a thread panicked while holding it.
-///
-/// The stack's mutexes guard small state machines (a breaker window, pacers, a partition map,
-/// an RNG) that every later request needs; a poisoned one must not turn one panic into a
-/// panic for every request after it. The state a panic leaves behind is at worst one update
-/// half made, which the next answers correct; that beats refusing all traffic for good.
-pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Something set aside until an instant, and why: a pooled key or a group member in its
-/// cool-down (`stack::rate_limit::pool`, `crate::group`).
-#[derive(Default)]
-pub struct SetAside(Mutex<Option<(Instant, &'static str)>>);
-
-impl SetAside {
-    /// Until when, and why, if still aside at `now`.
-    pub fn until(&self, now: Instant) -> Option<(Instant, &'static str)> {
-        lock(&self.0).filter(|(until, _)| *until > now)
-    }
-
-    pub fn set(&self, until: Instant, why: &'static str) {
-        *lock(&self.0) = Some((until, why));
-    }
-
-    pub fn clear(&self) {
-        *lock(&self.0) = None;
-    }
-
-    /// Milliseconds left at `now`, for `/status`.
-    pub fn left_ms(&self, now: Instant) -> Option<u64> {
-        self.until(now)
-            .map(|(until, _)| until.saturating_duration_since(now).as_millis() as u64)
-    }
-}
-
-/// Poison `mutex`: a thread panics while holding it (tests of [`lock`]).
-#[cfg(test)]
-pub fn poison<T: Send>(mutex: &Mutex<T>) {
-    std::thread::scope(|s| {
-        let _ = s
-            .spawn(|| {
-                let _held = mutex.lock();
-                panic!("a panic while holding a lock (poisoning it for a test)");
-            })
-            .join();
-    });
-    assert!(mutex.is_poisoned());
 }
 
 // ===== catch panic =====

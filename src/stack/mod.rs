@@ -27,7 +27,7 @@
 //! The innermost service is the pooled [`UpstreamClient`](crate::client::UpstreamClient).
 //!
 //! A panic while a std mutex of the stack is held poisons it; every layer takes its mutexes
-//! through [`layer::lock`], which ignores the poison, so one panic costs one request.
+//! through [`crate::sync::lock`], which ignores the poison, so one panic costs one request.
 
 pub mod breaker;
 pub mod concurrency;

@@ -54,7 +54,8 @@ use crate::config::{BreakerConfig, OnOpen};
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{lock, BoxFuture, Middleware, Next, Shared};
+use crate::stack::layer::{BoxFuture, Middleware, Next, Shared};
+use crate::sync::lock;
 
 /// What one outcome says about the upstream's health: `Some(true)` a failure, `Some(false)` a
 /// success, `None` nothing (not recorded).
@@ -238,9 +239,9 @@ impl Middleware for BreakerShared {
 
 #[cfg(test)]
 impl BreakerShared {
-    /// Poison every std mutex this holds (tests of [`crate::stack::layer::lock`]).
+    /// Poison every std mutex this holds (tests of [`crate::sync::lock`]).
     pub(crate) fn poison_locks(&self) {
-        crate::stack::layer::poison(&self.state);
+        crate::sync::poison(&self.state);
     }
 }
 

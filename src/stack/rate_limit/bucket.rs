@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::stack::layer::lock;
+use crate::sync::lock;
 
 /// Rounding in the level's arithmetic (units): a level this close to `n` holds `n`.
 const EPSILON: f64 = 1e-9;

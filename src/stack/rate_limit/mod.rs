@@ -45,8 +45,9 @@ use crate::error::ProxyError;
 use crate::fleet::Fleet;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{lock, BoxFuture, Middleware, Next, Shared};
+use crate::stack::layer::{BoxFuture, Middleware, Next, Shared};
 use crate::stack::retry::{buffer_error, replay};
+use crate::sync::lock;
 
 /// Most partitions kept. When full, a new key evicts the partitions idle for
 /// [`PARTITION_IDLE`]; only if none is idle does it share the upstream's default partition
@@ -545,14 +546,14 @@ async fn refusal(
 
 #[cfg(test)]
 impl RateLimitShared {
-    /// Poison every std mutex this holds (tests of [`crate::stack::layer::lock`]).
+    /// Poison every std mutex this holds (tests of [`crate::sync::lock`]).
     pub(crate) fn poison_locks(&self) {
         self.default.poison_locks();
         if let Some((map, _)) = &self.by_key {
             for keyed in lock(map).by_hash.values() {
                 keyed.partition.poison_locks();
             }
-            crate::stack::layer::poison(map);
+            crate::sync::poison(map);
         }
     }
 }

@@ -38,8 +38,8 @@ use crate::error::ProxyError;
 use crate::fleet::{Fleet, Lease};
 use crate::metrics::UpstreamMetrics;
 use crate::provider::{self, Kind, Report};
-use crate::stack::layer::lock;
 use crate::stack::priority::PriorityGate;
+use crate::sync::lock;
 
 /// The learned pacers of one partition, one per kind of limit.
 #[derive(Debug)]
@@ -666,12 +666,12 @@ fn attribute(
 
 #[cfg(test)]
 impl Partition {
-    /// Poison every std mutex this holds (tests of [`crate::stack::layer::lock`]).
+    /// Poison every std mutex this holds (tests of [`crate::sync::lock`]).
     pub(crate) fn poison_locks(&self) {
         if let Some(p) = &self.pacers {
-            crate::stack::layer::poison(p);
+            crate::sync::poison(p);
         }
-        crate::stack::layer::poison(&self.rng);
+        crate::sync::poison(&self.rng);
     }
 }
 

@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use super::partition::Partition;
 use crate::config::{HeaderMode, UpstreamConfig, KEY_PLACEHOLDER};
 use crate::fleet::Fleet;
-use crate::stack::layer::SetAside;
+use crate::sync::SetAside;
 
 /// One credential of the pool.
 pub struct PoolKey {

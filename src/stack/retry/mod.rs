@@ -49,7 +49,8 @@ use crate::config::RetryConfig;
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{lock, BoxFuture, Middleware, Next, Shared};
+use crate::stack::layer::{BoxFuture, Middleware, Next, Shared};
+use crate::sync::lock;
 
 /// Retryable answers' bodies are buffered (to read their error code and to replay them on
 /// giving up) up to this size; larger ones pass through unretried.

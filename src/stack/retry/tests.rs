@@ -376,7 +376,7 @@ async fn a_poisoned_rng_lock_still_retries() {
         crate::metrics::Metrics::new().upstream("t"),
         SmallRng::seed_from_u64(3),
     );
-    crate::stack::layer::poison(&shared.rng);
+    crate::sync::poison(&shared.rng);
     let svc = RetryLayer::new(shared).layer(script.service());
     let response = svc.oneshot(request(Duration::from_secs(60))).await.unwrap();
     assert_eq!(response.status(), 200);

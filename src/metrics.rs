@@ -72,7 +72,7 @@ pub struct Metrics {
     pub config_generation: IntGauge,
     /// `corral_config_reloads_total{outcome}`.
     config_reloads: IntCounterVec,
-    fleet: crate::fleet::FleetMetrics,
+    fleet: FleetMetrics,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -164,7 +164,7 @@ impl Metrics {
                 g
             },
             config_reloads: counter(&r, "corral_config_reloads_total", "Config reloads (SIGHUP), by outcome: applied, or refused (the old config stays).", &["outcome"]),
-            fleet: crate::fleet::FleetMetrics {
+            fleet: FleetMetrics {
                 round_trips: counter(&r, "corral_fleet_round_trips_total", "Calls to the fleet's Redis (one lease script each), by outcome: ok, error, timeout.", &["outcome"]),
                 mode: gauge(&r, "corral_fleet_mode", "1 for the fleet mode in force: connecting, shared (leases from Redis), fallback (a local share of the last known limit).", &["mode"]),
                 live_replicas: {
@@ -197,7 +197,7 @@ impl Metrics {
         for kind in ["requests", "tokens"] {
             m.fleet.leased.with_label_values(&[kind]);
         }
-        for mode in crate::fleet::Mode::ALL {
+        for mode in FleetMode::ALL {
             m.fleet.mode.with_label_values(&[mode.label()]);
         }
         m
@@ -308,7 +308,7 @@ impl Metrics {
     }
 
     /// The fleet's metrics (exported with zeros when no fleet is configured).
-    pub fn fleet(&self) -> crate::fleet::FleetMetrics {
+    pub fn fleet(&self) -> FleetMetrics {
         self.fleet.clone()
     }
 
@@ -672,6 +672,48 @@ impl Handles {
 fn set_if_changed(gauge: &Gauge, value: f64) {
     if gauge.get().to_bits() != value.to_bits() {
         gauge.set(value);
+    }
+}
+
+/// The fleet's metrics (process-wide, not per upstream).
+#[derive(Clone)]
+pub struct FleetMetrics {
+    /// `corral_fleet_round_trips_total{outcome}`: ok, error, timeout.
+    pub round_trips: IntCounterVec,
+    /// `corral_fleet_mode{mode}`: 1 for the mode in force.
+    pub mode: IntGaugeVec,
+    /// `corral_fleet_live_replicas`: replicas counted by the last lease.
+    pub live_replicas: IntGauge,
+    /// `corral_fleet_leased_units_total{kind}`: units granted by Redis.
+    pub leased: IntCounterVec,
+    /// `corral_fleet_fallbacks_total`: times this corral fell back to its local share.
+    pub fallbacks: IntCounter,
+}
+
+/// Whether leases come from Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FleetMode {
+    /// No lease has answered yet.
+    Connecting,
+    /// Leases come from Redis.
+    Shared,
+    /// Redis is slow or down: each replica paces to its share of the last known limit.
+    Fallback,
+}
+
+impl FleetMode {
+    pub const ALL: [FleetMode; 3] = [
+        FleetMode::Connecting,
+        FleetMode::Shared,
+        FleetMode::Fallback,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            FleetMode::Connecting => "connecting",
+            FleetMode::Shared => "shared",
+            FleetMode::Fallback => "fallback",
+        }
     }
 }
 

@@ -26,8 +26,9 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{Fleet, Mode};
+use super::Fleet;
 use crate::config::UpstreamConfig;
+use crate::metrics::FleetMode;
 use crate::stack::rate_limit::bucket::{take_all, Bucket};
 use crate::sync::lock;
 
@@ -345,7 +346,7 @@ impl Lease {
     /// Whether requests must go through [`acquire`](Self::acquire) (a shared bucket gates, or
     /// the fleet is not answering).
     pub fn gates(&self) -> bool {
-        self.fleet.mode() != Mode::Shared
+        self.fleet.mode() != FleetMode::Shared
             || lock(&self.state).pools.iter().any(|p| p.shared.is_some())
     }
 
@@ -371,7 +372,7 @@ impl Lease {
             let step = {
                 let mut s = lock(&self.state);
                 s.waiting = self.queued.load(Ordering::Acquire);
-                if self.fleet.mode() == Mode::Fallback {
+                if self.fleet.mode() == FleetMode::Fallback {
                     // Demand: the refill task probes Redis while requests come.
                     s.last_take = Some(now);
                     if self.fleet.may_call(now).is_ok() {
@@ -442,7 +443,7 @@ impl Lease {
     pub(super) fn mode_changed(&self) {
         let mut s = lock(&self.state);
         match self.fleet.mode() {
-            Mode::Fallback => {
+            FleetMode::Fallback => {
                 // What was usable was paid for (Redis counted it as taken): the local share
                 // starts with it instead, never given back too (that would count it twice).
                 let now = Instant::now();
@@ -459,7 +460,7 @@ impl Lease {
                 s.resync = true;
                 s.rejoin = None;
             }
-            Mode::Shared if s.share.is_some() => {
+            FleetMode::Shared if s.share.is_some() => {
                 // Back from a fallback: the others may still be pacing at their shares, and
                 // Redis (if it lost its data) does not know them. Until they are back (the live
                 // count is what it was) or a heartbeat TTL passes, this one keeps to its share
@@ -484,7 +485,7 @@ impl Lease {
             self.args(&mut s, true, Instant::now())
         };
         let total: f64 = args.kinds.iter().map(|k| k.give_back).sum();
-        let worth_a_call = total > 0.0 || self.fleet.mode() == Mode::Shared;
+        let worth_a_call = total > 0.0 || self.fleet.mode() == FleetMode::Shared;
         if worth_a_call && self.fleet.call(&args).await.is_err() {
             return 0.0;
         }
@@ -522,7 +523,7 @@ impl Lease {
 
     /// The next call's arguments, taking what is to be shared and given back.
     fn args(&self, s: &mut State, leaving: bool, now: Instant) -> CallArgs {
-        let fallen = self.fleet.mode() == Mode::Fallback;
+        let fallen = self.fleet.mode() == FleetMode::Fallback;
         let kind = |s: &mut State, k: usize| {
             // A whole block, so that each call covers ten requests or more.
             // Probes while fallen back ask for nothing: one that times out may still run.
@@ -587,7 +588,7 @@ impl Lease {
             .last_take
             .filter(|_| s.waiting == 0 && s.pools.iter().any(|p| p.held() > 0.0))
             .map(|at| at + s.idle_after());
-        let fallback = (self.fleet.mode() == Mode::Fallback && active).then_some(probe);
+        let fallback = (self.fleet.mode() == FleetMode::Fallback && active).then_some(probe);
         [beat, idle, fallback]
             .into_iter()
             .flatten()

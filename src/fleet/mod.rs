@@ -23,7 +23,6 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -32,6 +31,7 @@ use tokio::time::Instant;
 
 pub use self::lease::Lease;
 use crate::config::{FleetConfig, RedisUrl, UpstreamConfig};
+use crate::metrics::{FleetMetrics, FleetMode};
 use crate::sync::lock;
 
 /// The lease script.
@@ -42,52 +42,14 @@ const PROBE_BASE: Duration = Duration::from_millis(100);
 /// ...up to this.
 const PROBE_CAP: Duration = Duration::from_secs(5);
 
-/// Whether leases come from Redis.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// No lease has answered yet.
-    Connecting,
-    /// Leases come from Redis.
-    Shared,
-    /// Redis is slow or down: each replica paces to its share of the last known limit.
-    Fallback,
-}
-
-impl Mode {
-    pub const ALL: [Mode; 3] = [Mode::Connecting, Mode::Shared, Mode::Fallback];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Mode::Connecting => "connecting",
-            Mode::Shared => "shared",
-            Mode::Fallback => "fallback",
-        }
-    }
-}
-
 #[derive(Debug)]
 struct Health {
-    mode: Mode,
+    mode: FleetMode,
     failures: u32,
     last_error: Option<String>,
     /// While fallen back: no probe before this.
     next_probe: Instant,
     probes: u32,
-}
-
-/// The fleet's metrics (process-wide, not per upstream).
-#[derive(Clone)]
-pub struct FleetMetrics {
-    /// `corral_fleet_round_trips_total{outcome}`: ok, error, timeout.
-    pub round_trips: IntCounterVec,
-    /// `corral_fleet_mode{mode}`: 1 for the mode in force.
-    pub mode: IntGaugeVec,
-    /// `corral_fleet_live_replicas`: replicas counted by the last lease.
-    pub live_replicas: IntGauge,
-    /// `corral_fleet_leased_units_total{kind}`: units granted by Redis.
-    pub leased: IntCounterVec,
-    /// `corral_fleet_fallbacks_total`: times this corral fell back to its local share.
-    pub fallbacks: IntCounter,
 }
 
 /// One corral's connection to its fleet.
@@ -167,7 +129,7 @@ impl Fleet {
         );
         metrics
             .mode
-            .with_label_values(&[Mode::Connecting.label()])
+            .with_label_values(&[FleetMode::Connecting.label()])
             .set(1);
         tracing::info!(redis = %url, fleet = %config.name, replica, "fleet: sharing rate limits through Redis");
         let fleet = Arc::new(Self {
@@ -180,7 +142,7 @@ impl Fleet {
             max_failures: config.max_failures.max(1),
             heartbeat_ttl: config.heartbeat_ttl.0,
             health: Mutex::new(Health {
-                mode: Mode::Connecting,
+                mode: FleetMode::Connecting,
                 failures: 0,
                 last_error: None,
                 next_probe: Instant::now(),
@@ -282,7 +244,7 @@ impl Fleet {
         format!("corral:{{{}}}", &hex[..20])
     }
 
-    pub fn mode(&self) -> Mode {
+    pub fn mode(&self) -> FleetMode {
         lock(&self.health).mode
     }
 
@@ -290,7 +252,7 @@ impl Fleet {
     /// not due).
     fn may_call(&self, now: Instant) -> Result<(), Instant> {
         let h = lock(&self.health);
-        if h.mode == Mode::Fallback && now < h.next_probe {
+        if h.mode == FleetMode::Fallback && now < h.next_probe {
             return Err(h.next_probe);
         }
         Ok(())
@@ -359,9 +321,9 @@ impl Fleet {
             Ok(_) => {
                 h.failures = 0;
                 h.probes = 0;
-                h.mode = Mode::Shared;
+                h.mode = FleetMode::Shared;
                 h.last_error = None;
-                if before == Mode::Fallback {
+                if before == FleetMode::Fallback {
                     tracing::info!(redis = %self.url, "fleet: leases from Redis again; pacing to the shared limit");
                     self.listener.notify_one();
                 }
@@ -379,13 +341,13 @@ impl Fleet {
                 // A slow lease falls back at once: waiting on it is what hurts.
                 let fall = matches!(e, CallError::Timeout)
                     || h.failures >= self.max_failures
-                    || before != Mode::Shared;
+                    || before != FleetMode::Shared;
                 if fall {
-                    if before != Mode::Fallback {
+                    if before != FleetMode::Fallback {
                         self.metrics.fallbacks.inc();
                         tracing::warn!(redis = %self.url, error = %why, "fleet: Redis is slow or unreachable; pacing to this corral's share of the last known limit until it answers");
                     }
-                    h.mode = Mode::Fallback;
+                    h.mode = FleetMode::Fallback;
                     let ceiling = PROBE_BASE
                         .saturating_mul(1 << h.probes.min(10))
                         .min(PROBE_CAP);
@@ -421,7 +383,7 @@ impl Fleet {
     /// Give back every lease's unused tokens and leave the live set: on shutdown, after the
     /// drain. Bounded by `lease_timeout` per partition.
     pub async fn shutdown(&self) {
-        if self.mode() != Mode::Shared {
+        if self.mode() != FleetMode::Shared {
             tracing::info!("fleet: Redis is not answering; unused leases are not returned");
             return;
         }

@@ -40,8 +40,8 @@ use crate::error::ProxyError;
 use crate::forward;
 use crate::forward::buffer::{BufferBudget, Held};
 use crate::metrics::Metrics;
-use crate::router::Upstream;
 use crate::sync::{lock, SetAside};
+use crate::upstream::Upstream;
 
 /// The header naming the member that answered.
 pub const UPSTREAM_HEADER: HeaderName = HeaderName::from_static("x-corral-upstream");

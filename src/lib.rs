@@ -43,3 +43,4 @@ pub mod shutdown;
 pub mod simulate;
 pub mod stack;
 pub mod sync;
+pub mod upstream;

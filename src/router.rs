@@ -1,130 +1,18 @@
-//! Path prefix -> [`Upstream`]. Each upstream owns one built stack; the longest matching route
-//! wins; nothing else is ever reachable (corral connects only to hosts its config names), and no
-//! path leaves its route: [`check_path`] refuses dot-segments and encoded separators, which an
-//! upstream that normalises paths would resolve outside the configured base path.
+//! Path prefix -> [`Upstream`] or [`Group`]. Each upstream owns one built stack; the longest
+//! matching route wins; nothing else is ever reachable (corral connects only to hosts its config
+//! names), and no path leaves its route: [`check_path`] refuses dot-segments and encoded
+//! separators, which an upstream that normalises paths would resolve outside the configured
+//! base path.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use http::header::HeaderName;
-use http::Uri;
-
-use crate::config::{ByteSize, GroupConfig, HeaderMode, Secret, UpstreamConfig};
+use crate::config::{ByteSize, GroupConfig, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::fleet::Fleet;
-use crate::forward;
 use crate::forward::buffer::{self, BufferBudget};
 use crate::group::Group;
-use crate::metrics::{Metrics, UpstreamMetrics};
-use crate::stack::{self, Stack, StackState};
-
-/// One configured upstream, ready to serve.
-pub struct Upstream {
-    /// The config it was built from: a reload keeps this upstream (its learned limits, its
-    /// breaker, its queue) when the new config has the same.
-    pub config: UpstreamConfig,
-    pub name: String,
-    pub route: String,
-    /// `scheme://authority/base-path` without a trailing slash.
-    target_prefix: String,
-    pub inject: Vec<(HeaderName, Secret)>,
-    pub header_mode: HeaderMode,
-    /// Every header it injects, a key pool's included.
-    pub injects: Vec<HeaderName>,
-    /// Whether one of them is a credential ([`forward::withheld`]).
-    pub injects_credential: bool,
-    /// The client's headers it does not receive on its own route ([`forward::withheld`]); a
-    /// group member's are the member's own.
-    pub withheld: Vec<HeaderName>,
-    /// `body_limit`, at most the buffer budget's cap.
-    pub body_limit: usize,
-    pub body_idle_timeout: Duration,
-    pub stream_idle_timeout: Duration,
-    pub deadline: Duration,
-    pub metrics: UpstreamMetrics,
-    pub stack: Stack,
-    /// Shared state of the stack's layers, for `/status`.
-    pub state: StackState,
-}
-
-impl Upstream {
-    pub fn new(
-        config: &UpstreamConfig,
-        metrics: &Metrics,
-        buffer_cap: usize,
-        fleet: Option<&Arc<Fleet>>,
-    ) -> Self {
-        let base = &config.base_url.0;
-        let target_prefix = format!(
-            "{}://{}{}",
-            base.scheme_str().unwrap_or("https"),
-            base.authority().map(|a| a.as_str()).unwrap_or_default(),
-            config.base_url.path()
-        );
-        let metrics = metrics.upstream(config.name());
-        let (stack, state) = stack::build(config, &metrics, fleet);
-        let injects: Vec<HeaderName> = config
-            .headers
-            .keys()
-            .filter_map(|k| HeaderName::from_bytes(k.as_bytes()).ok())
-            .collect();
-        let injects_credential = !config.keys.is_empty()
-            || injects
-                .iter()
-                .any(|h| forward::CREDENTIAL_HEADERS.contains(h));
-        Self {
-            withheld: forward::withheld(&injects, injects_credential, &[]),
-            injects,
-            injects_credential,
-            config: config.clone(),
-            name: config.name().to_owned(),
-            route: config.route().to_owned(),
-            target_prefix,
-            // A `{key}` template is filled per attempt from the key pool (`stack/rate_limit/pool`).
-            inject: config
-                .headers
-                .iter()
-                .filter(|(_, v)| {
-                    config.keys.is_empty() || !v.0.contains(crate::config::KEY_PLACEHOLDER)
-                })
-                .filter_map(|(k, v)| Some((HeaderName::from_bytes(k.as_bytes()).ok()?, v.clone())))
-                .collect(),
-            header_mode: config.header_mode,
-            body_limit: config.body_limit.0.min(buffer_cap),
-            body_idle_timeout: config.body_idle_timeout.0,
-            stream_idle_timeout: config.stream_idle_timeout.0,
-            deadline: config.retry.deadline.0,
-            metrics,
-            stack,
-            state,
-        }
-    }
-
-    /// The upstream URI for a client path (already known to match this route) and query.
-    pub fn target(&self, path: &str, query: Option<&str>) -> Option<Uri> {
-        self.target_under(&self.route, path, query)
-    }
-
-    /// The upstream URI for a client path that matched `route` (this upstream's, or its group's).
-    pub fn target_under(&self, route: &str, path: &str, query: Option<&str>) -> Option<Uri> {
-        let rest = if route == "/" {
-            path
-        } else {
-            path.get(route.len()..)?
-        };
-        let mut uri = String::with_capacity(self.target_prefix.len() + rest.len() + 64);
-        uri.push_str(&self.target_prefix);
-        if !rest.is_empty() && !rest.starts_with('/') {
-            uri.push('/');
-        }
-        uri.push_str(rest);
-        if let Some(q) = query {
-            uri.push('?');
-            uri.push_str(q);
-        }
-        uri.parse().ok()
-    }
-}
+use crate::metrics::Metrics;
+use crate::upstream::Upstream;
 
 /// All upstreams, longest route first, the groups, and the request-body budget they share.
 pub struct Router {

@@ -23,8 +23,9 @@ use crate::forward::buffer::{self, BodyBounds};
 use crate::forward::{self, ProxyRequest, RequestCtx};
 use crate::group::{self, Fallback, Group};
 use crate::metrics::{self, Metrics};
-use crate::router::{self, Route, Router, Upstream};
+use crate::router::{self, Route, Router};
 use crate::shutdown::Signal;
+use crate::upstream::Upstream;
 use arc_swap::ArcSwap;
 
 /// Connections the admin listener serves at once (probes and scrapes need few).

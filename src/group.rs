@@ -19,8 +19,9 @@
 //! first (a 5xx, a timeout, a connection lost after the request went out), only when it is safe
 //! to repeat: its path ends with one of `repeatable_paths`, it carries `Idempotency-Key`, or it
 //! is a GET or HEAD. Any other moves on only when no attempt on the member can have been acted
-//! on (a refused connection, a 429, corral's own refusal: `RequestCtx::may_have_reached`), so a
-//! file upload or a batch is never created twice.
+//! on (a refused connection, a 429, corral's own refusal: `RequestCtx::may_have_reached`), so no
+//! second member creates a file upload or a batch again. (A member's own retry policy is the
+//! retry layer's: it may still retry a 5xx on the same member.)
 //!
 //! A member may set `model`: the JSON body's top-level `"model"` value is replaced for that
 //! member only, every other byte kept, in one copy per request that counts in the body budget.
@@ -202,15 +203,25 @@ impl Group {
                     .iter()
                     .flat_map(|(u, _, _)| u.injects.iter().cloned())
                     .collect();
+                // With a member that passes the client's credentials through, a credential the
+                // client sends is that member's: one that injects its own never gets the
+                // client's, whatever `header_mode` says of the header's name.
+                let passes_through = found.iter().any(|(u, _, _)| !u.injects_credential);
                 let members = found
                     .into_iter()
                     .map(|(upstream, config, model)| {
                         let same = was.and_then(|w| {
                             w.members.iter().find(|m| m.upstream.name == config.name())
                         });
+                        let own: Vec<HeaderName> = upstream
+                            .injects
+                            .iter()
+                            .filter(|h| !passes_through || !forward::CREDENTIAL_HEADERS.contains(h))
+                            .cloned()
+                            .collect();
                         Member {
                             withheld: forward::withheld(
-                                &upstream.injects,
+                                &own,
                                 upstream.injects_credential,
                                 &injected,
                             ),
@@ -295,14 +306,18 @@ impl Group {
     /// Whether a request is safe to send twice (hedged, or sent on after an error that may have
     /// reached its member): a GET or HEAD, one with `Idempotency-Key`, or one whose path ends
     /// with one of `repeatable_paths`.
+    ///
+    /// No path under an Assistants thread (`/threads/`) counts: `/threads/{id}/messages` ends
+    /// like Anthropic's `/messages` but adds a message to a thread each time it is sent.
     pub fn repeatable(&self, parts: &http::request::Parts) -> bool {
         let path = parts.uri.path();
         matches!(parts.method, http::Method::GET | http::Method::HEAD)
             || parts.headers.contains_key(IDEMPOTENCY_KEY)
-            || self
-                .repeatable_paths
-                .iter()
-                .any(|p| path.ends_with(p.as_str()))
+            || (!path.contains("/threads/")
+                && self
+                    .repeatable_paths
+                    .iter()
+                    .any(|p| path.ends_with(p.as_str())))
     }
 
     /// A request not safe to repeat stays with member `i` although `why` would move it on: the
@@ -586,6 +601,21 @@ mod tests {
             &Metrics::new(),
             None,
         )
+    }
+
+    #[test]
+    fn a_thread_message_is_not_repeatable_by_its_path() {
+        let router = router("");
+        let group = &router.groups()[0];
+        let parts = |method: &str, path: &str| {
+            let req = http::Request::builder().method(method).uri(path);
+            req.body(()).unwrap().into_parts().0
+        };
+        assert!(group.repeatable(&parts("POST", "/v1/messages")));
+        assert!(group.repeatable(&parts("POST", "/v1/chat/completions")));
+        assert!(!group.repeatable(&parts("POST", "/v1/threads/t_1/messages")));
+        assert!(!group.repeatable(&parts("POST", "/v1/files")));
+        assert!(group.repeatable(&parts("GET", "/v1/threads/t_1/messages")));
     }
 
     #[tokio::test(start_paused = true)]

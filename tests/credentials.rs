@@ -116,9 +116,37 @@ async fn a_member_that_injects_a_credential_gets_none_of_the_clients_others() {
     assert_eq!(credentials(&backup.last()), ["api-key=client-azure"]);
 }
 
+/// In a group with a member that passes the client's credentials through, the client's key is
+/// that member's: a member that injects a credential of the same name sends its own, even under
+/// `if_absent` (the client's OpenAI key never reaches a Groq backup).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_key_for_a_pass_through_member_never_reaches_an_injecting_one() {
+    let (primary, backup) = (recording(429).await, recording(200).await);
+    let toml = group(
+        &primary,
+        "",
+        &backup,
+        "Authorization = \"Bearer sk-corral-groq\"\n",
+    );
+    let corral = Corral::start(&toml).await;
+    let url = corral.url("/v1/chat/completions");
+    let only_bearer = [CLIENT_CREDENTIALS[0]];
+    let (parts, _) = send(&client(), with_credentials(&url, &only_bearer)).await;
+    assert_eq!(parts.status, 200);
+    assert_eq!(parts.headers["x-corral-upstream"], "backup");
+    assert_eq!(
+        credentials(&primary.last()),
+        ["authorization=Bearer sk-client-openai"]
+    );
+    assert_eq!(
+        credentials(&backup.last()),
+        ["authorization=Bearer sk-corral-groq"]
+    );
+}
+
 /// A member that injects no credential gets the client's as they came, even when another
 /// member injects one; a header another member injects is kept from a member that injects a
-/// credential of another name.
+/// credential, which sends its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_injects_none_gets_the_clients_credentials() {
     let (primary, backup) = (recording(429).await, recording(200).await);
@@ -137,8 +165,9 @@ async fn a_member_that_injects_none_gets_the_clients_credentials() {
     assert_eq!(parts.headers["x-corral-upstream"], "backup");
     assert_eq!(
         credentials(&primary.last()),
-        ["x-goog-api-key=client-gemini"],
-        "the member injecting x-goog-api-key gets only the client's own of that name"
+        ["x-goog-api-key=corral-gemini"],
+        "the member injecting x-goog-api-key sends its own: beside a pass-through member, the \
+         client's credentials are that member's"
     );
     assert!(
         !primary.last().headers.contains_key("openai-organization"),

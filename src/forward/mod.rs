@@ -179,6 +179,15 @@ pub const CREDENTIAL_HEADERS: [HeaderName; 4] = [
     HeaderName::from_static("x-goog-api-key"),
 ];
 
+/// Headers a member may inject that name an API's version or features, never a secret: the
+/// client's own still reach every member (an Anthropic member answers 400 without
+/// `anthropic-version`).
+const PROTOCOL_HEADERS: [HeaderName; 3] = [
+    HeaderName::from_static("anthropic-version"),
+    HeaderName::from_static("anthropic-beta"),
+    HeaderName::from_static("openai-beta"),
+];
+
 /// The client's headers an upstream does not receive, so that no credential meant for one
 /// backend reaches another. An upstream that injects a credential (`credential`: it injects one
 /// of [`CREDENTIAL_HEADERS`], or has a key pool) receives none of the client's credential
@@ -191,7 +200,7 @@ pub fn withheld(own: &[HeaderName], credential: bool, also: &[HeaderName]) -> Ve
     }
     let mut withheld: Vec<HeaderName> = CREDENTIAL_HEADERS
         .iter()
-        .chain(also)
+        .chain(also.iter().filter(|h| !PROTOCOL_HEADERS.contains(h)))
         .filter(|name| !own.contains(name))
         .cloned()
         .collect();
@@ -391,7 +400,17 @@ mod tests {
                 "x-goog-api-key"
             ]
         );
-        assert!(withheld(std::slice::from_ref(&org), false, &[api_key]).is_empty());
+        assert!(withheld(
+            std::slice::from_ref(&org),
+            false,
+            std::slice::from_ref(&api_key)
+        )
+        .is_empty());
+        // What another member injects to name an API version is no secret: the client's stays.
+        let version = HeaderName::from_static("anthropic-version");
+        assert!(!withheld(&[], true, &[version, api_key.clone()])
+            .iter()
+            .any(|h| h == "anthropic-version"));
         let h = map(&[("authorization", "Bearer client"), ("api-key", "client")]);
         let inject = [(HeaderName::from_static("api-key"), Secret("corral".into()))];
         let withheld = withheld(&[inject[0].0.clone()], true, &[]);

@@ -346,6 +346,11 @@ impl Group {
         let Some(model) = &self.members[i].model else {
             return Ok(body.clone());
         };
+        if !is_json_object(body) {
+            // Nothing to rewrite (a multipart upload, a body that is no JSON object): no copy,
+            // nothing more to hold.
+            return Ok(body.clone());
+        }
         let (copy, _) = copy
             .get_or_try_init(|| async {
                 // Room before the copy: the body, and the new value escaped at worst.
@@ -458,6 +463,12 @@ impl Group {
 /// when it is not a JSON object. Only the value's bytes change: every other byte (whitespace,
 /// key order, numbers of any size) stays as the client wrote it, and the rest of the body is
 /// scanned, never built into a tree.
+/// Whether `body` is a JSON object, the only body [`with_model`] rewrites (read without
+/// building it).
+fn is_json_object(body: &[u8]) -> bool {
+    serde_json::from_slice::<TopLevel<'_>>(body).is_ok()
+}
+
 pub fn with_model(body: &Bytes, model: &str) -> Bytes {
     let Ok(TopLevel(spans)) = serde_json::from_slice::<TopLevel<'_>>(body) else {
         return body.clone();

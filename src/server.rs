@@ -580,10 +580,11 @@ impl App {
         let body = match body.await {
             Ok(body) => body,
             Err(e) => {
+                // No room for this member's copy: the next member may need none.
                 return Tried {
                     result: Err(refused(upstream, &req.parts.method, e)),
-                    why: None,
-                }
+                    why: Some(Fallback::NoCapacity),
+                };
             }
         };
         let now = Instant::now();

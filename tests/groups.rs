@@ -454,6 +454,37 @@ async fn a_members_copy_of_the_body_counts_in_the_body_budget() {
     assert_eq!(parts.status, 503);
     assert_eq!(parts.headers["x-corral-error"], "buffer_full");
     assert_eq!(backup.calls(), 1);
+    // A body that is no JSON object has no model to rewrite: no copy, nothing more to hold.
+    let (parts, _) = send(
+        &client(),
+        post(&corral.url("/v1/chat/completions"), &"x".repeat(700 << 10)),
+    )
+    .await;
+    assert_eq!((parts.status.as_u16(), member(&parts)), (200, "backup"));
+    assert_eq!(backup.calls(), 2);
+}
+
+/// A member whose copy of the body finds no room in the budget is passed over for the next,
+/// which may need no copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_room_for_a_members_copy_moves_the_request_on() {
+    let (primary, backup) = (always(200, ok()).await, always(200, ok()).await);
+    let toml = format!(
+        "max_buffered_bytes = \"1MiB\"\n\
+         [[upstream]]\nname = \"primary\"\nbase_url = \"{}\"\nbody_limit = \"1MiB\"\n\
+         [[upstream]]\nname = \"backup\"\nbase_url = \"{}\"\nbody_limit = \"1MiB\"\n\
+         [[group]]\nname = \"chat\"\nroute = \"/v1\"\nmembers = [{{ upstream = \"primary\", model = \"gpt-4o-mini\" }}, \"backup\"]\n",
+        primary.url("/v1"),
+        backup.url("/v1"),
+    );
+    let corral = Corral::start(&toml).await;
+    let body = format!(
+        r#"{{"model":"gpt-4o","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "x".repeat(700 << 10)
+    );
+    let (parts, _) = send(&client(), post(&corral.url("/v1/chat/completions"), &body)).await;
+    assert_eq!((parts.status.as_u16(), member(&parts)), (200, "backup"));
+    assert_eq!((primary.calls(), backup.calls()), (0, 1));
 }
 
 /// What a group needs, checked at load: file, key and reason.

@@ -346,18 +346,21 @@ impl Group {
         let Some(model) = &self.members[i].model else {
             return Ok(body.clone());
         };
-        if !is_json_object(body) {
+        if let Some((copy, _)) = copy.get() {
+            return Ok(copy.clone());
+        }
+        let Some(spans) = model_spans(body) else {
             // Nothing to rewrite (a multipart upload, a body that is no JSON object): no copy,
             // nothing more to hold.
             return Ok(body.clone());
-        }
+        };
         let (copy, _) = copy
             .get_or_try_init(|| async {
                 // Room before the copy: the body, and the new value escaped at worst.
                 let held = budget
                     .hold(body.len() + 6 * model.len() + 16, deadline)
                     .await?;
-                Ok::<_, ProxyError>((with_model(body, model), held))
+                Ok::<_, ProxyError>((splice_model(body, &spans, model), held))
             })
             .await?;
         Ok(copy.clone())
@@ -463,16 +466,24 @@ impl Group {
 /// when it is not a JSON object. Only the value's bytes change: every other byte (whitespace,
 /// key order, numbers of any size) stays as the client wrote it, and the rest of the body is
 /// scanned, never built into a tree.
-/// Whether `body` is a JSON object, the only body [`with_model`] rewrites (read without
-/// building it).
-fn is_json_object(body: &[u8]) -> bool {
-    serde_json::from_slice::<TopLevel<'_>>(body).is_ok()
+/// The raw values of `body`'s top-level `"model"` keys, if `body` is a JSON object (the only
+/// body [`with_model`] rewrites), read without building it.
+fn model_spans(body: &[u8]) -> Option<Vec<&serde_json::value::RawValue>> {
+    serde_json::from_slice::<TopLevel<'_>>(body)
+        .ok()
+        .map(|TopLevel(spans)| spans)
 }
 
 pub fn with_model(body: &Bytes, model: &str) -> Bytes {
-    let Ok(TopLevel(spans)) = serde_json::from_slice::<TopLevel<'_>>(body) else {
-        return body.clone();
-    };
+    match model_spans(body) {
+        Some(spans) => splice_model(body, &spans, model),
+        None => body.clone(),
+    }
+}
+
+/// `body` with each of `spans` (its top-level `"model"` values) replaced by `model`, or with
+/// `"model"` added first when there is none.
+fn splice_model(body: &Bytes, spans: &[&serde_json::value::RawValue], model: &str) -> Bytes {
     let value = serde_json::to_string(model).expect("a string serializes");
     let mut out = Vec::with_capacity(body.len() + value.len() + 10);
     if spans.is_empty() {

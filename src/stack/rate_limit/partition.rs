@@ -480,6 +480,10 @@ impl Partition {
                 }
             }
             own_wait_kept = full_after.0 || full_after.1;
+            if let Some(lease) = &self.lease {
+                p.requests.set_peers(lease.peers(0));
+                p.tokens.set_peers(lease.peers(1));
+            }
             p.requests
                 .observe(tickets.requests, for_requests, requests_report, now);
             p.tokens
@@ -979,6 +983,7 @@ mod tests {
                 limit: 1000.0,
                 remaining,
                 reset: None,
+                coarse: false,
             })
         };
         let t = Outcome::Throttled(429);

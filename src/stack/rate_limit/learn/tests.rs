@@ -336,6 +336,7 @@ async fn a_report_caught_lying_is_demoted_then_trusted_again() {
         limit: 1200.0,
         remaining,
         reset: Some(Duration::from_secs_f64((1200.0 - remaining) / 20.0)),
+        coarse: false,
     };
     let t = pacer.try_acquire(1.0, now).unwrap();
     pacer.observe(t, Answer::RateLimited, Some(report(1150.0)), now);
@@ -399,6 +400,7 @@ async fn per_minute_reports_learn_their_floor_from_the_first_429() {
         limit: 1200.0,
         remaining: 1150.0,
         reset: Some(Duration::from_millis(2500)),
+        coarse: false,
     };
     pacer.observe(ticket, Answer::RateLimited, Some(r), now);
     assert_eq!(pacer.burst(), 50.0, "burst = limit - floor");
@@ -418,6 +420,7 @@ async fn reported_headroom_is_spent_only_as_fast_as_answers_confirm_it() {
         limit: 1200.0,
         remaining: 1199.0,
         reset: Some(Duration::from_millis(50)),
+        coarse: false,
     };
     pacer.observe(ticket, Answer::Ok, Some(r), now);
     let mut admitted = 0;
@@ -439,6 +442,7 @@ async fn an_overload_529_does_not_teach_a_floor() {
         limit: 1000.0,
         remaining: 999.0,
         reset: Some(Duration::from_millis(1)),
+        coarse: false,
     };
     pacer.observe(ticket, Answer::Overloaded, Some(r), now);
     assert_eq!(pacer.burst(), 1000.0, "a 529 says nothing about our bucket");
@@ -459,6 +463,7 @@ async fn whole_second_resets_average_out() {
                 limit: 1000.0,
                 remaining: 1000.0 - used,
                 reset: Some(reset),
+                coarse: false,
             }),
             now,
         );
@@ -468,6 +473,98 @@ async fn whole_second_resets_average_out() {
         "learned {} per second, true 1000",
         pacer.rate()
     );
+}
+
+/// A busy key's answers each report a small deficit over a whole second: weak bounds that
+/// must not drag down the bound a full bucket's report gave. Per answer, a 2% decay took 200
+/// answers in one second from 900/s to under 20/s; by time it is a half-life of 30 s.
+#[tokio::test(start_paused = true)]
+async fn whole_second_bounds_decay_by_time_not_by_answer() {
+    let mut now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 1000, 1.0, now);
+    let report = |used: f64| Report {
+        limit: 1000.0,
+        remaining: 1000.0 - used,
+        reset: Some(Duration::from_secs(1)),
+        coarse: true,
+    };
+    let ticket = pacer.try_acquire(1.0, now).unwrap();
+    pacer.observe(ticket, Answer::Ok, Some(report(900.0)), now);
+    for _ in 0..200 {
+        now += Duration::from_millis(5);
+        let ticket = pacer
+            .try_acquire(1.0, now)
+            .unwrap_or_else(|_| pacer.admit_anyway(1.0, now));
+        pacer.observe(ticket, Answer::Ok, Some(report(2.0)), now);
+    }
+    assert!(
+        pacer.header_rate > 800.0,
+        "after one second of small deficits: {} per second",
+        pacer.header_rate
+    );
+    // Thirty seconds of them halve it: a lowered limit is still followed.
+    for _ in 0..30 {
+        now += Duration::from_secs(1);
+        let ticket = pacer
+            .try_acquire(1.0, now)
+            .unwrap_or_else(|_| pacer.admit_anyway(1.0, now));
+        pacer.observe(ticket, Answer::Ok, Some(report(2.0)), now);
+    }
+    assert!(
+        (400.0..500.0).contains(&pacer.header_rate),
+        "after thirty: {} per second",
+        pacer.header_rate
+    );
+}
+
+/// A rounded reset under two seconds bounds the rate only from below: the bucket may refill in a
+/// fraction of that second. Corrals sharing a key are not paced by it; a finer or longer reset
+/// is shared.
+#[tokio::test(start_paused = true)]
+async fn a_rate_bounded_only_from_below_is_not_shared() {
+    let now = Instant::now();
+    let model = |used: f64, reset: Duration, coarse: bool| {
+        let mut pacer = Pacer::new(Kind::Requests, 1000, 1.0, now);
+        let ticket = pacer.try_acquire(1.0, now).unwrap();
+        let r = Report {
+            limit: 1000.0,
+            remaining: 1000.0 - used,
+            reset: Some(reset),
+            coarse,
+        };
+        pacer.observe(ticket, Answer::Ok, Some(r), now);
+        pacer.upstream_model()
+    };
+    assert_eq!(model(50.0, Duration::from_secs(1), true), None);
+    assert_eq!(model(50.0, Duration::from_millis(1400), true), None);
+    let (rate, burst, _) = model(500.0, Duration::from_secs(10), true).unwrap();
+    assert_eq!((rate, burst), (50.0, 1000.0));
+    let (rate, _, _) = model(50.0, Duration::from_millis(500), false).unwrap();
+    assert_eq!(rate, 100.0);
+}
+
+/// Four corrals that share no bucket each see the whole key's `remaining`: each takes a
+/// quarter of it, so together they spend it once, not four times.
+#[tokio::test(start_paused = true)]
+async fn peers_each_take_their_share_of_the_reported_headroom() {
+    let now = Instant::now();
+    let level_after = |peers: u64| {
+        // An initial burst of 1000: the headroom is not held back as unconfirmed.
+        let mut pacer = Pacer::new(Kind::Requests, 1000, 1.0, now);
+        pacer.set_peers(peers);
+        let ticket = pacer.try_acquire(1.0, now).unwrap();
+        let r = Report {
+            limit: 1000.0,
+            remaining: 800.0,
+            reset: Some(Duration::from_millis(200)),
+            coarse: false,
+        };
+        pacer.observe(ticket, Answer::Ok, Some(r), now);
+        pacer.level
+    };
+    let (alone, quarter) = (level_after(1), level_after(4));
+    assert!(alone > 700.0, "alone: {alone}");
+    assert!(quarter < 210.0, "one of four: {quarter}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -615,6 +712,7 @@ fn a_token_request_larger_than_the_bucket_goes_at_once_and_debt_is_bounded() {
         limit: 10_000.0,
         remaining: 9_000.0,
         reset: Some(Duration::from_secs(6)),
+        coarse: false,
     };
     let t = pacer.try_acquire(100.0, now).unwrap();
     pacer.observe(t, Answer::Ok, Some(report), now);
@@ -641,6 +739,7 @@ fn usage_settles_what_was_charged() {
         limit: 10_000.0,
         remaining: 9_000.0,
         reset: Some(Duration::from_secs(6)),
+        coarse: false,
     };
     let t = pacer.try_acquire(100.0, now).unwrap();
     pacer.observe(t, Answer::Ok, Some(report), now);
@@ -665,6 +764,7 @@ fn an_overload_with_headers_leaves_the_confirmed_window_alone() {
         limit: 1000.0,
         remaining: 990.0,
         reset: Some(Duration::from_secs(1)),
+        coarse: false,
     };
     for _ in 0..5 {
         let t = pacer.admit_anyway(1.0, now);
@@ -691,6 +791,7 @@ fn a_demoted_tokens_pacer_still_charges_requests_that_fit_the_reported_bucket() 
         limit: 30_000.0,
         remaining,
         reset: Some(Duration::from_secs_f64((30_000.0 - remaining) / 500.0)),
+        coarse: false,
     };
     let t = pacer.admit_anyway(100.0, now);
     pacer.observe(t, Answer::RateLimited, Some(report(1_000.0)), now);
@@ -741,6 +842,7 @@ fn a_per_day_report_sets_no_pace() {
         limit: 300.0,
         remaining: 290.0,
         reset: Some(Duration::from_secs(5 * 3600)),
+        coarse: false,
     };
     for _ in 0..5 {
         let t = pacer.try_acquire(1.0, now).unwrap();
@@ -769,6 +871,7 @@ fn a_request_beyond_a_demoted_burst_owes_at_most_one_burst() {
         limit: 30_000.0,
         remaining,
         reset: Some(Duration::from_secs_f64((30_000.0 - remaining) / 500.0)),
+        coarse: false,
     };
     let t = pacer.admit_anyway(100.0, now);
     pacer.observe(t, Answer::RateLimited, Some(report(1_000.0)), now);
@@ -799,6 +902,7 @@ fn a_resync_from_an_old_report_owes_at_most_one_burst() {
         limit: 1_000.0,
         remaining,
         reset: Some(Duration::from_secs(1)),
+        coarse: false,
     };
     let t = pacer.admit_anyway(10.0, now);
     pacer.observe(t, Answer::Ok, Some(report(990.0)), now);

@@ -304,7 +304,7 @@ fn headerless_answers_learn_from_the_throttle_alone() {
 }
 
 /// The hint retry reads (`retry_hint`), and its two halves: the wait named outright
-/// (`retry-after-ms`, then `retry-after`, then `x-ms-retry-after-ms`) and the later reset
+/// (`retry-after-ms`, then `x-ms-retry-after-ms`, then `retry-after`) and the later reset
 /// among the buckets reported empty.
 #[test]
 fn each_throttle_yields_its_hint() {
@@ -340,16 +340,17 @@ fn each_throttle_yields_its_hint() {
     }
 }
 
-/// Azure's 429 with its explicit hints removed one by one: retry-after-ms 5520, then
-/// retry-after 6 s, then x-ms-retry-after-ms 5520, then the empty tokens bucket's "60" s.
+/// Azure's 429 with its explicit hints removed one by one, the finest first: retry-after-ms
+/// 5520, then x-ms-retry-after-ms 5520 (not retry-after's 6 s, the same wait rounded up), then
+/// retry-after 6 s, then the empty tokens bucket's "60" s.
 #[test]
 fn azure_hints_in_order() {
     let mut f = Fixture::load("azure_429");
     let now = SystemTime::now();
     for (remove, then) in [
-        ("retry-after-ms", 6000),
-        ("retry-after", 5520),
-        ("x-ms-retry-after-ms", 60_000),
+        ("retry-after-ms", 5520),
+        ("x-ms-retry-after-ms", 6000),
+        ("retry-after", 60_000),
     ] {
         f.headers.remove(remove);
         let want = Some(Duration::from_millis(then));

@@ -1,7 +1,8 @@
 //! Server retry hints: pure parsers, each capped at [`MAX_HINT`] and never negative.
 //!
-//! Read in this order: `retry-after-ms` (what the SDKs read first), `retry-after` (delta seconds,
-//! fractional allowed, or an HTTP-date), `x-ms-retry-after-ms` (Azure); failing those, the reset
+//! Read in this order: `retry-after-ms` (what the SDKs read first), `x-ms-retry-after-ms`
+//! (Azure's, finer than the `retry-after` beside it), `retry-after` (delta seconds, fractional
+//! allowed, or an HTTP-date); failing those, the reset
 //! of the exhausted bucket: OpenAI's `x-ratelimit-reset-{requests,tokens}` (Go durations such as
 //! "1s", "6m0s", "20ms", "1h2m3.5s"; Azure sends integer seconds) and Anthropic's
 //! `anthropic-ratelimit-*-reset` (RFC 3339 instants).
@@ -97,16 +98,15 @@ pub fn retry_hint(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     explicit_hint(headers, now).or_else(|| reset_hint(headers, now))
 }
 
-/// The wait the upstream names outright: `retry-after-ms`, `retry-after`, `x-ms-retry-after-ms`
-/// (not a bucket's reset, which is the time until it is *full*).
+/// The wait the upstream names outright, the finest first: `retry-after-ms`,
+/// `x-ms-retry-after-ms` (Azure's, beside a `retry-after` rounded up to whole seconds: waiting
+/// for the rounded one costs up to a second on a bucket that refills in milliseconds), then
+/// `retry-after` (not a bucket's reset, which is the time until it is *full*).
 pub fn explicit_hint(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    if let Some(d) = header(headers, "retry-after-ms").and_then(parse_millis) {
-        return Some(d);
-    }
-    if let Some(d) = header(headers, "retry-after").and_then(|v| parse_retry_after(v, now)) {
-        return Some(d);
-    }
-    header(headers, "x-ms-retry-after-ms").and_then(parse_millis)
+    header(headers, "retry-after-ms")
+        .and_then(parse_millis)
+        .or_else(|| header(headers, "x-ms-retry-after-ms").and_then(parse_millis))
+        .or_else(|| header(headers, "retry-after").and_then(|v| parse_retry_after(v, now)))
 }
 
 /// The later reset among the buckets reported exhausted (0 left; Azure's `-1` means unknown,

@@ -1,5 +1,5 @@
 //! What a provider's response headers say, parsed once for everyone who needs it: the retry hint
-//! (`retry-after-ms`, `retry-after`, `x-ms-retry-after-ms`, the reset of an exhausted bucket),
+//! (`retry-after-ms`, `x-ms-retry-after-ms`, `retry-after`, the reset of an exhausted bucket),
 //! read by retry and by the rate limiter's pause, and the per-bucket rate-limit report (`limit`,
 //! `remaining`, `reset` of OpenAI's, Anthropic's and Azure's header families), read by the learner.
 //!

@@ -248,7 +248,8 @@ async fn a_permanent_429_is_passed_on_at_once_and_a_hinted_one_is_retried() {
 /// README, Stacked retries: the other two ways corral gives up on a failure, each marked. The
 /// retry budget refusing a retry (budget 0: not even a first retry) marks the first answer,
 /// since the client's own retries would add the load the budget holds back; the deadline
-/// passing between retries marks the last one.
+/// passing between retries (or, on a busy machine, during the last attempt) marks the last
+/// answer, counted as `deadline` either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn giving_up_on_the_budget_or_the_deadline_is_marked() {
     let error = serde_json::json!({"error": {"message": "unavailable", "type": "server_error"}});

@@ -205,12 +205,17 @@ where
             }
             // corral's own refusal (deadline, breaker, rate limit) after an earlier upstream
             // answer: the client gets that answer, not corral's, with corral's Retry-After if
-            // the answer had none.
+            // the answer had none. A deadline that ends an attempt under way is counted as one
+            // that ends the wait between attempts: the same `deadline`.
             Err(e) => {
+                let why = match e {
+                    ProxyError::DeadlineExceeded => "deadline",
+                    _ => e.label(),
+                };
                 return match previous_answer {
-                    Some(last) => give_up(last, attempts, e.label(), e.retry_after(), &shared),
+                    Some(last) => give_up(last, attempts, why, e.retry_after(), &shared),
                     None => Err(e),
-                }
+                };
             }
         };
         let sleep = if let Some(Throttle {

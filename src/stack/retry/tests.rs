@@ -382,3 +382,39 @@ async fn a_poisoned_rng_lock_still_retries() {
     assert_eq!(response.status(), 200);
     assert_eq!(script.calls.load(Ordering::SeqCst), 2);
 }
+
+/// The deadline that ends an attempt under way (the timeout layer's `DeadlineExceeded`) after
+/// an earlier answer gives up as `deadline`, as one that ends the wait between attempts does:
+/// the client gets the earlier answer, marked.
+#[tokio::test(start_paused = true)]
+async fn a_deadline_that_ends_an_attempt_under_way_gives_up_as_deadline() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = Arc::clone(&calls);
+    let cut = tower::service_fn(move |_req: ProxyRequest| {
+        let n = c.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if n == 0 {
+                Ok(answer(503, &[], "busy"))
+            } else {
+                Err(ProxyError::DeadlineExceeded)
+            }
+        }
+    });
+    let m = crate::metrics::Metrics::new();
+    let layer = RetryLayer::new(RetryShared::with_rng(
+        &config(Jitter::Full),
+        m.upstream("t"),
+        SmallRng::seed_from_u64(3),
+    ));
+    let response = layer
+        .layer(cut)
+        .oneshot(request(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["x-should-retry"], "false");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    let text = m.render();
+    let line = r#"corral_retry_gave_up_total{upstream="t",why="deadline"} 1"#;
+    assert!(text.contains(line), "no `{line}` in\n{text}");
+}

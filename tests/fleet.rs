@@ -766,7 +766,8 @@ fn a_taken_port_is_a_clash_not_a_ready_server() {
 
 /// Pooled keys each get their own fleet bucket: two keys at 1 request a second with a burst
 /// of 5 each send ten requests at once (five per key), where one bucket shared by both would
-/// hold the last five for 5 s. Redis holds a requests bucket per key besides the upstream's.
+/// hold the last five for 5 s. Redis holds a requests bucket per key and model (the requests
+/// name model `m`), one per key for requests without a model, and the upstream's own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pooled_keys_each_lease_from_their_own_fleet_bucket() {
     let Some(server) = redis() else { return };
@@ -814,14 +815,14 @@ async fn pooled_keys_each_lease_from_their_own_fleet_bucket() {
     let end = Instant::now() + Duration::from_secs(5);
     while Instant::now() < end {
         n = buckets().await;
-        if n == 3 {
+        if n == 5 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(
-        n, 3,
-        "a requests bucket for each key and the upstream's own"
+        n, 5,
+        "a requests bucket for each key and model, each key's own, and the upstream's"
     );
 }
 

@@ -386,3 +386,67 @@ async fn a_401_two_keys_give_one_request_is_the_requests_not_the_keys() {
         "{keys:?}"
     );
 }
+
+/// Providers limit a key per model (OpenAI: per project and model), so each pooled key has a
+/// partition per model: a 429 that pauses key A for one model leaves key A in turn for
+/// another model, while requests for the paused model go to key B. (One partition per key put
+/// every model's requests on key B.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_key_paused_for_one_model_still_serves_another() {
+    let refused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let once = std::sync::Arc::clone(&refused);
+    let upstream = MockUpstream::start(move |seen| {
+        let once = std::sync::Arc::clone(&once);
+        async move {
+            let auth = seen.headers["authorization"].to_str().unwrap().to_owned();
+            let key = auth.trim_start_matches("Bearer ").to_owned();
+            let body: serde_json::Value = serde_json::from_slice(&seen.body).unwrap();
+            let first_slow_on_a = key == KEY_A
+                && body["model"] == "slow"
+                && !once.swap(true, std::sync::atomic::Ordering::SeqCst);
+            if first_slow_on_a {
+                let mut r = json(
+                    429,
+                    serde_json::json!({"error": {"message": "Rate limit reached for slow", "type": "requests", "code": "rate_limit_exceeded"}}),
+                );
+                r.headers_mut()
+                    .insert("retry-after", http::HeaderValue::from_static("30"));
+                return r;
+            }
+            json(200, serde_json::json!({"key": key, "model": body["model"]}))
+        }
+    })
+    .await;
+    // No retries: the 429 comes back to the client and leaves (A, slow) paused for 30 s.
+    let toml = pool_config(&upstream, "").replace(
+        "[upstream.headers]",
+        "[upstream.retry]\nmax_retries = 0\nmax_throttle_retries = 0\n[upstream.headers]",
+    );
+    let corral = Corral::start(&toml).await;
+    let c = client();
+    let url = corral.url("/v1/chat/completions");
+    let slow = r#"{"model":"slow","messages":[]}"#;
+    let fast = r#"{"model":"fast","messages":[]}"#;
+    let (first, _) = send(&c, post(&url, slow)).await;
+    assert_eq!(first.status, 429, "key A refused model slow");
+    assert_eq!(keys_seen(&upstream), [KEY_A]);
+    let mut key_of = Vec::new();
+    for body in [fast, fast, slow, slow] {
+        let (parts, answer) = send(&c, post(&url, body)).await;
+        assert_eq!(parts.status, 200, "{}", String::from_utf8_lossy(&answer));
+        let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+        key_of.push(answer["key"].as_str().unwrap().to_owned());
+    }
+    let mut fast_keys = key_of[..2].to_vec();
+    fast_keys.sort();
+    assert_eq!(
+        fast_keys,
+        [KEY_A, KEY_B],
+        "model fast takes turns on both keys"
+    );
+    assert_eq!(
+        key_of[2..],
+        [KEY_B, KEY_B],
+        "model slow avoids key A, paused for it"
+    );
+}

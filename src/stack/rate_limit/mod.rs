@@ -208,9 +208,9 @@ impl RateLimitShared {
     /// The partition of a request with the `headers` it goes upstream with (its credential is
     /// the first of [`crate::forward::CREDENTIAL_HEADERS`] it carries) and `body`.
     fn partition(&self, headers: &HeaderMap, body: &[u8]) -> Arc<Partition> {
-        let Some((map, hasher)) = &self.by_key else {
+        if self.by_key.is_none() {
             return Arc::clone(&self.default);
-        };
+        }
         // `headers` are those going upstream: the client's credentials an upstream that
         // injects its own withholds are gone, so a client's junk makes no partitions.
         let credential = crate::forward::CREDENTIAL_HEADERS
@@ -218,23 +218,42 @@ impl RateLimitShared {
             .find_map(|h| headers.get(h))
             .filter(|_| self.scope.by_key())
             .map(|v| v.as_bytes());
-        let model = self
-            .scope
+        let model = self.model(body);
+        self.keyed(credential, model.as_deref(), true)
+            .unwrap_or_else(|| Arc::clone(&self.default))
+    }
+
+    /// The model (or its limit group) a request's partition is keyed by, when the scope
+    /// includes the model and the body names one.
+    fn model<'a>(&'a self, body: &'a [u8]) -> Option<std::borrow::Cow<'a, str>> {
+        self.by_key.as_ref()?;
+        self.scope
             .by_model()
             .then(|| model_of(body))
             .flatten()
             .map(|m| {
                 let group = self.config.limits.model_groups.get(m.as_ref());
                 group.map_or(m, |g| std::borrow::Cow::Borrowed(g.as_str()))
-            });
+            })
+    }
+
+    /// The partition of `credential` and `model`, made if `make` and there is room; `None`
+    /// when neither names one (the default partition's), or it is not there (and not made).
+    fn keyed(
+        &self,
+        credential: Option<&[u8]>,
+        model: Option<&str>,
+        make: bool,
+    ) -> Option<Arc<Partition>> {
+        let (map, hasher) = self.by_key.as_ref()?;
         if credential.is_none() && model.is_none() {
-            return Arc::clone(&self.default);
+            return None;
         }
         // What names the partition, for the hash here and the fleet's key in Redis: the
         // credential, a separator no header value holds, the model.
         let name = || {
             let mut name = credential.unwrap_or_default().to_vec();
-            if let Some(model) = &model {
+            if let Some(model) = model {
                 name.push(0);
                 name.extend_from_slice(model.as_bytes());
             }
@@ -243,7 +262,7 @@ impl RateLimitShared {
         let key = {
             let mut h = hasher.build_hasher();
             h.write(credential.unwrap_or_default());
-            if let Some(model) = &model {
+            if let Some(model) = model {
                 h.write_u8(0);
                 h.write(model.as_bytes());
             }
@@ -252,11 +271,13 @@ impl RateLimitShared {
         let now = Instant::now();
         let mut map = lock(map);
         if let Some(keyed) = map.by_hash.get_mut(&key) {
-            keyed.last_used = now;
-            return Arc::clone(&keyed.partition);
+            if make {
+                keyed.last_used = now;
+            }
+            return Some(Arc::clone(&keyed.partition));
         }
-        if !map.make_room(now) {
-            return Arc::clone(&self.default);
+        if !make || !map.make_room(now) {
+            return None;
         }
         let name = name();
         let fleet = self.fleet.as_ref().map(|f| (f, Some(name.as_slice())));
@@ -264,11 +285,11 @@ impl RateLimitShared {
         let keyed = Keyed {
             partition: Arc::clone(&partition),
             last_used: now,
-            model: model.as_deref().map(Box::from),
+            model: model.map(Box::from),
             keyed: credential.is_some(),
         };
         map.by_hash.insert(key, keyed);
-        partition
+        Some(partition)
     }
 
     /// Take on `old`'s 429 pauses (a reload rebuilt this upstream with a changed config): the
@@ -448,16 +469,24 @@ impl RateLimitShared {
         let mut tried = 0u64;
         // The key a 401 or a 403 set aside during this request, if one did, and which.
         let mut refused: Option<(&'static str, Arc<pool::PoolKey>)> = None;
+        // With a model in the scope, each key has a partition per model (providers limit per
+        // key and model): keys are chosen by that model's partitions, never made just to look.
+        let model = self.model(&req.body);
+        let of_model = |key: &pool::PoolKey, make: bool| match &model {
+            Some(m) => self.keyed(Some(key.credential()), Some(m), make),
+            None => Some(Arc::clone(&key.partition)),
+        };
         for _ in 0..pool.keys() {
-            let Some(key) = pool.choose(tried, Instant::now()) else {
+            let Some(key) = pool.choose(tried, Instant::now(), |k| of_model(k, false)) else {
                 break;
             };
             tried |= 1 << (key.number - 1);
+            let partition = of_model(&key, true).unwrap_or_else(|| Arc::clone(&key.partition));
             let mut attempt = req.clone();
             let mut headers = HeaderMap::clone(&attempt.headers);
             let _in_flight = pool.use_key(&key, &mut headers);
             attempt.headers = Arc::new(headers);
-            let response = self.through(&key.partition, next.clone(), attempt).await?;
+            let response = self.through(&partition, next.clone(), attempt).await?;
             let (why, response) = refusal(response, &self.config, req.ctx.deadline).await;
             let Some(why) = why else {
                 return Ok(response);

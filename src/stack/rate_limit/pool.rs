@@ -1,6 +1,8 @@
 //! A pool of credentials for one upstream (`keys = [...]`): each key has its own partition
-//! (buckets, learned pacers, 429 pause, and with `[fleet]` its own shared buckets), a request
-//! goes to the key with the most headroom, and a key the upstream refuses for good (401, 403,
+//! (buckets, learned pacers, 429 pause, and with `[fleet]` its own shared buckets), one per
+//! model too when the upstream's `partition` includes the model (made in the upstream's map of
+//! partitions, keyed by the key's header value and the model), a request goes to the key with
+//! the most headroom for its model, and a key the upstream refuses for good (401, 403,
 //! a permanent 429) is set aside for `key_cooldown`, logged and counted, then tried again.
 //!
 //! Headroom, in order: not paused by a 429, then the fewest requests in flight or waiting on the
@@ -46,12 +48,16 @@ impl PoolKey {
         self.aside.until(now)
     }
 
-    /// Fewer is more headroom: paused keys last, then by requests in flight or waiting.
-    fn load(&self, now: Instant) -> (bool, usize) {
-        (
-            self.partition.is_paused(now),
-            self.in_flight.load(Ordering::Relaxed) + self.partition.waiting(),
-        )
+    /// Fewer is more headroom: paused keys last, then by requests in flight or waiting, as
+    /// `partition` (the key's, or its partition for the request's model, if made) shows.
+    fn load(&self, partition: Option<&Partition>, now: Instant) -> (bool, usize) {
+        let (paused, waiting) = partition.map_or((false, 0), |p| (p.is_paused(now), p.waiting()));
+        (paused, self.in_flight.load(Ordering::Relaxed) + waiting)
+    }
+
+    /// The header value this key goes upstream as: what names its partitions per model.
+    pub fn credential(&self) -> &[u8] {
+        self.value.as_bytes()
     }
 }
 
@@ -142,10 +148,16 @@ impl Pool {
     }
 
     /// The key with the most headroom among those neither set aside nor in `tried` (a bit per
-    /// key: at most [`crate::config::MAX_KEYS`] keys); ties in turn. With every untried key set
+    /// key: at most [`crate::config::MAX_KEYS`] keys), judged by the partition `partition_of`
+    /// gives for it (`None`: none yet, all headroom); ties in turn. With every untried key set
     /// aside, the one whose cool-down ends first (it may have recovered); `None` once every key
     /// has been tried.
-    pub fn choose(&self, tried: u64, now: Instant) -> Option<Arc<PoolKey>> {
+    pub fn choose(
+        &self,
+        tried: u64,
+        now: Instant,
+        partition_of: impl Fn(&PoolKey) -> Option<Arc<Partition>>,
+    ) -> Option<Arc<PoolKey>> {
         let n = self.keys.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let untried = (0..n)
@@ -161,7 +173,7 @@ impl Pool {
                 }
                 continue;
             }
-            let load = key.load(now);
+            let load = key.load(partition_of(key).as_deref(), now);
             if best.is_none_or(|(_, b)| load < b) {
                 best = Some((i, load));
             }
@@ -235,6 +247,11 @@ mod tests {
     use crate::config::types::parse_base_url;
     use crate::config::Secret;
 
+    /// Each key judged by its own partition (no model in the scope).
+    fn own(key: &PoolKey) -> Option<Arc<Partition>> {
+        Some(Arc::clone(&key.partition))
+    }
+
     fn pool(keys: &[&str]) -> Pool {
         let mut config =
             UpstreamConfig::new("p", "/v1", parse_base_url("http://127.0.0.1:9/v1").unwrap());
@@ -249,10 +266,12 @@ mod tests {
     async fn idle_keys_take_turns_and_a_busy_key_is_passed_over() {
         let p = pool(&["sk-a", "sk-b", "sk-c"]);
         let now = Instant::now();
-        let picks: Vec<usize> = (0..6).map(|_| p.choose(0, now).unwrap().number).collect();
+        let picks: Vec<usize> = (0..6)
+            .map(|_| p.choose(0, now, own).unwrap().number)
+            .collect();
         assert_eq!(picks, [1, 2, 3, 1, 2, 3]);
         let mut h = http::HeaderMap::new();
-        let busy = p.choose(0, now).unwrap();
+        let busy = p.choose(0, now, own).unwrap();
         let _guard = p.use_key(&busy, &mut h);
         assert_eq!(
             h["authorization"],
@@ -260,7 +279,7 @@ mod tests {
         );
         assert!(h["authorization"].is_sensitive());
         for _ in 0..6 {
-            assert_ne!(p.choose(0, now).unwrap().number, busy.number);
+            assert_ne!(p.choose(0, now, own).unwrap().number, busy.number);
         }
     }
 
@@ -270,20 +289,22 @@ mod tests {
         let now = Instant::now();
         p.set_aside(&p.keys[0], "401", now);
         for _ in 0..4 {
-            assert_eq!(p.choose(0, now).unwrap().number, 2);
+            assert_eq!(p.choose(0, now, own).unwrap().number, 2);
         }
         // Every untried key aside: the one whose cool-down ends first.
         p.set_aside(&p.keys[1], "quota", now + Duration::from_secs(1));
-        assert_eq!(p.choose(0, now).unwrap().number, 1);
+        assert_eq!(p.choose(0, now, own).unwrap().number, 1);
         assert!(!p.has_another(0, now));
         // After the cool-down both take turns again.
         let later = now + p.cooldown() + Duration::from_secs(2);
-        let mut seen: Vec<usize> = (0..4).map(|_| p.choose(0, later).unwrap().number).collect();
+        let mut seen: Vec<usize> = (0..4)
+            .map(|_| p.choose(0, later, own).unwrap().number)
+            .collect();
         seen.sort_unstable();
         assert_eq!(seen, [1, 1, 2, 2]);
         // A tried key is not offered again.
-        assert_eq!(p.choose(0b01, later).unwrap().number, 2);
-        assert!(p.choose(0b11, later).is_none());
+        assert_eq!(p.choose(0b01, later, own).unwrap().number, 2);
+        assert!(p.choose(0b11, later, own).is_none());
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //! from bounded sets (upstream names from the config, status codes, fixed reason enums); never
 //! keys, paths or models.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use http::Method;
 use prometheus::core::{Collector, Desc};
@@ -17,6 +18,7 @@ use prometheus::{
 use tracing_appender::non_blocking::ErrorCounter;
 
 use crate::body::TimeoutKind;
+use crate::sync::lock;
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -135,10 +137,10 @@ impl Metrics {
             tokens_charged: counter(&r, "corral_tokens_charged_total", "Estimated tokens charged to the client-side token bucket.", up),
             upstream_throttles: counter(&r, "corral_upstream_throttled_total", "Throttling answers (429, 529) received from the upstream.", &["upstream", "code"]),
             client_throttles: counter(&r, "corral_client_throttled_total", "429s sent to clients, by who produced them (upstream passed through, or corral).", &["upstream", "source"]),
-            learned_rate: fgauge(&r, "corral_learned_rate_per_second", "Send rate corral paces to, by bucket kind (requests or tokens).", &["upstream", "kind"]),
-            learned_burst: fgauge(&r, "corral_learned_burst", "Burst corral allows, by bucket kind.", &["upstream", "kind"]),
-            reported_remaining: fgauge(&r, "corral_upstream_remaining", "Remaining capacity as last reported by the upstream's headers.", &["upstream", "kind"]),
-            limit_source: fgauge(&r, "corral_limit_source", "1 for the source of the current pacing limit (config, headers, aimd, slow_start, none).", &["upstream", "kind", "source"]),
+            learned_rate: fgauge(&r, "corral_learned_rate_per_second", "Send rate corral paces to, by bucket kind (requests or tokens) and model (a model or limit group named in model_groups, other, or none).", &["upstream", "kind", "model"]),
+            learned_burst: fgauge(&r, "corral_learned_burst", "Burst corral allows, by bucket kind and model.", &["upstream", "kind", "model"]),
+            reported_remaining: fgauge(&r, "corral_upstream_remaining", "Remaining capacity as last reported by the upstream's headers, by bucket kind and model.", &["upstream", "kind", "model"]),
+            limit_source: fgauge(&r, "corral_limit_source", "1 for the source of the current pacing limit (config, headers, aimd, slow_start, none), by bucket kind and model.", &["upstream", "kind", "model", "source"]),
             concurrency_limit: gauge(&r, "corral_concurrency_limit", "Current concurrency window (fixed or adaptive).", up),
             corral_errors: counter(&r, "corral_errors_total", "Answers corral produced itself, by cause.", &["upstream", "cause"]),
             stream_timeouts: counter(&r, "corral_stream_timeouts_total", "Response bodies corral cut because the upstream paused longer than stream_idle_timeout (kind=idle) or the client's x-corral-deadline-ms passed (kind=deadline).", &["upstream", "kind"]),
@@ -240,15 +242,17 @@ impl Metrics {
     pub fn upstream(&self, name: &str) -> UpstreamMetrics {
         self.init_labels(name);
         let v = &[name];
-        let kind = |k: &str| KindGauges {
-            rate: self.learned_rate.with_label_values(&[name, k]),
-            burst: self.learned_burst.with_label_values(&[name, k]),
-            remaining: self.reported_remaining.with_label_values(&[name, k]),
-            sources: SOURCES.map(|s| self.limit_source.with_label_values(&[name, k, s])),
+        let pacing = PacingFamilies {
+            rate: self.learned_rate.clone(),
+            burst: self.learned_burst.clone(),
+            remaining: self.reported_remaining.clone(),
+            source: self.limit_source.clone(),
         };
+        let none = pacing.bind(name, NO_MODEL);
         let bound = |family: &IntCounterVec, values| Bound::new(family, name, values);
         UpstreamMetrics(Arc::new(Handles {
-            kinds: [kind("requests"), kind("tokens")],
+            kinds: Mutex::new(vec![(NO_MODEL.into(), none)]),
+            pacing,
             name: name.to_owned(),
             requests: (0..METHODS.len() * CODES)
                 .map(|_| OnceLock::new())
@@ -552,10 +556,50 @@ pub struct KindGauges {
     sources: [Gauge; 6],
 }
 
+/// The `model` label of partitions without a model (the scope leaves it out, or the body
+/// names none).
+pub const NO_MODEL: &str = "none";
+/// The `model` label of partitions whose model the config does not name.
+pub const OTHER_MODEL: &str = "other";
+
+/// The `model` label of a partition keyed by `model` (already mapped through `model_groups`):
+/// the name itself when the config names it (a limit group of `model_groups`, or a model it
+/// maps), else `other`, so the label takes only values the config bounds; `none` without one.
+pub fn model_label<'a>(model: Option<&'a str>, model_groups: &BTreeMap<String, String>) -> &'a str {
+    match model {
+        None => NO_MODEL,
+        Some(m) if model_groups.values().any(|g| g == m) || model_groups.contains_key(m) => m,
+        Some(_) => OTHER_MODEL,
+    }
+}
+
+/// The pacing gauge families, to bind per upstream, kind and model.
+struct PacingFamilies {
+    rate: GaugeVec,
+    burst: GaugeVec,
+    remaining: GaugeVec,
+    source: GaugeVec,
+}
+
+impl PacingFamilies {
+    /// The gauges of `upstream` and `model`, requests then tokens.
+    fn bind(&self, upstream: &str, model: &str) -> [KindGauges; 2] {
+        ["requests", "tokens"].map(|k| KindGauges {
+            rate: self.rate.with_label_values(&[upstream, k, model]),
+            burst: self.burst.with_label_values(&[upstream, k, model]),
+            remaining: self.remaining.with_label_values(&[upstream, k, model]),
+            sources: SOURCES.map(|s| self.source.with_label_values(&[upstream, k, model, s])),
+        })
+    }
+}
+
 /// The handles behind [`UpstreamMetrics`].
 pub struct Handles {
     name: String,
-    kinds: [KindGauges; 2],
+    /// The pacing gauges by model label (`none` bound at start, others on first use: as many
+    /// as the config names, plus `other`), each for requests and tokens.
+    kinds: Mutex<Vec<(Box<str>, [KindGauges; 2])>>,
+    pacing: PacingFamilies,
     /// `corral_requests_total` by method and code: [`METHODS`] x [`CODES`] slots, each bound
     /// on its first request (a series appears when its first request is counted, as before).
     requests: Box<[OnceLock<IntCounter>]>,
@@ -593,8 +637,18 @@ pub struct Handles {
 }
 
 impl Handles {
-    fn kind(&self, kind: &str) -> &KindGauges {
-        &self.kinds[usize::from(kind != "requests")]
+    /// Run `f` on the pacing gauges of `kind` and `model` (bound on first use).
+    fn kind(&self, kind: &str, model: &str, f: impl FnOnce(&KindGauges)) {
+        let k = usize::from(kind != "requests");
+        let mut kinds = lock(&self.kinds);
+        let i = match kinds.iter().position(|(m, _)| &**m == model) {
+            Some(i) => i,
+            None => {
+                kinds.push((model.into(), self.pacing.bind(&self.name, model)));
+                kinds.len() - 1
+            }
+        };
+        f(&kinds[i].1[k]);
     }
     pub fn name(&self) -> &str {
         &self.name
@@ -649,18 +703,22 @@ impl Handles {
     pub fn corral_error(&self, cause: &str) {
         self.corral_errors.inc(&self.name, cause);
     }
-    pub fn learned(&self, kind: &str, rate: f64, burst: f64) {
-        let k = self.kind(kind);
-        set_if_changed(&k.rate, rate);
-        set_if_changed(&k.burst, burst);
+    /// The pace of bucket `kind` of the partitions labelled `model` (see [`model_label`]).
+    pub fn learned(&self, kind: &str, model: &str, rate: f64, burst: f64) {
+        self.kind(kind, model, |k| {
+            set_if_changed(&k.rate, rate);
+            set_if_changed(&k.burst, burst);
+        });
     }
-    pub fn remaining(&self, kind: &str, remaining: f64) {
-        set_if_changed(&self.kind(kind).remaining, remaining);
+    pub fn remaining(&self, kind: &str, model: &str, remaining: f64) {
+        self.kind(kind, model, |k| set_if_changed(&k.remaining, remaining));
     }
-    pub fn limit_source(&self, kind: &str, source: &str) {
-        for (gauge, s) in self.kind(kind).sources.iter().zip(SOURCES) {
-            set_if_changed(gauge, if s == source { 1.0 } else { 0.0 });
-        }
+    pub fn limit_source(&self, kind: &str, model: &str, source: &str) {
+        self.kind(kind, model, |k| {
+            for (gauge, s) in k.sources.iter().zip(SOURCES) {
+                set_if_changed(gauge, if s == source { 1.0 } else { 0.0 });
+            }
+        });
     }
 }
 
@@ -720,6 +778,37 @@ impl FleetMode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `model` label takes only what the config names: a limit group, or a model that maps
+    /// to one; anything else is `other`, no model `none`. Each gets its own pacing series.
+    #[test]
+    fn pacing_series_carry_the_models_the_config_names() {
+        let groups: BTreeMap<String, String> = [("gpt-4o-2024-08-06", "gpt-4o"), ("o3", "o3")]
+            .into_iter()
+            .map(|(m, g)| (m.to_owned(), g.to_owned()))
+            .collect();
+        assert_eq!(model_label(Some("gpt-4o"), &groups), "gpt-4o");
+        assert_eq!(model_label(Some("o3"), &groups), "o3");
+        assert_eq!(
+            model_label(Some("gpt-4o-2024-08-06"), &groups),
+            "gpt-4o-2024-08-06"
+        );
+        assert_eq!(model_label(Some("my-fine-tune-123"), &groups), OTHER_MODEL);
+        assert_eq!(model_label(None, &groups), NO_MODEL);
+
+        let m = Metrics::new();
+        let up = m.upstream("openai");
+        up.learned("requests", "gpt-4o", 50.0, 100.0);
+        up.learned("requests", OTHER_MODEL, 5.0, 10.0);
+        let text = m.render();
+        for line in [
+            r#"corral_learned_rate_per_second{kind="requests",model="gpt-4o",upstream="openai"} 50"#,
+            r#"corral_learned_rate_per_second{kind="requests",model="other",upstream="openai"} 5"#,
+            r#"corral_learned_rate_per_second{kind="requests",model="none",upstream="openai"} 0"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "no `{line}` in\n{text}");
+        }
+    }
 
     #[test]
     fn renders_registered_families_with_bound_labels() {

@@ -27,7 +27,7 @@ use support::*;
 /// Label names corral may use; each has a bounded set of values.
 const LABELS: &[&str] = &[
     "upstream", "method", "code", "outcome", "reason", "why", "to", "source", "kind", "cause",
-    "mode",
+    "mode", "model",
 ];
 /// Upstream names in the scrape's config, plus the label of requests that matched no route.
 const UPSTREAMS: &[&str] = &["openai", "flaky", "strict", "(none)"];
@@ -371,7 +371,7 @@ fn a_fresh_corral_exports_every_dashboard_family_with_zeros() {
         r#"corral_breaker_transitions_total{to="open",upstream="openai"} 0"#,
         r#"corral_errors_total{cause="queue_full",upstream="openai"} 0"#,
         r#"corral_errors_total{cause="no_route",upstream="(none)"} 0"#,
-        r#"corral_limit_source{kind="tokens",source="none",upstream="openai"} 0"#,
+        r#"corral_limit_source{kind="tokens",model="none",source="none",upstream="openai"} 0"#,
         r#"corral_panics_total{upstream="openai"} 0"#,
         "corral_log_lines_dropped_total 0",
     ] {

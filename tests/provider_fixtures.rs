@@ -488,6 +488,7 @@ async fn over_http_one_openai_200_sets_the_learned_pace() {
         assert_eq!(p["remaining_reported"].as_f64(), Some(remaining), "{p}");
     }
 
+    // Model `m` is not named in the config: its partition's series are labelled `other`.
     let metrics = corral.app.metrics().render();
     let line = |name: &str, kind: &str, source: Option<&str>| {
         metrics
@@ -495,6 +496,7 @@ async fn over_http_one_openai_200_sets_the_learned_pace() {
             .find(|l| {
                 l.starts_with(&format!("{name}{{"))
                     && l.contains(&format!("kind=\"{kind}\""))
+                    && l.contains("model=\"other\"")
                     && source.is_none_or(|s| l.contains(&format!("source=\"{s}\"")))
             })
             .unwrap_or_else(|| panic!("no {name} {kind} in\n{metrics}"))

@@ -190,8 +190,9 @@ impl RateLimitShared {
             (scope != config::Partition::Upstream).then(|| (Mutex::default(), partition_hasher()));
         if config.rate_limit == LearnMode::Off {
             let source = |configured: bool| if configured { "config" } else { "none" };
-            metrics.limit_source("requests", source(config.limits.rpm.is_some()));
-            metrics.limit_source("tokens", source(config.limits.tpm.is_some()));
+            let none = crate::metrics::NO_MODEL;
+            metrics.limit_source("requests", none, source(config.limits.rpm.is_some()));
+            metrics.limit_source("tokens", none, source(config.limits.tpm.is_some()));
         }
         Arc::new(Self {
             default: Arc::new(Partition::new(config, fleet.as_ref().map(|f| (f, None)))),
@@ -281,7 +282,8 @@ impl RateLimitShared {
         }
         let name = name();
         let fleet = self.fleet.as_ref().map(|f| (f, Some(name.as_slice())));
-        let partition = Arc::new(Partition::new(&self.config, fleet));
+        let label = crate::metrics::model_label(model, &self.config.limits.model_groups);
+        let partition = Arc::new(Partition::new(&self.config, fleet).labelled(label));
         let keyed = Keyed {
             partition: Arc::clone(&partition),
             last_used: now,
@@ -319,7 +321,11 @@ impl RateLimitShared {
             if !map.make_room(now) {
                 break;
             }
-            let partition = Arc::new(Partition::new(&self.config, None));
+            let label = crate::metrics::model_label(
+                keyed.model.as_deref(),
+                &self.config.limits.model_groups,
+            );
+            let partition = Arc::new(Partition::new(&self.config, None).labelled(label));
             partition.carry_pause(&keyed.partition);
             let carried = Keyed {
                 partition,

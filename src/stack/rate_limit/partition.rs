@@ -137,6 +137,8 @@ pub struct Partition {
     /// With `[fleet]`: the lease on the fleet's shared buckets (instead of the configured
     /// ceilings, which then live in Redis).
     lease: Option<Arc<Lease>>,
+    /// The `model` label of its pacing metrics.
+    metric_model: Box<str>,
     /// With nothing else to pace waiters released by a pause, each waits up to this much more.
     release_jitter: Duration,
     /// The pause after a 429 with no hint and no learned pace.
@@ -222,7 +224,14 @@ impl Partition {
             release_jitter: config.retry.floor_jitter.0,
             default_pause: config.retry.base.0,
             rng: Mutex::new(SmallRng::from_os_rng()),
+            metric_model: crate::metrics::NO_MODEL.into(),
         }
+    }
+
+    /// This partition's `model` label on the pacing metrics (see [`crate::metrics::model_label`]).
+    pub fn labelled(mut self, model: &str) -> Self {
+        self.metric_model = model.into();
+        self
     }
 
     /// Requests waiting for their turn or for capacity.
@@ -516,10 +525,11 @@ impl Partition {
             }
             for pacer in [&p.requests, &p.tokens] {
                 let kind = pacer.kind().label();
-                metrics.learned(kind, pacer.rate(), pacer.burst());
-                metrics.limit_source(kind, pacer.source().label());
+                let model = &*self.metric_model;
+                metrics.learned(kind, model, pacer.rate(), pacer.burst());
+                metrics.limit_source(kind, model, pacer.source().label());
                 if let Some(r) = pacer.last_remaining {
-                    metrics.remaining(kind, r);
+                    metrics.remaining(kind, model, r);
                 }
             }
             self.tokens_learned

@@ -1,6 +1,6 @@
-//! Issue 13's targets, measured over real sockets on 127.0.0.1: corral in-process
-//! (`server::run`) in front of in-process mock upstreams (hyper), a hyper client as the
-//! workload.
+//! Groups' targets (fallback, hedging, priorities), measured over real sockets on 127.0.0.1:
+//! corral in-process (`server::run`) in front of in-process mock upstreams (hyper), a hyper
+//! client as the workload.
 //!
 //! Run: `cargo bench --bench groups` (release build; about 45 s once built). Prints a table:
 //!

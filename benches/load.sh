@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The load test of issue 10: corral (the release binary) under 2,000 concurrent connections that
+# The load test: corral (the release binary) under 2,000 concurrent connections that
 # each POST a 1-8 MB body (mean 4.5 MB, 9 GB offered at once) to an upstream that takes 2 s per
 # request; refused clients come back after Retry-After, up to 5 tries. It prints what the
 # clients got and corral's peak RSS (VmHWM from /proc/PID/status) against its buffer cap

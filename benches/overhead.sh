@@ -463,7 +463,7 @@ report() {
     done
     ((QUIET_WAITED == 0)) || warnings+="Waited ${QUIET_WAITED} s in all for other work to quiet down."$'\n'
     [[ -z $warnings ]] || printf '%s\n' "$warnings"
-    echo "Targets (corral against haproxy, this run; issue 12):"
+    echo "Targets (corral against haproxy, this run):"
     echo
     for n in "corral (RUST_LOG=warn)" "corral (default logging)"; do
         local thr p99d cpu

@@ -1,5 +1,5 @@
 //! Claims the README makes about the request path, each checked over real sockets through
-//! `server::run` (issue 14): key partitions, the client's deadline header, tokens charged from a
+//! `server::run`: key partitions, the client's deadline header, tokens charged from a
 //! configured `tpm`. Timing bounds are one-sided (a paced wait can only be longer on a slow
 //! machine) or generous, and stated per assert.
 

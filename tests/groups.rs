@@ -1,4 +1,4 @@
-//! Groups and fallback (issue 13, item 2) over real sockets through `server::run`: a route served
+//! Groups and fallback over real sockets through `server::run`: a route served
 //! by an ordered list of upstreams, moving to the next on a permanent 429 (and passing the
 //! member over for its cool-down), an open breaker, no capacity within `fallback_wait` of the
 //! deadline, or spent retries; never otherwise; `x-corral-upstream` on every answer; `model`

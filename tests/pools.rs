@@ -1,4 +1,4 @@
-//! Key pools (issue 13, item 1) over real sockets through `server::run`: an upstream with
+//! Key pools over real sockets through `server::run`: an upstream with
 //! `keys = [...]` spreads requests over its keys, each with its own buckets; a key the upstream
 //! refuses for good (401, 403, a permanent 429) is set aside, counted, and the request moves to
 //! the next key; a client's own key wins under `header_mode = "if_absent"`; no key is shown in

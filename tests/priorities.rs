@@ -1,4 +1,4 @@
-//! Priorities (issue 13, item 4) over real sockets: `x-corral-priority: interactive | batch`
+//! Priorities over real sockets: `x-corral-priority: interactive | batch`
 //! (default per route) puts interactive requests ahead of queued batch ones at the rate limiter;
 //! the header is corral's and never reaches the upstream; any other value is refused with a 400.
 

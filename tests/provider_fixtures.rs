@@ -1,6 +1,6 @@
 //! Providers' answers as recorded in `tests/fixtures/headers/` (values from
 //! `/work/shared/PROVIDERS.md`; each file's first line says which, and which are constructed),
-//! replayed through what corral reads from them (issue 14, item 3): the rate-limit report and
+//! replayed through what corral reads from them: the rate-limit report and
 //! the learner's pace, the retry hint, the retry verdict, and once over real sockets.
 //!
 //! Every expected number is derived by hand in a comment from the fixture's text, never from

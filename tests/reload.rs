@@ -1,4 +1,4 @@
-//! Hot reload (issue 10, point 9): a valid config takes effect for new requests without dropping
+//! Hot reload: a valid config takes effect for new requests without dropping
 //! in-flight ones, upstreams whose config is unchanged keep their state, an invalid config is
 //! refused with a log line and the old one stays; `/status` and `/metrics` show the generation.
 

@@ -109,7 +109,7 @@ async fn openai_python_sdk_through_corral() {
     assert_eq!(upstream.calls(), 3, "one upstream call per SDK request");
 }
 
-/// The same SDK calls through a group (issue 13) whose first member is out of quota for good:
+/// The same SDK calls through a group whose first member is out of quota for good:
 /// each call falls back to the OpenAI-shaped member, the SDK sees its answers (the 400 included:
 /// an answer for good is not a reason to move on), and the primary is asked once, then passed
 /// over for its cool-down.

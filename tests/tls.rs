@@ -1,4 +1,4 @@
-//! HTTPS upstreams over real sockets (issue 14): a test CA and leaf certificates made at test
+//! HTTPS upstreams over real sockets: a test CA and leaf certificates made at test
 //! time (rcgen), an upstream served by tokio-rustls and hyper-util's auto builder, corral in
 //! front of it. With `tls_ca_file` naming the CA the upstream's answer passes through, over
 //! HTTP/2 when the upstream offers it by ALPN and HTTP/1.1 when it does not; with the webpki

@@ -1,4 +1,4 @@
-//! Priorities where requests wait (issue 13): `interactive` requests go ahead of queued `batch`
+//! Priorities where requests wait: `interactive` requests go ahead of queued `batch`
 //! ones. A [`PriorityGate`] sits in front of a FIFO wait (tokio's fair semaphore or mutex): batch
 //! waiters pass the gate one at a time, so at most one of them is in the FIFO queue at once and
 //! an interactive waiter finds at most that one ahead of it. Batch never starves: the one in the

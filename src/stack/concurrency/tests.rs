@@ -45,7 +45,7 @@ async fn waiters_are_served_in_fifo_order() {
     assert_eq!(*order.lock().await, (0..10).collect::<Vec<_>>());
 }
 
-/// Issue 13, point 4: ten batch requests queue for one slot, then an interactive one arrives:
+/// Priorities: ten batch requests queue for one slot, then an interactive one arrives:
 /// it is served second (behind the one batch request already in the semaphore's queue), not
 /// eleventh; every batch request still gets its slot.
 #[tokio::test(start_paused = true)]

@@ -864,7 +864,7 @@ mod tests {
         }
     }
 
-    /// Issue 13, point 4: twenty batch waiters queue for one token a second, then an
+    /// Priorities: twenty batch waiters queue for one token a second, then an
     /// interactive one arrives: it passes all but the batch waiter holding the turn and the
     /// one queued for it, so it is served third, not twenty-first; and the batch waiters all
     /// get through (none starves).
@@ -923,7 +923,7 @@ mod tests {
         assert!(err.retry_after().unwrap() > Duration::from_millis(500));
     }
 
-    /// Issue 9, point 2: one 429 stops every send to the partition until its hint passes, and
+    /// One 429 stops every send to the partition until its hint passes, and
     /// requests already waiting do not walk into the empty bucket.
     #[tokio::test(start_paused = true)]
     async fn one_429_pauses_the_partition_until_its_hint_passes() {

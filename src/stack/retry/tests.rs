@@ -156,7 +156,7 @@ async fn retry_after_is_a_floor_with_jitter_on_top() {
     );
 }
 
-/// Issue 9, point 1: throttles wait, failures are budgeted. A run of 429s longer than
+/// Throttles wait, failures are budgeted. A run of 429s longer than
 /// `max_retries` and than the budget is still retried, through the rate limiter, to success.
 #[tokio::test(start_paused = true)]
 async fn throttles_are_retried_beyond_max_retries_and_the_budget() {

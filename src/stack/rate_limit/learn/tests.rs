@@ -241,7 +241,7 @@ async fn without_headers_the_429s_alone_find_the_rate() {
     assert!(throttles <= 40, "{throttles} throttles in 30 s");
 }
 
-/// Each world the learner must hold in (issue 9, point 3), 30 s of always-busy clients: the
+/// Each world the learner must hold in, 30 s of always-busy clients: the
 /// accepted rate after the start, and the 429s it took (the model answers in 100 ms).
 async fn world(style: Style, capacity: f64, replicas: usize, change: Option<(u64, f64)>) -> Run {
     let mut model = Model::styled(capacity, 20.0, style);

@@ -350,18 +350,6 @@ impl Lease {
             || lock(&self.state).pools.iter().any(|p| p.shared.is_some())
     }
 
-    /// How many corrals of the fleet share the upstream's headroom for bucket `kind` (0
-    /// requests, 1 tokens): the live replicas while no shared bucket gates it (each then takes
-    /// its share of what the headers report), else 1 (the shared bucket divides it).
-    pub fn peers(&self, kind: usize) -> u64 {
-        let s = lock(&self.state);
-        if s.pools[kind].shared.is_some() {
-            1
-        } else {
-            s.live.max(1)
-        }
-    }
-
     /// A request arrived at the partition (its demand).
     pub fn arrived(&self) {
         lock(&self.state).arrivals.record(Instant::now());

@@ -111,8 +111,6 @@ const PROBATION: Duration = Duration::from_secs(60);
 const MAX_PROBATION: Duration = Duration::from_secs(3600);
 /// While demoted, the burst is the pace over this long.
 const DEMOTED_BURST: Duration = Duration::from_millis(500);
-/// A rate bound from a whole-second reset halves over this long (a lowered limit is followed).
-const BOUND_HALF_LIFE: Duration = Duration::from_secs(30);
 /// A 429 whose `remaining` is at least this far above the learned floor says the report lies.
 const LIE_MARGIN: f64 = 2.0;
 
@@ -316,11 +314,6 @@ pub struct Pacer {
     floor: Option<f64>,
     /// The refill rate the headers imply, `(limit - remaining) / reset`, smoothed.
     header_rate: f64,
-    /// When `header_rate` was last updated (whole-second bounds decay from then).
-    header_rate_at: Instant,
-    /// Corrals drawing on the same reported headroom (a fleet with no shared bucket for this
-    /// kind): each resynchronises its level to this share of it.
-    peers: f64,
     /// `header_rate` is only a bound from below (a reset rounded to whole seconds, under two):
     /// the bucket may refill much faster, so it is not shared as the key's rate.
     header_rate_loose: bool,
@@ -377,9 +370,7 @@ impl Pacer {
             last: now,
             floor: None,
             header_rate: 0.0,
-            header_rate_at: now,
             header_rate_loose: false,
-            peers: 1.0,
             sent: 0.0,
             meter: Meter {
                 bucket_start: now,
@@ -415,12 +406,6 @@ impl Pacer {
     }
     pub fn burst(&self) -> f64 {
         self.burst
-    }
-
-    /// How many corrals share the headroom the headers report (a fleet that shares no bucket
-    /// for this kind); at least 1.
-    pub fn set_peers(&mut self, peers: u64) {
-        self.peers = peers.max(1) as f64;
     }
 
     /// What this pacer has learned of the upstream's whole bucket, for corrals sharing it
@@ -885,11 +870,8 @@ impl Pacer {
                 let sample = (r.limit - r.remaining) / reset.as_secs_f64();
                 // A reset in whole seconds (Anthropic's RFC 3339 instants, Azure's integers) is
                 // rounded up, so its sample bounds the rate from below: the estimate is the
-                // largest recent bound, halving per `BOUND_HALF_LIFE` so a lowered limit is
-                // still followed. The decay is by time, not per answer: an idle bucket reports
-                // a small deficit over a whole second, a weak bound, on every answer, and a
-                // busy key's many answers must not drag the estimate down to them. Finer
-                // resets (OpenAI's) are averaged.
+                // largest recent bound, decaying slowly so a lowered limit is still followed.
+                // Finer resets (OpenAI's) are averaged.
                 let whole_seconds = r.coarse || reset.subsec_nanos() == 0;
                 let fresh = self.header_rate == 0.0
                     || !matches!(self.source, Source::Headers | Source::Observed);
@@ -900,19 +882,16 @@ impl Pacer {
                     self.header_rate = sample;
                     self.header_rate_loose = loose;
                 } else if whole_seconds {
-                    let age = now.saturating_duration_since(self.header_rate_at);
-                    let decay = 0.5f64.powf(age.as_secs_f64() / BOUND_HALF_LIFE.as_secs_f64());
-                    if sample >= decay * self.header_rate {
+                    if sample >= 0.98 * self.header_rate {
                         self.header_rate = sample;
                         self.header_rate_loose = loose;
                     } else {
-                        self.header_rate *= decay;
+                        self.header_rate *= 0.98;
                     }
                 } else {
                     self.header_rate = 0.5 * sample + 0.5 * self.header_rate;
                     self.header_rate_loose = false;
                 }
-                self.header_rate_at = now;
             }
         }
         let since = now.saturating_duration_since(ticket.sent_at).as_secs_f64();
@@ -935,8 +914,7 @@ impl Pacer {
         let share = match self.cap {
             Some(c) if self.header_rate > 0.0 => (c.at(now) / self.header_rate).min(1.0),
             _ => 1.0,
-        }
-        .min(1.0 / self.peers);
+        };
         let headroom = (r.remaining - floor) + self.header_rate * credit;
         let level = headroom * share - sent_after - slack;
         // However much was sent since, the level owes at most one burst (the upstream refuses

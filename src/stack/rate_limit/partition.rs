@@ -489,10 +489,6 @@ impl Partition {
                 }
             }
             own_wait_kept = full_after.0 || full_after.1;
-            if let Some(lease) = &self.lease {
-                p.requests.set_peers(lease.peers(0));
-                p.tokens.set_peers(lease.peers(1));
-            }
             p.requests
                 .observe(tickets.requests, for_requests, requests_report, now);
             p.tokens

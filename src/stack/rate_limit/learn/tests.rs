@@ -475,48 +475,6 @@ async fn whole_second_resets_average_out() {
     );
 }
 
-/// A busy key's answers each report a small deficit over a whole second: weak bounds that
-/// must not drag down the bound a full bucket's report gave. Per answer, a 2% decay took 200
-/// answers in one second from 900/s to under 20/s; by time it is a half-life of 30 s.
-#[tokio::test(start_paused = true)]
-async fn whole_second_bounds_decay_by_time_not_by_answer() {
-    let mut now = Instant::now();
-    let mut pacer = Pacer::new(Kind::Requests, 1000, 1.0, now);
-    let report = |used: f64| Report {
-        limit: 1000.0,
-        remaining: 1000.0 - used,
-        reset: Some(Duration::from_secs(1)),
-        coarse: true,
-    };
-    let ticket = pacer.try_acquire(1.0, now).unwrap();
-    pacer.observe(ticket, Answer::Ok, Some(report(900.0)), now);
-    for _ in 0..200 {
-        now += Duration::from_millis(5);
-        let ticket = pacer
-            .try_acquire(1.0, now)
-            .unwrap_or_else(|_| pacer.admit_anyway(1.0, now));
-        pacer.observe(ticket, Answer::Ok, Some(report(2.0)), now);
-    }
-    assert!(
-        pacer.header_rate > 800.0,
-        "after one second of small deficits: {} per second",
-        pacer.header_rate
-    );
-    // Thirty seconds of them halve it: a lowered limit is still followed.
-    for _ in 0..30 {
-        now += Duration::from_secs(1);
-        let ticket = pacer
-            .try_acquire(1.0, now)
-            .unwrap_or_else(|_| pacer.admit_anyway(1.0, now));
-        pacer.observe(ticket, Answer::Ok, Some(report(2.0)), now);
-    }
-    assert!(
-        (400.0..500.0).contains(&pacer.header_rate),
-        "after thirty: {} per second",
-        pacer.header_rate
-    );
-}
-
 /// A rounded reset under two seconds bounds the rate only from below: the bucket may refill in a
 /// fraction of that second. Corrals sharing a key are not paced by it; a finer or longer reset
 /// is shared.
@@ -541,30 +499,6 @@ async fn a_rate_bounded_only_from_below_is_not_shared() {
     assert_eq!((rate, burst), (50.0, 1000.0));
     let (rate, _, _) = model(50.0, Duration::from_millis(500), false).unwrap();
     assert_eq!(rate, 100.0);
-}
-
-/// Four corrals that share no bucket each see the whole key's `remaining`: each takes a
-/// quarter of it, so together they spend it once, not four times.
-#[tokio::test(start_paused = true)]
-async fn peers_each_take_their_share_of_the_reported_headroom() {
-    let now = Instant::now();
-    let level_after = |peers: u64| {
-        // An initial burst of 1000: the headroom is not held back as unconfirmed.
-        let mut pacer = Pacer::new(Kind::Requests, 1000, 1.0, now);
-        pacer.set_peers(peers);
-        let ticket = pacer.try_acquire(1.0, now).unwrap();
-        let r = Report {
-            limit: 1000.0,
-            remaining: 800.0,
-            reset: Some(Duration::from_millis(200)),
-            coarse: false,
-        };
-        pacer.observe(ticket, Answer::Ok, Some(r), now);
-        pacer.level
-    };
-    let (alone, quarter) = (level_after(1), level_after(4));
-    assert!(alone > 700.0, "alone: {alone}");
-    assert!(quarter < 210.0, "one of four: {quarter}");
 }
 
 #[tokio::test(start_paused = true)]

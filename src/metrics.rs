@@ -1,8 +1,9 @@
 //! Every metric corral exports, registered on one explicit [`Registry`], names in this file only.
 //!
 //! Conventions: `corral_` prefix, `_total` counters, `_seconds` and `_bytes` base units, labels
-//! from bounded sets (upstream names from the config, status codes, fixed reason enums); never
-//! keys, paths or models.
+//! from bounded sets (upstream names from the config, status codes, fixed reason enums, and on
+//! the pacing gauges the models the config names, else `other`); never keys, paths or models
+//! the config does not name.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -386,7 +387,6 @@ const GAVE_UP: &[&str] = &[
     "max_throttle_retries",
     "budget",
     "deadline",
-    "deadline_exceeded",
     "rate_limited",
     "circuit_open",
 ];

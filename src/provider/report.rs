@@ -18,8 +18,8 @@ pub struct Report {
     pub remaining: f64,
     /// Until the bucket is full again, if said.
     pub reset: Option<Duration>,
-    /// `reset` is rounded up to a whole second (an integer, or an RFC 3339 instant without a
-    /// fraction): the true wait is up to a second shorter, so `(limit - remaining) / reset` only
+    /// `reset` is rounded up to a whole second (Azure's integer, or an RFC 3339 instant without
+    /// a fraction): the true wait is up to a second shorter, so `(limit - remaining) / reset` only
     /// bounds the refill rate from below.
     pub coarse: bool,
 }
@@ -39,8 +39,11 @@ pub fn report(headers: &HeaderMap, kind: Kind, now_wall: SystemTime) -> Option<R
         Kind::Tokens => &TOKENS,
     };
     let (limit, remaining, reset, coarse) = if let Some(limit) = num(limit_h) {
-        let reset = get(reset_h).and_then(parse_go_duration);
-        let coarse = reset.is_some_and(|d| d.subsec_nanos() == 0);
+        let value = get(reset_h);
+        let reset = value.and_then(parse_go_duration);
+        // Azure's integer seconds are rounded; OpenAI's Go durations ("1s", "6m0s") are exact.
+        let coarse =
+            reset.is_some() && value.is_some_and(|v| v.bytes().all(|b| b.is_ascii_digit()));
         (limit, num(remaining_h)?, reset, coarse)
     } else {
         let value = get(a_reset);
@@ -113,6 +116,13 @@ mod tests {
             ("x-ratelimit-reset-requests", "60ms"),
         ]);
         assert!(!report(&openai, Kind::Requests, now).unwrap().coarse);
+        let exact = h(&[
+            ("x-ratelimit-limit-requests", "60"),
+            ("x-ratelimit-remaining-requests", "59"),
+            ("x-ratelimit-reset-requests", "1s"),
+        ]);
+        let r = report(&exact, Kind::Requests, now).unwrap();
+        assert!(!r.coarse, "a Go duration is exact, whole seconds or not");
         let azure = h(&[
             ("x-ratelimit-limit-tokens", "60000"),
             ("x-ratelimit-remaining-tokens", "59000"),

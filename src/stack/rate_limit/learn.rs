@@ -877,7 +877,7 @@ impl Pacer {
                     || !matches!(self.source, Source::Headers | Source::Observed);
                 // A rounded reset under two seconds bounds little from above: the bucket may
                 // refill within a fraction of a second, at this rate or many times it.
-                let loose = whole_seconds && reset < Duration::from_secs(2);
+                let loose = r.coarse && reset < Duration::from_secs(2);
                 if fresh {
                     self.header_rate = sample;
                     self.header_rate_loose = loose;

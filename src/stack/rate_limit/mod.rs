@@ -16,7 +16,8 @@
 //! - `learn`: the pacers, pure state machines in virtual time.
 //! - `bucket`: configured ceilings as token buckets on tokio's clock.
 //! - `estimate`: token estimates of a request body.
-//! - `pool`: several credentials for one upstream (`keys`), a partition each.
+//! - `pool`: several credentials for one upstream (`keys`), a partition each (and one per key
+//!   and model in the map of partitions, when the scope includes the model).
 
 pub mod bucket;
 pub mod estimate;
@@ -50,8 +51,8 @@ use crate::stack::retry::{buffer_error, replay};
 use crate::sync::lock;
 
 /// Most partitions kept. When full, a new key evicts the partitions idle for
-/// [`PARTITION_IDLE`]; only if none is idle does it share the upstream's default partition
-/// (until a later sweep finds room).
+/// [`PARTITION_IDLE`]; only if none is idle does it share the upstream's default partition (a
+/// pooled key's model: the key's own partition) until a later sweep finds room.
 pub const MAX_PARTITIONS: usize = 10_000;
 
 /// A partition no request has taken for this long, none holds, and no 429 pauses, may be
@@ -141,7 +142,7 @@ pub struct RateLimitShared {
     metrics: UpstreamMetrics,
     /// With `[fleet]`: every partition leases from the fleet's shared buckets.
     fleet: Option<Arc<Fleet>>,
-    /// With `keys`: a partition per pooled key.
+    /// With `keys`: a partition per pooled key (its partitions per model are in `by_key`).
     pool: Option<Pool>,
     /// Tokens the upstream counted per prompt token estimated.
     prompt_ratio: Arc<PromptRatio>,

@@ -462,10 +462,6 @@ impl Group {
     }
 }
 
-/// `body` with its top-level JSON `"model"` set to `model`, added first when absent; unchanged
-/// when it is not a JSON object. Only the value's bytes change: every other byte (whitespace,
-/// key order, numbers of any size) stays as the client wrote it, and the rest of the body is
-/// scanned, never built into a tree.
 /// The raw values of `body`'s top-level `"model"` keys, if `body` is a JSON object (the only
 /// body [`with_model`] rewrites), read without building it.
 fn model_spans(body: &[u8]) -> Option<Vec<&serde_json::value::RawValue>> {
@@ -474,6 +470,10 @@ fn model_spans(body: &[u8]) -> Option<Vec<&serde_json::value::RawValue>> {
         .map(|TopLevel(spans)| spans)
 }
 
+/// `body` with its top-level JSON `"model"` set to `model`, added first when absent; unchanged
+/// when it is not a JSON object. Only the value's bytes change: every other byte (whitespace,
+/// key order, numbers of any size) stays as the client wrote it, and the rest of the body is
+/// scanned, never built into a tree.
 pub fn with_model(body: &Bytes, model: &str) -> Bytes {
     match model_spans(body) {
         Some(spans) => splice_model(body, &spans, model),

@@ -549,6 +549,7 @@ impl std::ops::Deref for UpstreamMetrics {
 }
 
 /// Learned-limit gauges of one bucket kind.
+#[derive(Clone)]
 pub struct KindGauges {
     rate: Gauge,
     burst: Gauge,
@@ -637,18 +638,16 @@ pub struct Handles {
 }
 
 impl Handles {
-    /// Run `f` on the pacing gauges of `kind` and `model` (bound on first use).
-    fn kind(&self, kind: &str, model: &str, f: impl FnOnce(&KindGauges)) {
-        let k = usize::from(kind != "requests");
+    /// The pacing gauges of the partitions labelled `model` (see [`model_label`]), bound on
+    /// first use: a partition takes them once and sets them without a lock on every answer.
+    pub fn pacing(&self, model: &str) -> PacingGauges {
         let mut kinds = lock(&self.kinds);
-        let i = match kinds.iter().position(|(m, _)| &**m == model) {
-            Some(i) => i,
-            None => {
-                kinds.push((model.into(), self.pacing.bind(&self.name, model)));
-                kinds.len() - 1
-            }
-        };
-        f(&kinds[i].1[k]);
+        if let Some((_, gauges)) = kinds.iter().find(|(m, _)| &**m == model) {
+            return PacingGauges(gauges.clone());
+        }
+        let gauges = self.pacing.bind(&self.name, model);
+        kinds.push((model.into(), gauges.clone()));
+        PacingGauges(gauges)
     }
     pub fn name(&self) -> &str {
         &self.name
@@ -703,22 +702,28 @@ impl Handles {
     pub fn corral_error(&self, cause: &str) {
         self.corral_errors.inc(&self.name, cause);
     }
-    /// The pace of bucket `kind` of the partitions labelled `model` (see [`model_label`]).
-    pub fn learned(&self, kind: &str, model: &str, rate: f64, burst: f64) {
-        self.kind(kind, model, |k| {
-            set_if_changed(&k.rate, rate);
-            set_if_changed(&k.burst, burst);
-        });
+}
+
+/// One model label's pacing gauges (see [`Handles::pacing`]), requests then tokens.
+pub struct PacingGauges([KindGauges; 2]);
+
+impl PacingGauges {
+    fn kind(&self, kind: &str) -> &KindGauges {
+        &self.0[usize::from(kind != "requests")]
     }
-    pub fn remaining(&self, kind: &str, model: &str, remaining: f64) {
-        self.kind(kind, model, |k| set_if_changed(&k.remaining, remaining));
+    /// The pace of bucket `kind`, and its burst.
+    pub fn learned(&self, kind: &str, rate: f64, burst: f64) {
+        let k = self.kind(kind);
+        set_if_changed(&k.rate, rate);
+        set_if_changed(&k.burst, burst);
     }
-    pub fn limit_source(&self, kind: &str, model: &str, source: &str) {
-        self.kind(kind, model, |k| {
-            for (gauge, s) in k.sources.iter().zip(SOURCES) {
-                set_if_changed(gauge, if s == source { 1.0 } else { 0.0 });
-            }
-        });
+    pub fn remaining(&self, kind: &str, remaining: f64) {
+        set_if_changed(&self.kind(kind).remaining, remaining);
+    }
+    pub fn limit_source(&self, kind: &str, source: &str) {
+        for (gauge, s) in self.kind(kind).sources.iter().zip(SOURCES) {
+            set_if_changed(gauge, if s == source { 1.0 } else { 0.0 });
+        }
     }
 }
 
@@ -798,8 +803,8 @@ mod tests {
 
         let m = Metrics::new();
         let up = m.upstream("openai");
-        up.learned("requests", "gpt-4o", 50.0, 100.0);
-        up.learned("requests", OTHER_MODEL, 5.0, 10.0);
+        up.pacing("gpt-4o").learned("requests", 50.0, 100.0);
+        up.pacing(OTHER_MODEL).learned("requests", 5.0, 10.0);
         let text = m.render();
         for line in [
             r#"corral_learned_rate_per_second{kind="requests",model="gpt-4o",upstream="openai"} 50"#,

@@ -191,9 +191,9 @@ impl RateLimitShared {
             (scope != config::Partition::Upstream).then(|| (Mutex::default(), partition_hasher()));
         if config.rate_limit == LearnMode::Off {
             let source = |configured: bool| if configured { "config" } else { "none" };
-            let none = crate::metrics::NO_MODEL;
-            metrics.limit_source("requests", none, source(config.limits.rpm.is_some()));
-            metrics.limit_source("tokens", none, source(config.limits.tpm.is_some()));
+            let gauges = metrics.pacing(crate::metrics::NO_MODEL);
+            gauges.limit_source("requests", source(config.limits.rpm.is_some()));
+            gauges.limit_source("tokens", source(config.limits.tpm.is_some()));
         }
         Arc::new(Self {
             default: Arc::new(Partition::new(config, fleet.as_ref().map(|f| (f, None)))),

@@ -21,7 +21,7 @@
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use http::HeaderMap;
@@ -36,7 +36,7 @@ use crate::classify::{Outcome, Reason, Throttle};
 use crate::config::{LearnMode, Priority, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::fleet::{Fleet, Lease};
-use crate::metrics::UpstreamMetrics;
+use crate::metrics::{PacingGauges, UpstreamMetrics};
 use crate::provider::{self, Kind, Report};
 use crate::stack::priority::PriorityGate;
 use crate::sync::lock;
@@ -137,8 +137,9 @@ pub struct Partition {
     /// With `[fleet]`: the lease on the fleet's shared buckets (instead of the configured
     /// ceilings, which then live in Redis).
     lease: Option<Arc<Lease>>,
-    /// The `model` label of its pacing metrics.
+    /// The `model` label of its pacing metrics, and their gauges (taken on its first answer).
     metric_model: Box<str>,
+    gauges: OnceLock<PacingGauges>,
     /// With nothing else to pace waiters released by a pause, each waits up to this much more.
     release_jitter: Duration,
     /// The pause after a 429 with no hint and no learned pace.
@@ -225,6 +226,7 @@ impl Partition {
             default_pause: config.retry.base.0,
             rng: Mutex::new(SmallRng::from_os_rng()),
             metric_model: crate::metrics::NO_MODEL.into(),
+            gauges: OnceLock::new(),
         }
     }
 
@@ -521,11 +523,13 @@ impl Partition {
             }
             for pacer in [&p.requests, &p.tokens] {
                 let kind = pacer.kind().label();
-                let model = &*self.metric_model;
-                metrics.learned(kind, model, pacer.rate(), pacer.burst());
-                metrics.limit_source(kind, model, pacer.source().label());
+                let gauges = self
+                    .gauges
+                    .get_or_init(|| metrics.pacing(&self.metric_model));
+                gauges.learned(kind, pacer.rate(), pacer.burst());
+                gauges.limit_source(kind, pacer.source().label());
                 if let Some(r) = pacer.last_remaining {
-                    metrics.remaining(kind, model, r);
+                    gauges.remaining(kind, r);
                 }
             }
             self.tokens_learned

@@ -165,6 +165,9 @@ async fn a_reload_applies_the_quick_start_flags_again() {
         after["rate_limit"]["config_requests"]["burst"], 2,
         "{after}"
     );
+    // The generation shows in /status before the log line has come through the pipe; the
+    // restart-only warning, if any, is logged before it.
+    eventually(Duration::from_secs(5), || corral.log_has("config reloaded")).await;
     let reloaded = corral
         .log()
         .into_iter()
@@ -248,6 +251,11 @@ async fn a_reload_keeps_restart_only_settings_and_fleet_and_names_them() {
     assert_eq!(corral.get(corral.addr, "/v1/ok").await.0, 200);
     assert_eq!(corral.get(admin, "/healthz").await.0, 200);
 
+    // The log line comes through the pipe after the generation shows in /status.
+    eventually(Duration::from_secs(5), || {
+        corral.log_has("take effect on restart only")
+    })
+    .await;
     let warning = corral
         .log()
         .into_iter()

@@ -188,22 +188,38 @@ pub fn check_path(path: &str) -> Result<(), ProxyError> {
     if path.contains('\\') {
         return bad();
     }
+    // Nothing percent-encoded (the common case): only a raw dot segment, before any `;`
+    // parameter, can leave the route, and no copy of the path is needed to find one.
+    let leaves = if path.contains('%') {
+        leaves_when_decoded(path)
+    } else {
+        path.split('/')
+            .map(|segment| segment.split(';').next().unwrap_or_default())
+            .any(|segment| segment == "." || segment == "..")
+    };
+    if leaves {
+        bad()
+    } else {
+        Ok(())
+    }
+}
+
+/// Whether a path with percent-encoding could leave its route once an upstream decodes it.
+fn leaves_when_decoded(path: &str) -> bool {
     // An encoded `;` starts a path parameter for upstreams that decode before they strip it
     // (`..%3bx` is `..`); a NUL byte is never part of a real path.
     let lower = path.to_ascii_lowercase().replace("%3b", ";");
-    for encoded in ["%2f", "%5c", "%00", "%252e", "%252f", "%255c"] {
-        if lower.contains(encoded) {
-            return bad();
-        }
+    if ["%2f", "%5c", "%00", "%252e", "%252f", "%255c"]
+        .iter()
+        .any(|encoded| lower.contains(encoded))
+    {
+        return true;
     }
-    for segment in lower.split('/') {
+    lower.split('/').any(|segment| {
         let segment = segment.split(';').next().unwrap_or_default();
         let decoded = segment.replace("%2e", ".");
-        if decoded == "." || decoded == ".." {
-            return bad();
-        }
-    }
-    Ok(())
+        decoded == "." || decoded == ".."
+    })
 }
 
 fn matches_route(route: &str, path: &str) -> bool {
@@ -308,6 +324,18 @@ mod tests {
             "/",
         ] {
             assert!(check_path(good).is_ok(), "{good}");
+        }
+    }
+
+    proptest::proptest! {
+        /// A path without percent-encoding takes the short way, and it refuses exactly what
+        /// the decoding check refuses.
+        #[test]
+        fn the_short_way_agrees_with_the_decoding_check(
+            path in "(/(\\.|\\.\\.|[a-z.;=]{0,4})){0,5}/?"
+        ) {
+            let short = check_path(&path).is_err();
+            proptest::prop_assert_eq!(short, leaves_when_decoded(&path), "{}", path);
         }
     }
 }

@@ -117,6 +117,7 @@ impl Upstream {
             uri.push('?');
             uri.push_str(q);
         }
-        uri.parse().ok()
+        // From the `String` itself: parsing a `&str` would copy it once more.
+        Uri::try_from(uri).ok()
     }
 }

@@ -211,14 +211,20 @@ pub fn withheld(own: &[HeaderName], credential: bool, also: &[HeaderName]) -> Ve
 
 /// Remove hop-by-hop headers, including any the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+    // The `Connection` values are moved out first (no copy, no allocation without one), so the
+    // names they list can be removed by reference: a name that is not a valid header name is in
+    // no map, and removing it does nothing.
+    if let header::Entry::Occupied(connection) = headers.entry(header::CONNECTION) {
+        let values: Vec<HeaderValue> = connection.remove_entry_mult().1.collect();
+        for name in values
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+        {
+            headers.remove(name.trim());
+        }
+    }
+    for name in HOP_BY_HOP.iter() {
         headers.remove(name);
     }
     headers.remove(header::UPGRADE);
@@ -246,7 +252,8 @@ pub fn upstream_headers(
         Some(prior) if !prior.trim().is_empty() => format!("{prior}, {peer}"),
         _ => peer.to_string(),
     };
-    if let Ok(value) = HeaderValue::from_str(&forwarded) {
+    // From the `String` itself: `from_str` would copy it once more.
+    if let Ok(value) = HeaderValue::try_from(forwarded) {
         headers.insert(X_FORWARDED_FOR, value);
     }
     for (name, value) in inject {
@@ -331,6 +338,9 @@ mod tests {
         let h = map(&[
             ("connection", "close, x-private"),
             ("x-private", "1"),
+            // A second `Connection` line, its name in another case.
+            ("connection", " X-Other "),
+            ("x-other", "2"),
             ("keep-alive", "timeout=5"),
             ("transfer-encoding", "chunked"),
             ("upgrade", "websocket"),
@@ -341,6 +351,7 @@ mod tests {
         for gone in [
             "connection",
             "x-private",
+            "x-other",
             "keep-alive",
             "transfer-encoding",
             "upgrade",

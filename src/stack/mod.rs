@@ -41,7 +41,6 @@ pub mod timeout;
 use std::sync::Arc;
 
 use http::Response;
-use tower::util::BoxCloneSyncService;
 use tower::ServiceBuilder;
 
 use crate::body::Body;
@@ -51,10 +50,69 @@ use crate::error::ProxyError;
 use crate::fleet::Fleet;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::CatchPanicLayer;
+use crate::stack::layer::{BoxFuture, CatchPanicLayer};
 
-/// A built stack: clone it per request (clones share all state).
-pub type Stack = BoxCloneSyncService<ProxyRequest, Response<Body>, ProxyError>;
+/// A built stack: clone it per request (clones share all state, and a clone is one reference
+/// count). Every layer is always ready, so it is called without waiting for readiness.
+#[derive(Clone)]
+pub struct Stack(Arc<dyn Call>);
+
+impl Stack {
+    /// `service` behind one `Arc`: a request clones the service's own handles on the stack,
+    /// where a boxed clonable service would box a clone of it, and box its future again.
+    pub fn new<S>(service: S) -> Self
+    where
+        S: tower::Service<
+                ProxyRequest,
+                Response = Response<Body>,
+                Error = ProxyError,
+                Future = BoxFuture,
+            > + Clone
+            + Send
+            + Sync
+            + 'static,
+    {
+        Self(Arc::new(service))
+    }
+}
+
+/// A service called through a shared reference: a clone of it takes the request.
+trait Call: Send + Sync {
+    fn call_cloned(&self, req: ProxyRequest) -> BoxFuture;
+}
+
+impl<S> Call for S
+where
+    S: tower::Service<
+            ProxyRequest,
+            Response = Response<Body>,
+            Error = ProxyError,
+            Future = BoxFuture,
+        > + Clone
+        + Send
+        + Sync,
+{
+    fn call_cloned(&self, req: ProxyRequest) -> BoxFuture {
+        self.clone().call(req)
+    }
+}
+
+impl tower::Service<ProxyRequest> for Stack {
+    type Response = Response<Body>;
+    type Error = ProxyError;
+    type Future = BoxFuture;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), ProxyError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: ProxyRequest) -> BoxFuture {
+        self.0.call_cloned(req)
+    }
+}
 
 /// Handles on the stack's shared state, for `/status`.
 #[derive(Clone)]
@@ -161,7 +219,7 @@ where
         rate_limit,
         retry,
     };
-    (BoxCloneSyncService::new(service), state)
+    (Stack::new(service), state)
 }
 
 #[cfg(test)]

@@ -251,8 +251,9 @@ async fn herd_against_queueing_backend(n: usize, slots: usize, service: ServiceT
             answer
         })
     };
-    // Boxed: spawning the bare layered service trips a higher-ranked lifetime error.
-    let stack: crate::stack::Stack = tower::util::BoxCloneSyncService::new(tower::Layer::layer(
+    // Behind the stack's own type: spawning the bare layered service trips a higher-ranked
+    // lifetime error.
+    let stack = crate::stack::Stack::new(tower::Layer::layer(
         &ConcurrencyLayer::new(Arc::clone(&w)),
         backend,
     ));
@@ -376,7 +377,7 @@ async fn only_first_attempt_successes_teach_the_window() {
         });
         answer
     });
-    let stack: crate::stack::Stack = tower::util::BoxCloneSyncService::new(tower::Layer::layer(
+    let stack = crate::stack::Stack::new(tower::Layer::layer(
         &ConcurrencyLayer::new(Arc::clone(&w)),
         backend,
     ));

@@ -347,7 +347,10 @@ struct Activity {
     in_progress: AtomicUsize,
     /// When the last request ended (nanoseconds after `origin`).
     idle_since: AtomicU64,
-    handed: std::sync::Mutex<Vec<std::sync::Weak<Handed>>>,
+    /// One per request in progress. A request that ends leaves its entry for the next one (an
+    /// entry only this list holds is free), so requests on a kept-alive connection allocate
+    /// none; the list is as long as the most requests this connection had in progress at once.
+    handed: std::sync::Mutex<Vec<Arc<Handed>>>,
 }
 
 /// When a response's last frame went to hyper and hyper has not asked for the next one since
@@ -382,16 +385,25 @@ impl Activity {
     /// A request has begun; it ends when the returned guard drops.
     fn begin(self: &Arc<Self>) -> InFlight {
         self.in_progress.fetch_add(1, Ordering::AcqRel);
-        let handed = Arc::new(Handed {
-            origin: self.origin,
-            at: AtomicU64::new(0),
-        });
         let mut all = self
             .handed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        all.retain(|h| h.strong_count() > 0);
-        all.push(Arc::downgrade(&handed));
+        // Entries are cloned only here, under the lock: one held by the list alone stays free.
+        let handed = match all.iter().find(|h| Arc::strong_count(h) == 1) {
+            Some(free) => {
+                free.at.store(0, Ordering::Relaxed);
+                Arc::clone(free)
+            }
+            None => {
+                let handed = Arc::new(Handed {
+                    origin: self.origin,
+                    at: AtomicU64::new(0),
+                });
+                all.push(Arc::clone(&handed));
+                handed
+            }
+        };
         drop(all);
         InFlight(Arc::clone(self), handed)
     }
@@ -407,9 +419,10 @@ impl Activity {
                 .handed
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // A free entry (the list's alone) keeps its last request's mark: skipped.
             let stalled = all
                 .iter()
-                .filter_map(std::sync::Weak::upgrade)
+                .filter(|h| Arc::strong_count(h) > 1)
                 .filter_map(|h| h.since())
                 .any(|since| now.saturating_duration_since(since) >= limit);
             if stalled {

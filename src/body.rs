@@ -140,6 +140,9 @@ pin_project! {
         idle: Duration,
         #[pin]
         idle_sleep: Option<Sleep>,
+        deadline_at: Option<Instant>,
+        // Made the first time the body waits: a body whose frames are ready when asked for
+        // reads the clock instead of putting a timer in the runtime's wheel.
         #[pin]
         deadline: Option<Sleep>,
         on_timeout: Option<F>,
@@ -157,7 +160,8 @@ where
             inner,
             idle,
             idle_sleep: None,
-            deadline: deadline.map(tokio::time::sleep_until),
+            deadline_at: deadline,
+            deadline: None,
             on_timeout: Some(on_timeout),
             timed_out: None,
         }
@@ -181,30 +185,35 @@ where
         if let Some(kind) = *this.timed_out {
             return Poll::Ready(Some(Err(BodyTimeout(kind).into())));
         }
-        // The deadline first: a body that always has data ready must still end at it.
-        let fired = if this
-            .deadline
-            .as_mut()
-            .as_pin_mut()
-            .is_some_and(|d| d.poll(cx).is_ready())
-        {
-            Some(TimeoutKind::Deadline)
-        } else {
-            match this.inner.poll_frame(cx) {
-                Poll::Ready(frame) => {
-                    this.idle_sleep.set(None);
-                    return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
-                }
-                Poll::Pending => {
-                    if this.idle_sleep.is_none() {
-                        this.idle_sleep.set(Some(tokio::time::sleep(*this.idle)));
+        let fired = match this.inner.poll_frame(cx) {
+            // A body that always has data ready must still end at the deadline.
+            Poll::Ready(_) if this.deadline_at.is_some_and(|d| Instant::now() >= d) => {
+                Some(TimeoutKind::Deadline)
+            }
+            Poll::Ready(frame) => {
+                this.idle_sleep.set(None);
+                return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+            }
+            Poll::Pending
+                if this.deadline_at.is_some_and(|at| {
+                    if this.deadline.is_none() {
+                        this.deadline.set(Some(tokio::time::sleep_until(at)));
                     }
-                    let idle = this.idle_sleep.as_mut().as_pin_mut().expect("just set");
-                    if idle.poll(cx).is_pending() {
-                        return Poll::Pending;
-                    }
-                    Some(TimeoutKind::Idle)
+                    let deadline = this.deadline.as_mut().as_pin_mut().expect("just set");
+                    deadline.poll(cx).is_ready()
+                }) =>
+            {
+                Some(TimeoutKind::Deadline)
+            }
+            Poll::Pending => {
+                if this.idle_sleep.is_none() {
+                    this.idle_sleep.set(Some(tokio::time::sleep(*this.idle)));
                 }
+                let idle = this.idle_sleep.as_mut().as_pin_mut().expect("just set");
+                if idle.poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                Some(TimeoutKind::Idle)
             }
         };
         let kind = fired.expect("a clock fired");

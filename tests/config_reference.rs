@@ -1,6 +1,6 @@
-//! README's "Configuration reference" stays in step with the config structs: every key of every
-//! table is documented, no documented key is gone, and each literal default in the tables is the
-//! default the structs really have.
+//! `docs/configuration.md`'s "Configuration reference" stays in step with the config structs: every
+//! key of every table is documented, no documented key is gone, and each literal default in the
+//! tables is the default the structs really have.
 //!
 //! The real keys come from serializing a [`Config`] with one upstream (serde_json keeps `None`
 //! fields as `null`, so optional keys are listed too); the documented ones from the
@@ -15,14 +15,15 @@ use serde_json::Value;
 /// Tables whose keys are the user's (header names), documented as one key.
 const FREE_FORM: &[&str] = &["upstream.headers", "upstream.limits.model_groups"];
 
-/// The README's section, and the table (`""` for the top level) each `### ` heading documents.
-fn readme_tables() -> BTreeMap<String, Vec<(String, String)>> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
-    let readme = std::fs::read_to_string(path).expect("read README.md");
-    let start = readme
+/// `docs/configuration.md`'s reference section, and the table (`""` for the top level) each
+/// `### ` heading documents.
+fn reference_tables() -> BTreeMap<String, Vec<(String, String)>> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/configuration.md");
+    let page = std::fs::read_to_string(path).expect("read docs/configuration.md");
+    let start = page
         .find("\n## Configuration reference\n")
-        .expect("README has a `## Configuration reference` section");
-    let section = &readme[start + 1..];
+        .expect("docs/configuration.md has a `## Configuration reference` section");
+    let section = &page[start + 1..];
     let end = section[3..].find("\n## ").map_or(section.len(), |i| i + 3);
     let mut tables = BTreeMap::new();
     let mut current: Option<String> = None;
@@ -113,12 +114,12 @@ fn walk(name: &str, value: &Value, tables: &mut BTreeMap<String, BTreeMap<String
 
 #[test]
 fn every_config_key_is_documented_and_every_documented_key_exists() {
-    let documented = readme_tables();
+    let documented = reference_tables();
     let real = struct_tables();
     assert_eq!(
         documented.keys().collect::<BTreeSet<_>>(),
         real.keys().collect::<BTreeSet<_>>(),
-        "README `### ` tables (left) vs the config's tables (right)"
+        "docs/configuration.md `### ` tables (left) vs the config's tables (right)"
     );
     for (table, rows) in &documented {
         let shown = if table.is_empty() { "top level" } else { table };
@@ -140,7 +141,7 @@ fn every_config_key_is_documented_and_every_documented_key_exists() {
         let extra: Vec<_> = keys.difference(&want).collect();
         assert!(
             missing.is_empty() && extra.is_empty(),
-            "README table for {shown}: undocumented keys {missing:?}, documented keys that do not \
+            "docs/configuration.md table for {shown}: undocumented keys {missing:?}, documented keys that do not \
              exist {extra:?}"
         );
     }
@@ -149,10 +150,10 @@ fn every_config_key_is_documented_and_every_documented_key_exists() {
 /// `"30s"`, `1024`, `true`, `0.97`, `[]`, `{}`, `unset`, `"32MiB"` compared with the struct's
 /// default; prose defaults (`required`, `rpm / 60`, ...) are left to the reader.
 #[test]
-fn literal_defaults_in_the_readme_are_the_real_defaults() {
+fn literal_defaults_in_the_reference_are_the_real_defaults() {
     let real = struct_tables();
     let mut compared = 0;
-    for (table, rows) in readme_tables() {
+    for (table, rows) in reference_tables() {
         for (key, default) in rows {
             let Some(actual) = real.get(&table).and_then(|t| t.get(&key)) else {
                 continue;
@@ -165,7 +166,7 @@ fn literal_defaults_in_the_readme_are_the_real_defaults() {
                 if default == "unset" {
                     assert!(
                         actual.is_null(),
-                        "{table} {key}: README says unset, is {actual}"
+                        "{table} {key}: docs/configuration.md says unset, is {actual}"
                     );
                     compared += 1;
                 }
@@ -183,7 +184,7 @@ fn literal_defaults_in_the_readme_are_the_real_defaults() {
             };
             assert!(
                 same,
-                "README says `{table}{}{key}` defaults to {literal}; the structs say {actual}",
+                "docs/configuration.md says `{table}{}{key}` defaults to {literal}; the structs say {actual}",
                 if table.is_empty() { "" } else { "." }
             );
             compared += 1;

@@ -8,7 +8,7 @@ use corral::{config, server, shutdown};
 
 /// mimalloc, built without transparent huge pages (with them, its arenas took peak RSS from
 /// 16 to 27 MiB): on `benches/overhead.sh` it cut corral's p99 by about half and its CPU per
-/// request by a few percent against glibc's malloc (figures in the README's Overhead section).
+/// request by a few percent against glibc's malloc (figures in docs/benchmarks.md, Overhead).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -328,11 +328,11 @@ async fn cooled_down(corral: &Corral) {
     }
 }
 
-/// README, the breaker (`on_open = "reject"`) over HTTP, its whole lifecycle: failures open it;
-/// while open corral answers 503 itself (`x-corral-error`, `retry-after`) and sends nothing
-/// upstream; after the cool-down two probes go out, and one failing of two (with
-/// `close_error_rate = 0`) opens it again; two probes whose clients disconnect give their slots
-/// back, so the next requests probe, succeed and close it.
+/// docs/design.md, the breaker (`on_open = "reject"`) over HTTP, its whole lifecycle: failures open
+/// it; while open corral answers 503 itself (`x-corral-error`, `retry-after`) and sends nothing
+/// upstream; after the cool-down two probes go out, and one failing of two (with `close_error_rate
+/// = 0`) opens it again; two probes whose clients disconnect give their slots back, so the next
+/// requests probe, succeed and close it.
 #[tokio::test]
 async fn the_breakers_lifecycle_over_http_including_a_probe_whose_client_leaves() {
     let (upstream, mode) = switchable().await;

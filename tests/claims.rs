@@ -1,7 +1,7 @@
-//! Claims the README makes about the request path, each checked over real sockets through
-//! `server::run`: key partitions, the client's deadline header, tokens charged from a
-//! configured `tpm`. Timing bounds are one-sided (a paced wait can only be longer on a slow
-//! machine) or generous, and stated per assert.
+//! Claims the docs make about the request path (`docs/design.md`, `docs/configuration.md`), each
+//! checked over real sockets through `server::run`: key partitions, the client's deadline header,
+//! tokens charged from a configured `tpm`. Timing bounds are one-sided (a paced wait can only be
+//! longer on a slow machine) or generous, and stated per assert.
 
 mod support;
 
@@ -29,10 +29,10 @@ fn with_key(
     req
 }
 
-/// README, `partition = "api_key"`: one set of buckets per client credential. Three callers
-/// (two keys and one without a key) each get their bucket of one at once; a key's second
-/// request waits for its own bucket (one every 3 s); and the key appears in neither `/metrics`
-/// nor `/status`.
+/// docs/configuration.md, `partition = "api_key"`: one set of buckets per client credential. Three
+/// callers (two keys and one without a key) each get their bucket of one at once; a key's second
+/// request waits for its own bucket (one every 3 s); and the key appears in neither `/metrics` nor
+/// `/status`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_api_key_has_its_own_buckets_and_shows_nowhere() {
     let upstream = ok_upstream().await;
@@ -84,7 +84,7 @@ async fn each_api_key_has_its_own_buckets_and_shows_nowhere() {
     );
 }
 
-/// README, Deadline: a client may shorten the deadline with `x-corral-deadline-ms`, never
+/// docs/design.md, Deadline: a client may shorten the deadline with `x-corral-deadline-ms`, never
 /// lengthen it; the header is corral's and never reaches the upstream; with no answer in time
 /// the client gets a 504.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,8 +134,8 @@ async fn the_deadline_header_shortens_never_lengthens_and_stays_with_corral() {
     }
 }
 
-/// README, `tpm`: every request is charged its estimate (prompt characters / 4 plus its
-/// `max_tokens`), counted in `corral_tokens_charged_total`.
+/// docs/configuration.md, `tpm`: every request is charged its estimate (prompt characters / 4 plus
+/// its `max_tokens`), counted in `corral_tokens_charged_total`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configured_tpm_charges_each_request_its_estimate() {
     let upstream = ok_upstream().await;
@@ -170,7 +170,7 @@ async fn always(
     .await
 }
 
-/// README, Stacked retries: when corral retried a failure and gives up (`max_retries`), the
+/// docs/design.md, Stacked retries: when corral retried a failure and gives up (`max_retries`), the
 /// upstream's own answer reaches the client with `x-should-retry: false` added, so an SDK does
 /// not retry it again; `mark_given_up = false` leaves the answer as it came.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,9 +200,9 @@ async fn a_given_up_answer_is_marked_unless_marking_is_off() {
     }
 }
 
-/// README, permanent 429s: a 429 no wait can cure (OpenAI's `insufficient_quota`, Anthropic's
-/// `enforced_spend_limit_reached`, also under `error.details`) goes back to the client at once,
-/// untouched and never retried; a billing message that comes with a `retry-after` is a
+/// docs/design.md, permanent 429s: a 429 no wait can cure (OpenAI's `insufficient_quota`,
+/// Anthropic's `enforced_spend_limit_reached`, also under `error.details`) goes back to the client
+/// at once, untouched and never retried; a billing message that comes with a `retry-after` is a
 /// throttle, and is retried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permanent_429_is_passed_on_at_once_and_a_hinted_one_is_retried() {
@@ -245,11 +245,11 @@ async fn a_permanent_429_is_passed_on_at_once_and_a_hinted_one_is_retried() {
     }
 }
 
-/// README, Stacked retries: the other two ways corral gives up on a failure, each marked. The
-/// retry budget refusing a retry (budget 0: not even a first retry) marks the first answer,
-/// since the client's own retries would add the load the budget holds back; the deadline
-/// passing between retries (or, on a busy machine, during the last attempt) marks the last
-/// answer, counted as `deadline` either way.
+/// docs/design.md, Stacked retries: the other two ways corral gives up on a failure, each marked.
+/// The retry budget refusing a retry (budget 0: not even a first retry) marks the first answer,
+/// since the client's own retries would add the load the budget holds back; the deadline passing
+/// between retries (or, on a busy machine, during the last attempt) marks the last answer, counted
+/// as `deadline` either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn giving_up_on_the_budget_or_the_deadline_is_marked() {
     let error = serde_json::json!({"error": {"message": "unavailable", "type": "server_error"}});
@@ -292,11 +292,11 @@ async fn giving_up_on_the_budget_or_the_deadline_is_marked() {
     }
 }
 
-/// README, The server's hint is a floor: a retried failure that names a wait (here a 503 with
-/// `retry-after: 1`) is resent after the hint plus U(0, floor_jitter), so eight clients told
+/// docs/design.md, The server's hint is a floor: a retried failure that names a wait (here a 503
+/// with `retry-after: 1`) is resent after the hint plus U(0, floor_jitter), so eight clients told
 /// "1 s" come back over half a second, not at once. Each resend is at least 1 s after its first
-/// answer and at most 1 s + floor_jitter + 1 s of scheduling slack; the eight resends span
-/// more than 50 ms (all eight draws of U(0, 500 ms) within 50 ms: p < 1e-5).
+/// answer and at most 1 s + floor_jitter + 1 s of scheduling slack; the eight resends span more
+/// than 50 ms (all eight draws of U(0, 500 ms) within 50 ms: p < 1e-5).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hinted_failure_waits_the_hint_plus_the_floor_jitter() {
     const CLIENTS: usize = 8;
@@ -365,8 +365,8 @@ async fn a_hinted_failure_waits_the_hint_plus_the_floor_jitter() {
     );
 }
 
-/// README, Stacked retries: the one case marking exists for. The official `openai` SDK with its
-/// default retries ON (2) against an upstream that always answers 503: corral retries
+/// docs/design.md, Stacked retries: the one case marking exists for. The official `openai` SDK with
+/// its default retries ON (2) against an upstream that always answers 503: corral retries
 /// (`max_retries = 2`) and gives up marked, and the SDK obeys `x-should-retry: false`, so the
 /// upstream sees corral's 3 attempts and no more. With `mark_given_up = false` the SDK retries
 /// corral's answer twice more: 9 attempts (what the marking saves).
@@ -393,12 +393,12 @@ async fn the_openai_sdk_with_its_retries_on_does_not_retry_a_given_up_answer() {
     }
 }
 
-/// README, Learning: explicit `rpm` / `tpm` are hard ceilings learning never exceeds. The
-/// upstream reports a limit a thousand times larger on every answer (OpenAI's headers, nearly
-/// full buckets); corral still sends at most the configured rate. 25 requests at once under
-/// `rpm = 600` (10 a second) with a burst of 5 need at least (25 - 5) / 10 = 2 s; under
-/// `tpm` = 61,200 (1,020 tokens a second, 102 a request: the same 10 a second) with a token
-/// burst of 510 (5 requests) the same. One-sided bound: 1.8 s (a busy machine only adds time).
+/// docs/design.md, Learning the limit: explicit `rpm` / `tpm` are hard ceilings learning never
+/// exceeds. The upstream reports a limit a thousand times larger on every answer (OpenAI's headers,
+/// nearly full buckets); corral still sends at most the configured rate. 25 requests at once under
+/// `rpm = 600` (10 a second) with a burst of 5 need at least (25 - 5) / 10 = 2 s; under `tpm` =
+/// 61,200 (1,020 tokens a second, 102 a request: the same 10 a second) with a token burst of 510 (5
+/// requests) the same. One-sided bound: 1.8 s (a busy machine only adds time).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn configured_ceilings_hold_whatever_the_upstream_reports() {
     let generous: &'static [(&str, &str)] = &[

@@ -1,5 +1,6 @@
-//! README, Stacked retries: "Requests arriving with `x-stainless-retry-count > 0` are counted in
-//! `corral_client_retries_total`" (the header the official SDKs send on their own retries).
+//! docs/design.md, Stacked retries: "Requests arriving with `x-stainless-retry-count > 0` are
+//! counted in `corral_client_retries_total`" (the header the official SDKs send on their own
+//! retries).
 
 mod support;
 

@@ -1,6 +1,6 @@
-//! README, Key pools: "A request takes the key with the most headroom: one no 429 has paused,
-//! then the one with the fewest requests in flight or waiting for its buckets; ties go round in
-//! turn."
+//! docs/design.md, Key pools: "A request takes the key with the most headroom: one no 429 has
+//! paused, then the one with the fewest requests in flight or waiting for its buckets; ties go
+//! round in turn."
 
 mod support;
 

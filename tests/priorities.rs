@@ -82,10 +82,10 @@ async fn batch_ahead_of_interactive(route: &str, batch_header: Option<&str>) -> 
     at - served_before
 }
 
-/// An interactive request passes queued batch ones: at most the batch request holding the turn
-/// and the one queued for it go first (README: two batch requests' worth of capacity), plus one
-/// that may be on its way upstream as the interactive request arrives. In arrival order it
-/// would be behind about 18. The upstream never sees the header.
+/// An interactive request passes queued batch ones: at most the batch request holding the turn and
+/// the one queued for it go first (docs/design.md, Priorities: two batch requests' worth of
+/// capacity), plus one that may be on its way upstream as the interactive request arrives. In
+/// arrival order it would be behind about 18. The upstream never sees the header.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interactive_request_passes_queued_batch_ones() {
     let ahead = batch_ahead_of_interactive("", Some("batch")).await;

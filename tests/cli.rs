@@ -329,8 +329,8 @@ async fn quick_start_forwards_to_the_upstream_flag() {
     }
 }
 
-/// A `request` line for a 200 under the default access log: it may only be one that corral
-/// held for the 10 ms the README names (a thread descheduled on a busy machine), with its one
+/// A `request` line for a 200 under the default access log: it may only be one that corral held for
+/// the 10 ms docs/operations.md names (a thread descheduled on a busy machine), with its one
 /// attempt, and says so; anything else is a plain 200 logged.
 fn assert_truly_held(line: &str) {
     let field = |name: &str| {

@@ -826,12 +826,12 @@ async fn pooled_keys_each_lease_from_their_own_fleet_bucket() {
     );
 }
 
-/// README: a lost Redis costs at most one burst. Redis loses its data (`FLUSHALL`) under
-/// steady load at 1 request a second with a burst of 5; the corral does not notice (no
+/// docs/operations.md: a lost Redis costs at most one burst. Redis loses its data (`FLUSHALL`)
+/// under steady load at 1 request a second with a burst of 5; the corral does not notice (no
 /// fallback), and its next lease recreates the bucket full. From the loss until 5 s after that
-/// lease (long enough for any units granted from the lost bucket to fall due), the upstream
-/// sees at most the refill, that one burst, and one for timer slack: units of the lost bucket
-/// not yet due are not spent on top of the new one.
+/// lease (long enough for any units granted from the lost bucket to fall due), the upstream sees at
+/// most the refill, that one burst, and one for timer slack: units of the lost bucket not yet due
+/// are not spent on top of the new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_redis_costs_at_most_one_burst() {
     let Some(server) = redis() else { return };

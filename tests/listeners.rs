@@ -1,7 +1,7 @@
-//! README, Connections and Admin endpoints, the claims `tests/connections.rs` leaves out: a
-//! stream that pauses longer than `idle_timeout` is not idle; the HTTP/2 flow-control windows
-//! and stream limit corral announces; the connection-cap warning at most every 10 s; the admin
-//! listener's own cap of 64; and the admin paths no route may take.
+//! docs/operations.md, Connections and Admin endpoints, the claims `tests/connections.rs` leaves
+//! out: a stream that pauses longer than `idle_timeout` is not idle; the HTTP/2 flow-control
+//! windows and stream limit corral announces; the connection-cap warning at most every 10 s; the
+//! admin listener's own cap of 64; and the admin paths no route may take.
 
 mod support;
 
@@ -181,9 +181,9 @@ async fn read_frame(stream: &mut TcpStream) -> Frame {
     }
 }
 
-/// README: "128 KiB per connection, 64 KiB per stream, at most 100 streams per connection".
-/// corral's first SETTINGS announce the stream window and the stream limit; a WINDOW_UPDATE on
-/// the connection raises its window from the protocol's 65,535 bytes to 128 KiB.
+/// docs/operations.md: "128 KiB per connection, 64 KiB per stream, at most 100 streams per
+/// connection". corral's first SETTINGS announce the stream window and the stream limit; a
+/// WINDOW_UPDATE on the connection raises its window from the protocol's 65,535 bytes to 128 KiB.
 #[tokio::test]
 async fn http2_announces_the_documented_windows_and_stream_limit() {
     let corral = Served::start("", false).await;
@@ -242,9 +242,9 @@ async fn http2_announces_the_documented_windows_and_stream_limit() {
 
 const CAP_WARNING: &str = "connection cap reached";
 
-/// README: at the cap "a warning is logged (at most every 10 s)". The cap (1 connection) is
-/// reached three times within a second or two: one warning. Reached again more than 10 s after
-/// the first: a second one.
+/// docs/operations.md: at the cap "a warning is logged (at most every 10 s)". The cap (1
+/// connection) is reached three times within a second or two: one warning. Reached again more than
+/// 10 s after the first: a second one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_connection_cap_warning_is_logged_at_most_every_ten_seconds() {
     let corral = Served::start("max_connections = 1\nidle_timeout = \"1m\"", false).await;
@@ -272,9 +272,9 @@ async fn the_connection_cap_warning_is_logged_at_most_every_ten_seconds() {
     );
 }
 
-/// README: "The admin listener has its own cap of 64, so probes still get through". With the
-/// main listener at its cap (1), the admin listener serves; 64 open admin connections fill its
-/// own cap, so a 65th waits (no answer within 1 s) until one closes.
+/// docs/operations.md: "The admin listener has its own cap of 64, so probes still get through".
+/// With the main listener at its cap (1), the admin listener serves; 64 open admin connections fill
+/// its own cap, so a 65th waits (no answer within 1 s) until one closes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_listener_has_its_own_cap_of_64() {
     let corral = Served::start("max_connections = 1\nidle_timeout = \"1m\"", true).await;
@@ -309,8 +309,8 @@ async fn the_admin_listener_has_its_own_cap_of_64() {
 
 // ===== admin paths =====
 
-/// README: "Without `admin_listen`, no route may be one of these paths": an upstream's or a
-/// group's route on `/healthz`, `/readyz`, `/metrics` or `/status` is refused, naming the
+/// docs/operations.md: "Without `admin_listen`, no route may be one of these paths": an upstream's
+/// or a group's route on `/healthz`, `/readyz`, `/metrics` or `/status` is refused, naming the
 /// route; with `admin_listen` set it is allowed, and the main listener forwards the path. A
 /// catch-all route `/` does not hide the admin endpoints on the main listener.
 #[tokio::test]

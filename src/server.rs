@@ -672,6 +672,7 @@ impl App {
             &upstream.inject,
             upstream.header_mode,
             withheld,
+            body.len(),
         );
         let request = ProxyRequest {
             method,

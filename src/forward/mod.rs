@@ -238,13 +238,23 @@ pub fn upstream_headers(
     inject: &[(HeaderName, Secret)],
     mode: HeaderMode,
     withheld: &[HeaderName],
+    body_len: usize,
 ) -> HeaderMap {
     strip_hop_by_hop(&mut headers);
     for name in withheld {
         headers.remove(name);
     }
     headers.remove(header::HOST);
-    headers.remove(header::CONTENT_LENGTH);
+    // The client's length stays when it states the bytes corral sends (hyper would otherwise
+    // write a new value for every attempt); any other is dropped and hyper writes the body's.
+    let states_body = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        == Some(body_len);
+    if !states_body {
+        headers.remove(header::CONTENT_LENGTH);
+    }
     headers.remove(DEADLINE_HEADER);
     headers.remove(PRIORITY_HEADER);
     const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -347,7 +357,7 @@ mod tests {
             ("host", "127.0.0.1:8080"),
             ("authorization", "Bearer k"),
         ]);
-        let out = upstream_headers(h, [10, 0, 0, 1].into(), &[], HeaderMode::IfAbsent, &[]);
+        let out = upstream_headers(h, [10, 0, 0, 1].into(), &[], HeaderMode::IfAbsent, &[], 0);
         for gone in [
             "connection",
             "x-private",
@@ -364,6 +374,35 @@ mod tests {
     }
 
     #[test]
+    fn the_clients_length_stays_only_when_it_states_the_body_sent() {
+        let h = map(&[("content-length", "17")]);
+        let out = |len| {
+            upstream_headers(
+                h.clone(),
+                [127, 0, 0, 1].into(),
+                &[],
+                HeaderMode::IfAbsent,
+                &[],
+                len,
+            )
+        };
+        assert_eq!(out(17)["content-length"], "17");
+        for len in [0, 16, 170] {
+            assert!(!out(len).contains_key("content-length"), "{len}");
+        }
+        let junk = map(&[("content-length", "17, 17")]);
+        let out = upstream_headers(
+            junk,
+            [127, 0, 0, 1].into(),
+            &[],
+            HeaderMode::IfAbsent,
+            &[],
+            17,
+        );
+        assert!(!out.contains_key("content-length"));
+    }
+
+    #[test]
     fn appends_forwarded_for_and_injects_by_mode() {
         let inject = [(header::AUTHORIZATION, Secret("Bearer corral".into()))];
         let h = map(&[
@@ -376,10 +415,18 @@ mod tests {
             &inject,
             HeaderMode::IfAbsent,
             &[],
+            0,
         );
         assert_eq!(kept["x-forwarded-for"], "1.2.3.4, 127.0.0.1");
         assert_eq!(kept["authorization"], "Bearer client");
-        let forced = upstream_headers(h, [127, 0, 0, 1].into(), &inject, HeaderMode::Always, &[]);
+        let forced = upstream_headers(
+            h,
+            [127, 0, 0, 1].into(),
+            &inject,
+            HeaderMode::Always,
+            &[],
+            0,
+        );
         assert_eq!(forced["authorization"], "Bearer corral");
         let added = upstream_headers(
             HeaderMap::new(),
@@ -387,6 +434,7 @@ mod tests {
             &inject,
             HeaderMode::IfAbsent,
             &[],
+            0,
         );
         assert_eq!(added["authorization"], "Bearer corral");
     }
@@ -431,6 +479,7 @@ mod tests {
             &inject,
             HeaderMode::IfAbsent,
             &withheld,
+            0,
         );
         assert!(!out.contains_key("authorization"));
         assert_eq!(

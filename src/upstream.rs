@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::HeaderName;
+use http::header::{HeaderName, HeaderValue};
 use http::Uri;
 
-use crate::config::{HeaderMode, Secret, UpstreamConfig};
+use crate::config::{HeaderMode, UpstreamConfig};
 use crate::fleet::Fleet;
 use crate::forward;
 use crate::metrics::{Metrics, UpstreamMetrics};
@@ -22,7 +22,8 @@ pub struct Upstream {
     pub route: String,
     /// `scheme://authority/base-path` without a trailing slash.
     target_prefix: String,
-    pub inject: Vec<(HeaderName, Secret)>,
+    /// Made once: a request clones them.
+    pub inject: Vec<(HeaderName, HeaderValue)>,
     pub header_mode: HeaderMode,
     /// Every header it injects, a key pool's included.
     pub injects: Vec<HeaderName>,
@@ -82,7 +83,10 @@ impl Upstream {
                 .filter(|(_, v)| {
                     config.keys.is_empty() || !v.0.contains(crate::config::KEY_PLACEHOLDER)
                 })
-                .filter_map(|(k, v)| Some((HeaderName::from_bytes(k.as_bytes()).ok()?, v.clone())))
+                .filter_map(|(k, v)| {
+                    let name = HeaderName::from_bytes(k.as_bytes()).ok()?;
+                    Some((name, forward::injected_value(&v.0)?))
+                })
                 .collect(),
             header_mode: config.header_mode,
             body_limit: config.body_limit.0.min(buffer_cap),

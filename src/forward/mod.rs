@@ -20,7 +20,7 @@ use http::{Method, Uri};
 use tokio::time::Instant;
 
 use crate::body::{Body, Timed, TimeoutKind};
-use crate::config::{HeaderMode, Secret};
+use crate::config::HeaderMode;
 
 /// Header a client may send to shorten (never lengthen) the request's deadline. (Header names
 /// made once: a `&str` key is parsed and hashed at every lookup.)
@@ -235,7 +235,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 pub fn upstream_headers(
     mut headers: HeaderMap,
     peer: IpAddr,
-    inject: &[(HeaderName, Secret)],
+    inject: &[(HeaderName, HeaderValue)],
     mode: HeaderMode,
     withheld: &[HeaderName],
     body_len: usize,
@@ -259,22 +259,47 @@ pub fn upstream_headers(
     headers.remove(PRIORITY_HEADER);
     const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
     let forwarded = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(prior) if !prior.trim().is_empty() => format!("{prior}, {peer}"),
-        _ => peer.to_string(),
+        Some(prior) if !prior.trim().is_empty() => {
+            HeaderValue::try_from(format!("{prior}, {peer}")).ok()
+        }
+        _ => Some(forwarded_for(peer)),
     };
-    // From the `String` itself: `from_str` would copy it once more.
-    if let Ok(value) = HeaderValue::try_from(forwarded) {
+    if let Some(value) = forwarded {
         headers.insert(X_FORWARDED_FOR, value);
     }
     for (name, value) in inject {
         if mode == HeaderMode::Always || !headers.contains_key(name) {
-            if let Ok(mut v) = HeaderValue::from_str(&value.0) {
-                v.set_sensitive(true);
-                headers.insert(name.clone(), v);
-            }
+            headers.insert(name.clone(), value.clone());
         }
     }
     headers
+}
+
+/// `peer` as an `X-Forwarded-For` value. Each worker thread keeps the last one it made: a
+/// sidecar's clients share one address, and a clone of a kept value is a reference count
+/// where a new one is two allocations.
+fn forwarded_for(peer: IpAddr) -> HeaderValue {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(IpAddr, HeaderValue)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    LAST.with_borrow_mut(|last| match last {
+        Some((ip, value)) if *ip == peer => value.clone(),
+        _ => {
+            let value = HeaderValue::try_from(peer.to_string())
+                .expect("an IP address is a valid header value");
+            *last = Some((peer, value.clone()));
+            value
+        }
+    })
+}
+
+/// An injected header's value, made once per upstream and marked sensitive (kept out of debug
+/// output and from HPACK's index); `None` for a value no header can carry.
+pub fn injected_value(value: &str) -> Option<HeaderValue> {
+    let mut value = HeaderValue::from_str(value).ok()?;
+    value.set_sensitive(true);
+    Some(value)
 }
 
 /// A request's deadlines, both counted from its arrival.
@@ -403,8 +428,34 @@ mod tests {
     }
 
     #[test]
+    fn each_peer_gets_its_own_forwarded_for_whatever_came_before() {
+        let of = |peer: [u8; 4]| {
+            let out = upstream_headers(
+                HeaderMap::new(),
+                peer.into(),
+                &[],
+                HeaderMode::IfAbsent,
+                &[],
+                0,
+            );
+            out["x-forwarded-for"].to_str().unwrap().to_owned()
+        };
+        for (peer, want) in [
+            ([10, 0, 0, 1], "10.0.0.1"),
+            ([10, 0, 0, 1], "10.0.0.1"),
+            ([10, 0, 0, 2], "10.0.0.2"),
+            ([10, 0, 0, 1], "10.0.0.1"),
+        ] {
+            assert_eq!(of(peer), want);
+        }
+    }
+
+    #[test]
     fn appends_forwarded_for_and_injects_by_mode() {
-        let inject = [(header::AUTHORIZATION, Secret("Bearer corral".into()))];
+        let inject = [(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer corral"),
+        )];
         let h = map(&[
             ("x-forwarded-for", "1.2.3.4"),
             ("authorization", "Bearer client"),
@@ -471,7 +522,10 @@ mod tests {
             .iter()
             .any(|h| h == "anthropic-version"));
         let h = map(&[("authorization", "Bearer client"), ("api-key", "client")]);
-        let inject = [(HeaderName::from_static("api-key"), Secret("corral".into()))];
+        let inject = [(
+            HeaderName::from_static("api-key"),
+            HeaderValue::from_static("corral"),
+        )];
         let withheld = withheld(&[inject[0].0.clone()], true, &[]);
         let out = upstream_headers(
             h,

@@ -95,7 +95,7 @@ impl Drip {
 
 /// What this replica holds of one shared bucket.
 #[derive(Debug, Default)]
-struct Pool {
+struct Holding {
     /// The shared bucket's rate and burst (configured, or as Redis last said); `None`: it does
     /// not gate (nothing known yet).
     shared: Option<(f64, f64)>,
@@ -111,7 +111,7 @@ struct Pool {
     published: Option<(f64, f64)>,
 }
 
-impl Pool {
+impl Holding {
     fn release(&mut self, now: Instant) {
         for d in &mut self.drips {
             self.available += d.release(now);
@@ -205,7 +205,7 @@ impl Share {
 }
 
 struct State {
-    pools: [Pool; 2],
+    holdings: [Holding; 2],
     demand: Demand,
     /// Requests arriving at the partition (attempts), per second.
     arrivals: Demand,
@@ -347,7 +347,10 @@ impl Lease {
     /// the fleet is not answering).
     pub fn gates(&self) -> bool {
         self.fleet.mode() != FleetMode::Shared
-            || lock(&self.state).pools.iter().any(|p| p.shared.is_some())
+            || lock(&self.state)
+                .holdings
+                .iter()
+                .any(|p| p.shared.is_some())
     }
 
     /// A request arrived at the partition (its demand).
@@ -357,7 +360,7 @@ impl Lease {
 
     /// Whether the shared tokens bucket gates (so requests need a token estimate).
     pub fn charges_tokens(&self) -> bool {
-        lock(&self.state).pools[TOKENS].shared.is_some()
+        lock(&self.state).holdings[TOKENS].shared.is_some()
     }
 
     /// Take one request and `cost` tokens, waiting while the deadline allows; `Err`: the wait
@@ -417,11 +420,11 @@ impl Lease {
     pub fn learned(&self, kind: usize, model: Option<(f64, f64, Option<f64>)>) {
         let Some(model) = model else { return };
         let mut s = lock(&self.state);
-        let pool = &mut s.pools[kind];
-        pool.learned = Some(model);
+        let holding = &mut s.holdings[kind];
+        holding.learned = Some(model);
         // The first thing learned goes at once (the fleet may still be pacing blind); later
         // changes ride with the next lease.
-        if pool.published.is_none() && self.config[kind].is_none() {
+        if holding.published.is_none() && self.config[kind].is_none() {
             s.urgent = true;
             drop(s);
             self.wake.notify_one();
@@ -448,12 +451,12 @@ impl Lease {
                 // starts with it instead, never given back too (that would count it twice).
                 let now = Instant::now();
                 for k in 0..2 {
-                    let pool = &mut s.pools[k];
-                    pool.release(now);
-                    let usable = pool.available.max(0.0);
-                    let ahead = pool.drain() - usable;
+                    let holding = &mut s.holdings[k];
+                    holding.release(now);
+                    let usable = holding.available.max(0.0);
+                    let ahead = holding.drain() - usable;
                     // Units not yet due go back to Redis when it answers again.
-                    pool.give_back += ahead.max(0.0);
+                    holding.give_back += ahead.max(0.0);
                     s.carried[k] = usable;
                 }
                 s.share = None;
@@ -479,8 +482,8 @@ impl Lease {
     pub(super) async fn give_back(&self) -> f64 {
         let args = {
             let mut s = lock(&self.state);
-            for pool in &mut s.pools {
-                pool.give_back += pool.drain();
+            for holding in &mut s.holdings {
+                holding.give_back += holding.drain();
             }
             self.args(&mut s, true, Instant::now())
         };
@@ -495,7 +498,7 @@ impl Lease {
     /// A JSON view for `/status`.
     pub fn status(&self) -> serde_json::Value {
         let s = lock(&self.state);
-        let pool = |p: &Pool| {
+        let view = |p: &Holding| {
             serde_json::json!({
                 "shared_rate_per_second": p.shared.map(|s| s.0),
                 "shared_burst": p.shared.map(|s| s.1),
@@ -505,8 +508,8 @@ impl Lease {
         serde_json::json!({
             "mode": self.fleet.mode().label(),
             "live_replicas": s.live,
-            "requests": pool(&s.pools[REQUESTS]),
-            "tokens": pool(&s.pools[TOKENS]),
+            "requests": view(&s.holdings[REQUESTS]),
+            "tokens": view(&s.holdings[TOKENS]),
         })
     }
 
@@ -532,13 +535,13 @@ impl Lease {
             } else {
                 0.0
             };
-            let pool = &mut s.pools[k];
+            let holding = &mut s.holdings[k];
             KindArgs {
                 want,
-                epoch: pool.epoch.clone(),
-                give_back: std::mem::take(&mut pool.give_back),
+                epoch: holding.epoch.clone(),
+                give_back: std::mem::take(&mut holding.give_back),
                 config: self.config[k],
-                learned: pool.learned,
+                learned: holding.learned,
             }
         };
         let kinds = [kind(s, REQUESTS), kind(s, TOKENS)];
@@ -582,11 +585,11 @@ impl Lease {
         let active = s.waiting > 0
             || s.last_take
                 .is_some_and(|at| now.saturating_duration_since(at) < self.fleet.heartbeat_ttl);
-        let gated = s.pools.iter().any(|p| p.shared.is_some());
+        let gated = s.holdings.iter().any(|p| p.shared.is_some());
         let beat = (active && gated).then(|| s.last_call.map_or(now, |at| at + heartbeat));
         let idle = s
             .last_take
-            .filter(|_| s.waiting == 0 && s.pools.iter().any(|p| p.held() > 0.0))
+            .filter(|_| s.waiting == 0 && s.holdings.iter().any(|p| p.held() > 0.0))
             .map(|at| at + s.idle_after());
         let fallback = (self.fleet.mode() == FleetMode::Fallback && active).then_some(probe);
         [beat, idle, fallback]
@@ -605,8 +608,8 @@ impl Lease {
             sent = Instant::now();
             let idle = s.idle_holding(sent);
             if idle {
-                for pool in &mut s.pools {
-                    pool.give_back += pool.drain();
+                for holding in &mut s.holdings {
+                    holding.give_back += holding.drain();
                 }
             }
             s.urgent = false;
@@ -624,8 +627,8 @@ impl Lease {
                 // paused or stopped Redis runs it later), and losing them is the safe way to be
                 // wrong.
                 if matches!(e, super::CallError::Refused(_)) {
-                    for (pool, kind) in s.pools.iter_mut().zip(&args.kinds) {
-                        pool.give_back += kind.give_back;
+                    for (holding, kind) in s.holdings.iter_mut().zip(&args.kinds) {
+                        holding.give_back += kind.give_back;
                     }
                 }
                 if args.pause_ms > 0 {
@@ -641,20 +644,20 @@ impl Lease {
             }
         };
         let mut not_before: Option<Instant> = None;
-        for (k, pool) in s.pools.iter_mut().enumerate() {
+        for (k, holding) in s.holdings.iter_mut().enumerate() {
             let (grant, before, rate, burst) = reply.kinds[k];
-            pool.rebase(&reply.epochs[k], now);
+            holding.rebase(&reply.epochs[k], now);
             if rate > 0.0 && grant < args.kinds[k].want {
                 let wait = ((args.kinds[k].want - grant) / rate).clamp(0.01, 1.0);
                 let until = now + Duration::from_secs_f64(wait);
                 not_before = Some(not_before.map_or(until, |t: Instant| t.max(until)));
             }
-            pool.shared = (rate > 0.0).then_some((rate, burst));
+            holding.shared = (rate > 0.0).then_some((rate, burst));
             if let Some(l) = args.kinds[k].learned {
-                pool.published = Some((l.0, l.1));
+                holding.published = Some((l.0, l.1));
             }
             if rate > 0.0 && grant > 0.0 {
-                pool.drips.push_back(Drip {
+                holding.drips.push_back(Drip {
                     origin: now,
                     offset: before,
                     rate,
@@ -683,9 +686,9 @@ impl Lease {
 impl State {
     /// Nothing held yet, for buckets of these configured rates and bursts.
     fn new(config: [Option<(f64, f64)>; 2], now: Instant) -> Self {
-        let pool = |c: Option<(f64, f64)>| Pool {
+        let holding = |c: Option<(f64, f64)>| Holding {
             shared: c,
-            ..Pool::default()
+            ..Holding::default()
         };
         let demand = || Demand {
             since: now,
@@ -693,7 +696,7 @@ impl State {
             rate: 0.0,
         };
         Self {
-            pools: config.map(pool),
+            holdings: config.map(holding),
             demand: demand(),
             arrivals: demand(),
             last_take: None,
@@ -715,7 +718,7 @@ impl State {
 
     /// The block size of bucket `k`, in its units.
     fn block(&self, k: usize) -> f64 {
-        let Some((rate, burst)) = self.pools[k].shared else {
+        let Some((rate, burst)) = self.holdings[k].shared else {
             return 0.0;
         };
         let unit = if k == TOKENS {
@@ -741,15 +744,15 @@ impl State {
             1.0
         };
         self.block(k)
-            .min((self.need(k, now) - self.pools[k].held()).max(unit))
+            .min((self.need(k, now) - self.holdings[k].held()).max(unit))
     }
 
     /// Bucket `k` gates, holds less than half a block, and requests wait. (Never ahead of
     /// demand when none waits: a batch that ends must not leave units queued ahead of the
     /// replicas still working; a request that finds the lease empty waits one round trip.)
     fn wants_more(&self, k: usize, now: Instant) -> bool {
-        let held = self.pools[k].held();
-        self.pools[k].shared.is_some()
+        let held = self.holdings[k].held();
+        self.holdings[k].shared.is_some()
             && self.waiting > 0
             && ((held < self.block(k) / 2.0 && self.need(k, now) > held) || self.shortfall[k] > 0.0)
     }
@@ -777,23 +780,23 @@ impl State {
             && self
                 .last_take
                 .is_some_and(|at| now.saturating_duration_since(at) >= self.idle_after())
-            && self.pools.iter().any(|p| p.held() > 0.0)
+            && self.holdings.iter().any(|p| p.held() > 0.0)
     }
 
     fn try_take(&mut self, cost: f64, now: Instant) -> Step {
-        for pool in &mut self.pools {
-            pool.release(now);
+        for holding in &mut self.holdings {
+            holding.release(now);
         }
-        let need = |p: &Pool, units: f64| match p.shared {
+        let need = |p: &Holding, units: f64| match p.shared {
             Some((_, burst)) if units > 0.0 => Some(units.min(burst).max(f64::MIN_POSITIVE)),
             _ => None,
         };
         let needs = [
-            need(&self.pools[REQUESTS], 1.0),
-            need(&self.pools[TOKENS], cost),
+            need(&self.holdings[REQUESTS], 1.0),
+            need(&self.holdings[TOKENS], cost),
         ];
         let short: Vec<usize> = (0..2)
-            .filter(|&k| needs[k].is_some_and(|n| self.pools[k].available < n))
+            .filter(|&k| needs[k].is_some_and(|n| self.holdings[k].available < n))
             .collect();
         self.shortfall = [0.0; 2];
         if short.is_empty() {
@@ -801,9 +804,9 @@ impl State {
             // rest, but never more than one burst: the upstream's bucket cannot hold more, and a
             // larger debt would hold the partition for the whole of one request's cost.
             for (k, units) in [(REQUESTS, 1.0), (TOKENS, cost)] {
-                if let (Some(_), Some((_, burst))) = (needs[k], self.pools[k].shared) {
-                    let pool = &mut self.pools[k];
-                    pool.available = (pool.available - units).max(-burst);
+                if let (Some(_), Some((_, burst))) = (needs[k], self.holdings[k].shared) {
+                    let holding = &mut self.holdings[k];
+                    holding.available = (holding.available - units).max(-burst);
                 }
             }
             self.demand.record(now);
@@ -822,16 +825,16 @@ impl State {
             // refill task is woken too, to give back what is held after a lull.
             self.waiting = self.waiting.saturating_sub(1);
             let low = (0..2).any(|k| self.wants_more(k, now))
-                || (self.waiting == 0 && self.pools.iter().any(|p| p.held() > 0.0));
+                || (self.waiting == 0 && self.holdings.iter().any(|p| p.held() > 0.0));
             return Step::Taken(rejoining.then(|| self.share()), low);
         }
         let mut at = Some(now);
         for &k in &short {
             let need = needs[k].unwrap_or(0.0);
-            let ready = self.pools[k].ready_at(need);
+            let ready = self.holdings[k].ready_at(need);
             if ready.is_none() {
-                let held = self.pools[k].available
-                    + self.pools[k].drips.iter().map(Drip::left).sum::<f64>();
+                let held = self.holdings[k].available
+                    + self.holdings[k].drips.iter().map(Drip::left).sum::<f64>();
                 self.shortfall[k] = (need - held).max(0.0);
             }
             at = match (at, ready) {
@@ -841,7 +844,7 @@ impl State {
         }
         let refill = short
             .iter()
-            .any(|&k| self.pools[k].held() < self.block(k) / 2.0 || self.shortfall[k] > 0.0)
+            .any(|&k| self.holdings[k].held() < self.block(k) / 2.0 || self.shortfall[k] > 0.0)
             || self.last_call.is_none();
         Step::Wait(at, refill)
     }
@@ -852,7 +855,7 @@ impl State {
             return Arc::clone(share);
         }
         let live = self.live.max(1) as f64;
-        let bucket = |p: &Pool, carried: f64| {
+        let bucket = |p: &Holding, carried: f64| {
             p.shared.map(|(rate, burst)| {
                 let per_minute = ((rate * 60.0 / live).round() as u32).max(1);
                 let burst = ((burst / live).round() as u32).max(1);
@@ -870,8 +873,8 @@ impl State {
             })
         };
         let share = Arc::new(Share {
-            requests: bucket(&self.pools[REQUESTS], self.carried[REQUESTS]),
-            tokens: bucket(&self.pools[TOKENS], self.carried[TOKENS]),
+            requests: bucket(&self.holdings[REQUESTS], self.carried[REQUESTS]),
+            tokens: bucket(&self.holdings[TOKENS], self.carried[TOKENS]),
         });
         self.share = Some(Arc::clone(&share));
         share
@@ -933,32 +936,35 @@ mod tests {
     async fn a_grant_below_the_shared_level_is_usable_as_the_bucket_refills() {
         let now = Instant::now();
         // 10 units granted at level 4, refilling 2/s: 4 at once, then one every half second.
-        let mut pool = Pool {
+        let mut holding = Holding {
             shared: Some((2.0, 50.0)),
-            ..Pool::default()
+            ..Holding::default()
         };
-        pool.drips.push_back(Drip {
+        holding.drips.push_back(Drip {
             origin: now,
             offset: 4.0,
             rate: 2.0,
             total: 10.0,
             released: 0.0,
         });
-        pool.release(now);
-        assert_eq!(pool.available, 4.0);
-        assert_eq!(pool.ready_at(5.0), Some(now + Duration::from_millis(500)));
-        pool.release(now + Duration::from_secs(2));
-        assert_eq!(pool.available, 8.0);
-        pool.release(now + Duration::from_secs(60));
-        assert_eq!(pool.available, 10.0, "never more than granted");
-        assert_eq!(pool.held(), 10.0);
+        holding.release(now);
+        assert_eq!(holding.available, 4.0);
         assert_eq!(
-            pool.ready_at(11.0),
+            holding.ready_at(5.0),
+            Some(now + Duration::from_millis(500))
+        );
+        holding.release(now + Duration::from_secs(2));
+        assert_eq!(holding.available, 8.0);
+        holding.release(now + Duration::from_secs(60));
+        assert_eq!(holding.available, 10.0, "never more than granted");
+        assert_eq!(holding.held(), 10.0);
+        assert_eq!(
+            holding.ready_at(11.0),
             None,
             "beyond the grant: wait for another"
         );
         // A grant that queued behind others (level -6): nothing before 3 s.
-        let mut queued = Pool::default();
+        let mut queued = Holding::default();
         queued.drips.push_back(Drip {
             origin: now,
             offset: -6.0,
@@ -981,11 +987,11 @@ mod tests {
         let now = Instant::now();
         let (rate, burst) = (100.0, 1_000.0);
         let mut s = State::new([Some((10.0, 50.0)), Some((rate, burst))], now);
-        for pool in &mut s.pools {
-            pool.available = pool.shared.unwrap().1;
+        for holding in &mut s.holdings {
+            holding.available = holding.shared.unwrap().1;
         }
         assert!(matches!(s.try_take(1.0e9, now), Step::Taken(..)));
-        let tokens = &s.pools[TOKENS];
+        let tokens = &s.holdings[TOKENS];
         assert!(
             tokens.available >= -burst,
             "owes {} tokens, more than the burst of {burst}",
@@ -993,14 +999,14 @@ mod tests {
         );
         // Granted again at the shared rate, the next request waits for the debt and its own
         // units: at most two bursts' worth of refill.
-        s.pools[TOKENS].drips.push_back(Drip {
+        s.holdings[TOKENS].drips.push_back(Drip {
             origin: now,
             offset: 0.0,
             rate,
             total: 2.0 * burst,
             released: 0.0,
         });
-        let ready = s.pools[TOKENS].ready_at(1.0).expect("within the grant");
+        let ready = s.holdings[TOKENS].ready_at(1.0).expect("within the grant");
         assert!(
             ready <= now + Duration::from_secs_f64(2.0 * burst / rate),
             "ready after {:?}",
@@ -1013,23 +1019,23 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn units_not_yet_due_from_a_lost_bucket_are_dropped() {
         let now = Instant::now();
-        let mut pool = Pool {
+        let mut holding = Holding {
             shared: Some((1.0, 5.0)),
-            ..Pool::default()
+            ..Holding::default()
         };
-        pool.rebase("1:a", now);
-        pool.drips.push_back(Drip {
+        holding.rebase("1:a", now);
+        holding.drips.push_back(Drip {
             origin: now,
             offset: 2.0,
             rate: 1.0,
             total: 10.0,
             released: 0.0,
         });
-        pool.rebase("1:a", now);
-        assert_eq!(pool.held(), 10.0, "same bucket: all kept");
-        pool.rebase("2:b", now);
-        assert_eq!(pool.available, 2.0, "the two due at once are kept");
-        assert_eq!(pool.held(), 2.0, "the eight not yet due are gone");
+        holding.rebase("1:a", now);
+        assert_eq!(holding.held(), 10.0, "same bucket: all kept");
+        holding.rebase("2:b", now);
+        assert_eq!(holding.available, 2.0, "the two due at once are kept");
+        assert_eq!(holding.held(), 2.0, "the eight not yet due are gone");
     }
 
     #[test]

@@ -26,6 +26,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::script::{pause_end, CallArgs, KindArgs};
 use super::Fleet;
 use crate::config::UpstreamConfig;
 use crate::metrics::FleetMode;
@@ -236,25 +237,6 @@ struct State {
     shortfall: [f64; 2],
     /// Fell back since the last answer: a bucket Redis no longer has starts empty.
     resync: bool,
-}
-
-/// The arguments of one lease call.
-pub(super) struct CallArgs {
-    pub keys: [String; 4],
-    pub resync: bool,
-    pub leaving: bool,
-    pub pause_ms: u64,
-    pub refused: u8,
-    pub kinds: [KindArgs; 2],
-}
-
-pub(super) struct KindArgs {
-    pub want: f64,
-    pub give_back: f64,
-    /// The epoch of the bucket the units given back came from.
-    pub epoch: Option<String>,
-    pub config: Option<(f64, f64)>,
-    pub learned: Option<(f64, f64, Option<f64>)>,
 }
 
 /// Where a request stands.
@@ -677,7 +659,7 @@ impl Lease {
         self.fleet.metrics.live_replicas.set(reply.live as i64);
         drop(s);
         if reply.pause_ms > 0 {
-            (self.on_pause)(super::pause_end(now, reply.pause_ms));
+            (self.on_pause)(pause_end(now, reply.pause_ms));
         }
         self.granted.notify_waiters();
     }
@@ -881,30 +863,6 @@ impl State {
     }
 }
 
-/// The lease script's answer.
-pub(super) struct Reply {
-    /// Per bucket: granted, level before, rate, burst.
-    kinds: [(f64, f64, f64, f64); 2],
-    /// Per bucket: its epoch.
-    epochs: [String; 2],
-    pause_ms: u64,
-    live: u64,
-}
-
-pub(super) fn parse(r: &[String]) -> Option<Reply> {
-    if r.len() != 12 {
-        return None;
-    }
-    let n = |i: usize| r[i].parse::<f64>().ok();
-    let kind = |b: usize| Some((n(b)?, n(b + 1)?, n(b + 2)?, n(b + 3)?));
-    Some(Reply {
-        kinds: [kind(0)?, kind(5)?],
-        epochs: [r[4].clone(), r[9].clone()],
-        pause_ms: n(10)?.max(0.0) as u64,
-        live: n(11)?.max(1.0) as u64,
-    })
-}
-
 /// The refill task of one lease: ends when only it holds the lease (its partition is gone),
 /// giving back what the lease held.
 async fn refill(lease: Weak<Lease>) {
@@ -1036,20 +994,5 @@ mod tests {
         holding.rebase("2:b", now);
         assert_eq!(holding.available, 2.0, "the two due at once are kept");
         assert_eq!(holding.held(), 2.0, "the eight not yet due are gone");
-    }
-
-    #[test]
-    fn replies_parse_or_are_refused() {
-        let r: Vec<String> = [
-            "10", "4.5", "20", "50", "7:a", "0", "0", "0", "0", "-", "1500", "4",
-        ]
-        .map(String::from)
-        .to_vec();
-        let reply = parse(&r).unwrap();
-        assert_eq!(reply.kinds[0], (10.0, 4.5, 20.0, 50.0));
-        assert_eq!(reply.epochs[0], "7:a");
-        assert_eq!((reply.pause_ms, reply.live), (1500, 4));
-        assert!(parse(&r[..11]).is_none());
-        assert!(parse(&vec!["x".to_string(); 12]).is_none());
     }
 }

@@ -16,8 +16,10 @@
 //! # Layout
 //! - this file: the connection, its health (shared, fallback), metrics, shutdown.
 //! - `lease`: one partition's lease: local accounting, the background refill, the fallback.
+//! - `script`: the lease script's wire format: its arguments, its answer, its messages.
 
 pub mod lease;
+mod script;
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, Weak};
@@ -30,12 +32,10 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 pub use self::lease::Lease;
+use self::script::{pause_end, CallArgs, Message, Reply, SCRIPT};
 use crate::config::{FleetConfig, RedisUrl, UpstreamConfig};
 use crate::metrics::{FleetMetrics, FleetMode};
 use crate::sync::lock;
-
-/// The lease script.
-const SCRIPT: &str = include_str!("lease.lua");
 
 /// Reconnection probes while fallen back: full jitter over this, doubling per failure...
 const PROBE_BASE: Duration = Duration::from_millis(100);
@@ -168,14 +168,10 @@ impl Fleet {
     /// A message on the fleet's channel: "PAUSE-KEY pause MS" (another replica's 429 paused
     /// the partition) or "PAUSE-KEY learned" (a shared bucket now paces it: lease from it).
     fn on_message(&self, message: &str) {
-        let mut words = message.split(' ');
-        let (Some(key), Some(what)) = (words.next(), words.next()) else {
-            return;
-        };
-        let pause = match (what, words.next().map(str::parse::<u64>)) {
-            ("pause", Some(Ok(ms))) => Some(pause_end(Instant::now(), ms)),
-            ("learned", None) => None,
-            _ => return,
+        let (key, pause) = match Message::parse(message) {
+            Some(Message::Pause { key, ms }) => (key, Some(pause_end(Instant::now(), ms))),
+            Some(Message::Learned { key }) => (key, None),
+            None => return,
         };
         for lease in self.live_leases() {
             if lease.pause_key() == key {
@@ -259,33 +255,13 @@ impl Fleet {
     }
 
     /// Run the lease script: one round trip.
-    async fn call(&self, args: &lease::CallArgs) -> Result<lease::Reply, CallError> {
-        let mut invocation = self.script.prepare_invoke();
-        for key in &args.keys {
-            invocation.key(key);
-        }
-        invocation
-            .arg(&self.replica)
-            .arg(self.heartbeat_ttl.as_millis() as u64)
-            .arg(if args.leaving { "1" } else { "0" })
-            .arg(args.pause_ms)
-            .arg(args.refused);
-        for kind in &args.kinds {
-            invocation
-                .arg(kind.want)
-                .arg(kind.give_back)
-                .arg(kind.config.map_or(0.0, |c| c.0))
-                .arg(kind.config.map_or(0.0, |c| c.1))
-                .arg(kind.learned.map_or(0.0, |l| l.0))
-                .arg(kind.learned.map_or(0.0, |l| l.1))
-                .arg(kind.learned.and_then(|l| l.2).unwrap_or(-1.0));
-        }
-        invocation
-            .arg(&self.channel)
-            .arg(if args.resync { "1" } else { "0" });
-        for kind in &args.kinds {
-            invocation.arg(kind.epoch.as_deref().unwrap_or("-"));
-        }
+    async fn call(&self, args: &CallArgs) -> Result<Reply, CallError> {
+        let invocation = args.invocation(
+            &self.script,
+            &self.replica,
+            self.heartbeat_ttl,
+            &self.channel,
+        );
         let mut conn = self.conn.clone();
         let outcome = tokio::time::timeout(
             self.lease_timeout,
@@ -293,7 +269,7 @@ impl Fleet {
         )
         .await;
         let result = match outcome {
-            Ok(Ok(reply)) => lease::parse(&reply)
+            Ok(Ok(reply)) => script::parse(&reply)
                 .ok_or_else(|| CallError::Redis(format!("the lease script answered {reply:?}"))),
             // redis' own response timeout (a backstop behind ours) is a slow lease too.
             Ok(Err(e)) if e.is_timeout() => Err(CallError::Timeout),
@@ -464,13 +440,6 @@ async fn listen(fleet: Weak<Fleet>, client: redis::Client, wake: Arc<Notify>) {
         tokio::time::sleep(wait.max(Duration::from_millis(20))).await;
         attempt += 1;
     }
-}
-
-/// The end of a pause of `ms` milliseconds that Redis reported at `now`, capped as a local hint
-/// is ([`MAX_HINT`](crate::provider::hints::MAX_HINT)): a peer's word is no better than the
-/// upstream's, and a corrupt value must not overflow the clock or stop the partition for good.
-pub(crate) fn pause_end(now: Instant, ms: u64) -> Instant {
-    now + Duration::from_millis(ms).min(crate::provider::hints::MAX_HINT)
 }
 
 /// `message` with the URL's password, if any, replaced.

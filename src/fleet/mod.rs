@@ -15,9 +15,12 @@
 //!
 //! # Layout
 //! - this file: the connection, its health (shared, fallback), metrics, shutdown.
-//! - `lease`: one partition's lease: local accounting, the background refill, the fallback.
+//! - `accounting`: what one partition's lease holds, owes and may spend; pure, given `now`.
 //! - `script`: the lease script's wire format: its arguments, its answer, its messages.
+//! - `lease`: one partition's lease: the handle its requests take from and the task that
+//!   calls the script to keep it stocked.
 
+mod accounting;
 pub mod lease;
 mod script;
 

@@ -1,0 +1,109 @@
+//! The accounting's tests, in virtual time.
+
+use super::*;
+
+#[tokio::test(start_paused = true)]
+async fn a_grant_below_the_shared_level_is_usable_as_the_bucket_refills() {
+    let now = Instant::now();
+    // 10 units granted at level 4, refilling 2/s: 4 at once, then one every half second.
+    let mut holding = Holding {
+        shared: Some((2.0, 50.0)),
+        ..Holding::default()
+    };
+    holding.drips.push_back(Drip {
+        origin: now,
+        offset: 4.0,
+        rate: 2.0,
+        total: 10.0,
+        released: 0.0,
+    });
+    holding.release(now);
+    assert_eq!(holding.available, 4.0);
+    assert_eq!(
+        holding.ready_at(5.0),
+        Some(now + Duration::from_millis(500))
+    );
+    holding.release(now + Duration::from_secs(2));
+    assert_eq!(holding.available, 8.0);
+    holding.release(now + Duration::from_secs(60));
+    assert_eq!(holding.available, 10.0, "never more than granted");
+    assert_eq!(holding.held(), 10.0);
+    assert_eq!(
+        holding.ready_at(11.0),
+        None,
+        "beyond the grant: wait for another"
+    );
+    // A grant that queued behind others (level -6): nothing before 3 s.
+    let mut queued = Holding::default();
+    queued.drips.push_back(Drip {
+        origin: now,
+        offset: -6.0,
+        rate: 2.0,
+        total: 10.0,
+        released: 0.0,
+    });
+    queued.release(now + Duration::from_millis(2999));
+    assert!(queued.available < 1.0);
+    assert_eq!(
+        queued.ready_at(1.0),
+        Some(now + Duration::from_millis(3500))
+    );
+}
+
+/// A request larger than the shared burst takes what is usable and owes at most one burst:
+/// the partition is not held for the whole of its cost at the shared rate.
+#[tokio::test(start_paused = true)]
+async fn a_huge_request_owes_the_lease_at_most_one_burst() {
+    let now = Instant::now();
+    let (rate, burst) = (100.0, 1_000.0);
+    let mut s = Account::new([Some((10.0, 50.0)), Some((rate, burst))], now);
+    for holding in &mut s.holdings {
+        holding.available = holding.shared.unwrap().1;
+    }
+    assert!(matches!(s.try_take(1.0e9, now), Step::Taken(..)));
+    let tokens = &s.holdings[TOKENS];
+    assert!(
+        tokens.available >= -burst,
+        "owes {} tokens, more than the burst of {burst}",
+        -tokens.available
+    );
+    // Granted again at the shared rate, the next request waits for the debt and its own
+    // units: at most two bursts' worth of refill.
+    s.holdings[TOKENS].drips.push_back(Drip {
+        origin: now,
+        offset: 0.0,
+        rate,
+        total: 2.0 * burst,
+        released: 0.0,
+    });
+    let ready = s.holdings[TOKENS].ready_at(1.0).expect("within the grant");
+    assert!(
+        ready <= now + Duration::from_secs_f64(2.0 * burst / rate),
+        "ready after {:?}",
+        ready - now
+    );
+}
+
+/// Redis lost the bucket a grant came from (a new epoch): the grant's units not yet due are
+/// dropped, the usable ones kept; the same epoch keeps everything.
+#[tokio::test(start_paused = true)]
+async fn units_not_yet_due_from_a_lost_bucket_are_dropped() {
+    let now = Instant::now();
+    let mut holding = Holding {
+        shared: Some((1.0, 5.0)),
+        ..Holding::default()
+    };
+    holding.rebase("1:a", now);
+    holding.drips.push_back(Drip {
+        origin: now,
+        offset: 2.0,
+        rate: 1.0,
+        total: 10.0,
+        released: 0.0,
+    });
+    holding.rebase("1:a", now);
+    assert_eq!(holding.held(), 10.0, "same bucket: all kept");
+    holding.rebase("2:b", now);
+    assert_eq!(holding.available, 2.0, "the two due at once are kept");
+    assert_eq!(holding.held(), 2.0, "the eight not yet due are gone");
+}

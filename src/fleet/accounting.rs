@@ -1,11 +1,11 @@
 //! What one partition's lease holds, owes and may spend, kept locally: no I/O, and every
 //! change at a `now` it is given, so all of it is tested in virtual time.
 //!
-//! Requests take units from what this replica holds of each shared bucket ([`Holding`]). A grant
-//! may run ahead of the shared level: its units then become usable as the shared bucket refills
-//! (unit `k` of a grant made at level `L` with rate `r` after `(k - L) / r` seconds), so
-//! replicas' blocks queue in Redis in the order they were asked for, and no unit is used before
-//! the shared bucket has it.
+//! Requests take units from what this replica holds of each shared bucket ([`Holding`]): the
+//! grants Redis made it ([`Grant`]). A grant may run ahead of the shared level: its units then
+//! become usable as the shared bucket refills (unit `k` of a grant made at level `L` with rate
+//! `r` after `(k - L) / r` seconds), so replicas' blocks queue in Redis in the order they were
+//! asked for, and no unit is used before the shared bucket has it.
 //!
 //! A block is ten requests' worth at least (one round trip per ten requests), one second of this
 //! replica's recent rate or the requests waiting if more, and at most half the burst or two
@@ -56,7 +56,7 @@ pub(super) const KINDS: [&str; 2] = ["requests", "tokens"];
 
 /// Units of one grant, usable as the shared bucket refills.
 #[derive(Debug, Clone, Copy)]
-struct Drip {
+struct Grant {
     /// When the grant arrived.
     origin: Instant,
     /// The shared level when it was made (units usable at once, if positive).
@@ -66,7 +66,7 @@ struct Drip {
     released: f64,
 }
 
-impl Drip {
+impl Grant {
     fn due(&self, now: Instant) -> f64 {
         let t = now.saturating_duration_since(self.origin).as_secs_f64();
         (self.offset + self.rate * t).clamp(0.0, self.total)
@@ -100,7 +100,7 @@ pub(super) struct Holding {
     pub(super) shared: Option<(f64, f64)>,
     /// Usable now (negative: a large request took more than was usable; at most one burst).
     available: f64,
-    drips: VecDeque<Drip>,
+    grants: VecDeque<Grant>,
     /// Units to give back with the next call.
     give_back: f64,
     /// The shared bucket's epoch, as Redis last said (a new one after Redis lost it).
@@ -112,20 +112,20 @@ pub(super) struct Holding {
 
 impl Holding {
     fn release(&mut self, now: Instant) {
-        for d in &mut self.drips {
+        for d in &mut self.grants {
             self.available += d.release(now);
         }
-        self.drips.retain(|d| d.left() > 1e-9);
+        self.grants.retain(|d| d.left() > 1e-9);
     }
 
     pub(super) fn held(&self) -> f64 {
-        self.available.max(0.0) + self.drips.iter().map(Drip::left).sum::<f64>()
+        self.available.max(0.0) + self.grants.iter().map(Grant::left).sum::<f64>()
     }
 
     /// When `need` units will be usable from what is held, if they will.
     fn ready_at(&self, need: f64) -> Option<Instant> {
         let mut short = need - self.available;
-        for d in &self.drips {
+        for d in &self.grants {
             if d.left() >= short {
                 return Some(d.when(short));
             }
@@ -141,7 +141,7 @@ impl Holding {
     fn rebase(&mut self, epoch: &str, now: Instant) {
         if self.epoch.as_deref().is_some_and(|e| e != epoch) {
             self.release(now);
-            self.drips.clear();
+            self.grants.clear();
         }
         self.epoch = Some(epoch.to_owned());
     }
@@ -149,9 +149,9 @@ impl Holding {
     /// Everything held, emptied.
     fn drain(&mut self) -> f64 {
         // A debt (a request larger than the burst took more than was usable) is paid first.
-        let held = (self.available + self.drips.iter().map(Drip::left).sum::<f64>()).max(0.0);
+        let held = (self.available + self.grants.iter().map(Grant::left).sum::<f64>()).max(0.0);
         self.available = 0.0;
-        self.drips.clear();
+        self.grants.clear();
         held
     }
 }
@@ -239,14 +239,24 @@ pub(super) struct Account {
     resync: bool,
 }
 
-/// Where a request stands.
-pub(super) enum Step {
-    /// Taken; also take from this share (rejoining after a fallback); wake the refill task
-    /// if `true` (the lease runs low).
-    Taken(Option<Arc<Share>>, bool),
+/// Whether a request may go, and if not, how long it waits.
+pub(super) enum Admission {
+    /// Taken from the lease.
+    Taken {
+        /// Also take from this share (rejoining after a fallback).
+        share: Option<Arc<Share>>,
+        /// The lease runs low: wake the refill task.
+        low: bool,
+    },
+    /// The fleet has fallen back: take from this share instead.
     Fallback(Arc<Share>),
-    /// Wait until then (`None`: for a grant), asking for a refill if `true`.
-    Wait(Option<Instant>, bool),
+    /// Not yet.
+    Wait {
+        /// Until then (`None`: for a grant).
+        until: Option<Instant>,
+        /// Ask for a refill.
+        refill: bool,
+    },
 }
 
 impl Account {
@@ -349,7 +359,7 @@ impl Account {
             && self.holdings.iter().any(|p| p.held() > 0.0)
     }
 
-    pub(super) fn try_take(&mut self, cost: f64, now: Instant) -> Step {
+    pub(super) fn try_take(&mut self, cost: f64, now: Instant) -> Admission {
         for holding in &mut self.holdings {
             holding.release(now);
         }
@@ -392,7 +402,10 @@ impl Account {
             self.waiting = self.waiting.saturating_sub(1);
             let low = (0..2).any(|k| self.wants_more(k, now))
                 || (self.waiting == 0 && self.holdings.iter().any(|p| p.held() > 0.0));
-            return Step::Taken(rejoining.then(|| self.share()), low);
+            return Admission::Taken {
+                share: rejoining.then(|| self.share()),
+                low,
+            };
         }
         let mut at = Some(now);
         for &k in &short {
@@ -400,7 +413,7 @@ impl Account {
             let ready = self.holdings[k].ready_at(need);
             if ready.is_none() {
                 let held = self.holdings[k].available
-                    + self.holdings[k].drips.iter().map(Drip::left).sum::<f64>();
+                    + self.holdings[k].grants.iter().map(Grant::left).sum::<f64>();
                 self.shortfall[k] = (need - held).max(0.0);
             }
             at = match (at, ready) {
@@ -412,7 +425,7 @@ impl Account {
             .iter()
             .any(|&k| self.holdings[k].held() < self.block(k) / 2.0 || self.shortfall[k] > 0.0)
             || self.last_call.is_none();
-        Step::Wait(at, refill)
+        Admission::Wait { until: at, refill }
     }
 
     /// This replica's share of the last known limit, built once per fallback.
@@ -603,7 +616,7 @@ impl Account {
                 holding.published = Some((l.0, l.1));
             }
             if rate > 0.0 && grant > 0.0 {
-                holding.drips.push_back(Drip {
+                holding.grants.push_back(Grant {
                     origin: now,
                     offset: before,
                     rate,

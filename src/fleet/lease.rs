@@ -19,7 +19,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::accounting::{Account, Holding, Step, KINDS, REQUESTS, TOKENS};
+use super::accounting::{Account, Admission, Holding, KINDS, REQUESTS, TOKENS};
 pub use super::accounting::{IDLE_RETURN, MIN_BLOCK};
 use super::script::{pause_end, CallArgs};
 use super::{CallError, Fleet};
@@ -132,7 +132,7 @@ impl Lease {
             tokio::pin!(granted);
             granted.as_mut().enable();
             let now = Instant::now();
-            let step = {
+            let admission = {
                 let mut s = lock(&self.account);
                 s.waiting = self.queued.load(Ordering::Acquire);
                 if self.fleet.mode() == FleetMode::Fallback {
@@ -141,21 +141,21 @@ impl Lease {
                     if self.fleet.may_call(now).is_ok() {
                         self.wake.notify_one();
                     }
-                    Step::Fallback(s.share())
+                    Admission::Fallback(s.share())
                 } else {
                     s.try_take(cost, now)
                 }
             };
-            match step {
-                Step::Taken(share, low) => {
+            match admission {
+                Admission::Taken { share, low } => {
                     if low {
                         self.wake.notify_one();
                     }
                     let Some(share) = share else { return Ok(()) };
                     return share.take(cost, deadline).await;
                 }
-                Step::Fallback(share) => return share.take(cost, deadline).await,
-                Step::Wait(at, refill) => {
+                Admission::Fallback(share) => return share.take(cost, deadline).await,
+                Admission::Wait { until: at, refill } => {
                     if refill {
                         self.wake.notify_one();
                     }

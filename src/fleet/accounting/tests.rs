@@ -10,7 +10,7 @@ async fn a_grant_below_the_shared_level_is_usable_as_the_bucket_refills() {
         shared: Some((2.0, 50.0)),
         ..Holding::default()
     };
-    holding.drips.push_back(Drip {
+    holding.grants.push_back(Grant {
         origin: now,
         offset: 4.0,
         rate: 2.0,
@@ -35,7 +35,7 @@ async fn a_grant_below_the_shared_level_is_usable_as_the_bucket_refills() {
     );
     // A grant that queued behind others (level -6): nothing before 3 s.
     let mut queued = Holding::default();
-    queued.drips.push_back(Drip {
+    queued.grants.push_back(Grant {
         origin: now,
         offset: -6.0,
         rate: 2.0,
@@ -60,7 +60,7 @@ async fn a_huge_request_owes_the_lease_at_most_one_burst() {
     for holding in &mut s.holdings {
         holding.available = holding.shared.unwrap().1;
     }
-    assert!(matches!(s.try_take(1.0e9, now), Step::Taken(..)));
+    assert!(matches!(s.try_take(1.0e9, now), Admission::Taken { .. }));
     let tokens = &s.holdings[TOKENS];
     assert!(
         tokens.available >= -burst,
@@ -69,7 +69,7 @@ async fn a_huge_request_owes_the_lease_at_most_one_burst() {
     );
     // Granted again at the shared rate, the next request waits for the debt and its own
     // units: at most two bursts' worth of refill.
-    s.holdings[TOKENS].drips.push_back(Drip {
+    s.holdings[TOKENS].grants.push_back(Grant {
         origin: now,
         offset: 0.0,
         rate,
@@ -94,7 +94,7 @@ async fn units_not_yet_due_from_a_lost_bucket_are_dropped() {
         ..Holding::default()
     };
     holding.rebase("1:a", now);
-    holding.drips.push_back(Drip {
+    holding.grants.push_back(Grant {
         origin: now,
         offset: 2.0,
         rate: 1.0,

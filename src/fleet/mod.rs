@@ -14,8 +14,10 @@
 //! `corral_fleet_mode` and `/status`, and probes Redis again with jittered backoff.
 //!
 //! # Layout
-//! - this file: the connection, its health (shared, fallback), metrics, shutdown.
-//! - `accounting`: what one partition's lease holds, owes and may spend; pure, given `now`.
+//! - this file: the connection and its health (shared, fallback), the pause listener, the
+//!   partitions' bucket keys, metrics, shutdown.
+//! - `accounting`: what one partition's lease holds, owes and may spend: local, no I/O, every
+//!   change at a given `now`.
 //! - `script`: the lease script's wire format: its arguments, its answer, its messages.
 //! - `lease`: one partition's lease: the handle its requests take from and the task that
 //!   calls the script to keep it stocked.

@@ -19,8 +19,8 @@ const MAX_SERVER_DURATION: Duration = Duration::from_secs(3600);
 /// Routes that name corral's own admin endpoints when `admin_listen` does not move them.
 const RESERVED_ROUTES: [&str; 4] = ["/healthz", "/readyz", "/metrics", "/status"];
 
-/// A rejected key of one upstream, before its index and span are attached: the key below
-/// `upstream[i].`, and why.
+/// A rejected key of one upstream or group, before its index and span are attached: the key
+/// below `upstream[i].` or `group[i].`, and why.
 struct BadField {
     field: &'static str,
     reason: String,
@@ -536,99 +536,146 @@ fn validate_groups<'a>(
         .collect();
     let mut groups: HashMap<&str, usize> = HashMap::new();
     for (i, g) in config.groups.iter().enumerate() {
-        let at = |field: &str, reason: String| Invalid {
+        let at = |bad: BadField| Invalid {
             span: Some(g.name.span()),
-            key: format!("group[{i}].{field}"),
-            reason,
+            key: format!("group[{i}].{}", bad.field),
+            reason: bad.reason,
         };
-        plain_name(g.name()).map_err(|reason| at("name", reason))?;
-        if upstreams.contains_key(g.name()) || groups.insert(g.name(), i).is_some() {
-            return Err(at(
-                "name",
-                format!(
-                    "duplicate name `{}` (groups and upstreams share one namespace)",
-                    g.name()
-                ),
-            ));
-        }
-        if let Some(other) = routes.insert(g.route(), g.name()) {
-            return Err(at(
-                "route",
-                format!("duplicate route `{}` (also used by `{other}`)", g.route()),
-            ));
-        }
-        if config.admin_listen.is_none() && RESERVED_ROUTES.contains(&g.route()) {
-            return Err(at(
-                "route",
-                format!("route `{}` is reserved for corral's admin endpoints; set `admin_listen` to move them", g.route()),
-            ));
-        }
-        if g.members.is_empty() {
-            return Err(at("members", "a group needs at least one member".into()));
-        }
-        if !(g.fallback_wait > 0.0 && g.fallback_wait <= 1.0) {
-            return Err(at(
-                "fallback_wait",
-                format!(
-                    "`fallback_wait` is a share of the deadline, within (0, 1]; got {}",
-                    g.fallback_wait
-                ),
-            ));
-        }
-        if !(g.hedge_max_ratio > 0.0 && g.hedge_max_ratio <= 1.0) {
-            return Err(at(
-                "hedge_max_ratio",
-                format!(
-                    "`hedge_max_ratio` is a share of the group's requests, within (0, 1]; got {}",
-                    g.hedge_max_ratio
-                ),
-            ));
-        }
-        cooldown("cooldown", g.cooldown.0).map_err(|reason| at("cooldown", reason))?;
-        if let Some(bad) = g
-            .repeatable_paths
-            .iter()
-            .find(|p| p.is_empty() || p.contains(char::is_whitespace))
-        {
-            return Err(at(
-                "repeatable_paths",
-                format!("`repeatable_paths` holds path endings such as \"/chat/completions\"; got {bad:?}"),
-            ));
-        }
+        validate_group_name(config, i, g, &upstreams, &mut groups, routes).map_err(at)?;
+        validate_group_settings(g).map_err(at)?;
     }
     let mut reached = vec![false; config.upstreams.len()];
     for (i, g) in config.groups.iter().enumerate() {
-        let at = |reason: String| Invalid {
-            span: Some(g.name.span()),
-            key: format!("group[{i}].members"),
-            reason,
-        };
-        for m in &g.members {
-            let known = upstreams.contains_key(m.name()) || groups.contains_key(m.name());
-            if !known {
-                return Err(at(format!(
-                    "member `{}` names no upstream or group",
-                    m.name()
-                )));
-            }
-            if m.model().is_some() && !upstreams.contains_key(m.name()) {
-                return Err(at(format!(
-                    "`model` applies to an upstream member; `{}` is a group",
-                    m.name()
-                )));
-            }
+        validate_group_members(config, i, g, &upstreams, &groups, &mut reached)?;
+    }
+    validate_reached(config, &reached)
+}
+
+/// A group's name and route: a plain name that no upstream or earlier group holds (recorded in
+/// `groups` at index `i`), and a route of its own that is not an admin endpoint's unless
+/// `admin_listen` moves those.
+fn validate_group_name<'a>(
+    config: &Config,
+    i: usize,
+    g: &'a super::GroupConfig,
+    upstreams: &HashMap<&str, usize>,
+    groups: &mut HashMap<&'a str, usize>,
+    routes: &mut HashMap<&'a str, &'a str>,
+) -> Result<(), BadField> {
+    plain_name(g.name()).map_err(|reason| BadField::new("name", reason))?;
+    if upstreams.contains_key(g.name()) || groups.insert(g.name(), i).is_some() {
+        return Err(BadField::new(
+            "name",
+            format!(
+                "duplicate name `{}` (groups and upstreams share one namespace)",
+                g.name()
+            ),
+        ));
+    }
+    if let Some(other) = routes.insert(g.route(), g.name()) {
+        return Err(BadField::new(
+            "route",
+            format!("duplicate route `{}` (also used by `{other}`)", g.route()),
+        ));
+    }
+    if config.admin_listen.is_none() && RESERVED_ROUTES.contains(&g.route()) {
+        return Err(BadField::new(
+            "route",
+            format!("route `{}` is reserved for corral's admin endpoints; set `admin_listen` to move them", g.route()),
+        ));
+    }
+    Ok(())
+}
+
+/// A group's own settings: at least one member, shares within (0, 1], a cool-down of 1 s to
+/// 24 h, and repeatable paths that are path endings.
+fn validate_group_settings(g: &super::GroupConfig) -> Result<(), BadField> {
+    if g.members.is_empty() {
+        return Err(BadField::new(
+            "members",
+            "a group needs at least one member".into(),
+        ));
+    }
+    if !(g.fallback_wait > 0.0 && g.fallback_wait <= 1.0) {
+        return Err(BadField::new(
+            "fallback_wait",
+            format!(
+                "`fallback_wait` is a share of the deadline, within (0, 1]; got {}",
+                g.fallback_wait
+            ),
+        ));
+    }
+    if !(g.hedge_max_ratio > 0.0 && g.hedge_max_ratio <= 1.0) {
+        return Err(BadField::new(
+            "hedge_max_ratio",
+            format!(
+                "`hedge_max_ratio` is a share of the group's requests, within (0, 1]; got {}",
+                g.hedge_max_ratio
+            ),
+        ));
+    }
+    cooldown("cooldown", g.cooldown.0).map_err(|reason| BadField::new("cooldown", reason))?;
+    if let Some(bad) = g
+        .repeatable_paths
+        .iter()
+        .find(|p| p.is_empty() || p.contains(char::is_whitespace))
+    {
+        return Err(BadField::new(
+            "repeatable_paths",
+            format!(
+                "`repeatable_paths` holds path endings such as \"/chat/completions\"; got {bad:?}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Group `i`'s members: each names an upstream or a group, `model` only on an upstream, no
+/// cycle through nested groups, and no upstream twice. Marks in `reached` every upstream the
+/// group resolves to.
+fn validate_group_members(
+    config: &Config,
+    i: usize,
+    g: &super::GroupConfig,
+    upstreams: &HashMap<&str, usize>,
+    groups: &HashMap<&str, usize>,
+    reached: &mut [bool],
+) -> Result<(), Invalid> {
+    let at = |reason: String| Invalid {
+        span: Some(g.name.span()),
+        key: format!("group[{i}].members"),
+        reason,
+    };
+    for m in &g.members {
+        let known = upstreams.contains_key(m.name()) || groups.contains_key(m.name());
+        if !known {
+            return Err(at(format!(
+                "member `{}` names no upstream or group",
+                m.name()
+            )));
         }
-        // Depth-first through nested groups: a group met again on the current path is a cycle.
-        let mut path = vec![g.name()];
-        let mut flat = Vec::new();
-        walk(config, &groups, g, &mut path, &mut flat).map_err(&at)?;
-        for (n, name) in flat.iter().enumerate() {
-            if flat[..n].contains(name) {
-                return Err(at(format!("upstream `{name}` is in the group twice")));
-            }
-            reached[upstreams[name]] = true;
+        if m.model().is_some() && !upstreams.contains_key(m.name()) {
+            return Err(at(format!(
+                "`model` applies to an upstream member; `{}` is a group",
+                m.name()
+            )));
         }
     }
+    // Depth-first through nested groups: a group met again on the current path is a cycle.
+    let mut path = vec![g.name()];
+    let mut flat = Vec::new();
+    walk(config, groups, g, &mut path, &mut flat).map_err(&at)?;
+    for (n, name) in flat.iter().enumerate() {
+        if flat[..n].contains(name) {
+            return Err(at(format!("upstream `{name}` is in the group twice")));
+        }
+        reached[upstreams[name]] = true;
+    }
+    Ok(())
+}
+
+/// Every upstream without a route of its own is `reached` through some group.
+fn validate_reached(config: &Config, reached: &[bool]) -> Result<(), Invalid> {
     for (i, up) in config.upstreams.iter().enumerate() {
         if up.route().is_empty() && !reached[i] {
             return Err(Invalid {

@@ -169,182 +169,251 @@ pub fn world(
     limit_report: LimitReport,
     shared: bool,
 ) -> World {
-    let service = Duration::from_millis(200).div_f64(scale);
-    let mut sim = SimConfig {
+    let herd = Herd {
+        tasks,
         capacity,
         refill,
-        service_time: service,
-        limit_report,
-        ..SimConfig::default()
+        scale,
+        replicas,
+        shared,
+        service: Duration::from_millis(200).div_f64(scale),
     };
-    let mut path = "/v1/chat/completions";
-    let mut upstream_toml = String::new();
-    let mut tasks = tasks;
-    let mut replicas = replicas;
-    let split = if shared { 1.0 } else { replicas as f64 };
-    let per_replica = |x: f64| (x / split).max(1.0);
-    let mut limits_toml = format!(
-        "rpm = {}\nburst = {}\n",
-        (per_replica(refill * 60.0)).round() as u64,
-        per_replica(f64::from(capacity)).round() as u64
-    );
-    let mut bound = bucket_bound(tasks, f64::from(capacity), refill, None);
-    let mut models = Vec::new();
+    let mut w = herd.classic(limit_report);
     match scenario {
         None | Some(Scenario::Capacity) => {}
-        Some(Scenario::PerMinute) => sim.limit_report = LimitReport::PerMinute,
-        Some(Scenario::Quantized) => {
-            sim.limit_report = LimitReport::Quantized;
-            sim.capacity = refill.round().max(1.0) as u32;
-            limits_toml = format!(
-                "rpm = {}\nburst = {}\n",
-                per_replica(refill * 60.0).round() as u64,
-                per_replica(f64::from(sim.capacity)).round() as u64
-            );
-            bound = bucket_bound(tasks, f64::from(sim.capacity), refill, None);
-        }
-        Some(Scenario::Anthropic) => path = "/v1/messages",
-        Some(Scenario::Azure) => sim.header_style = HeaderStyle::Azure,
-        Some(Scenario::NoHeaders) => sim.header_style = HeaderStyle::None,
-        Some(Scenario::LimitDrops) => {
-            let at = bound / 3;
-            let change = RefillChange {
-                at,
-                rate: refill / 2.0,
-            };
-            sim.refill_changes = vec![change];
-            bound = bucket_bound(tasks, f64::from(capacity), refill, Some(change));
-        }
-        Some(Scenario::Tokens) => {
-            // A quarter of the request refill in tokens: the minute's burst (60 s of refill)
-            // carries most of the herd, then tokens bind.
-            let token_rate = refill / 4.0 * TOKENS_PER_REQUEST as f64;
-            let tpm = (token_rate * 60.0).round() as u64;
-            sim.tpm = Some(tpm);
-            let per_second = tpm as f64 / 60.0 / TOKENS_PER_REQUEST as f64;
-            let burst = (tpm / TOKENS_PER_REQUEST) as f64;
-            let share = per_replica(tpm as f64).round() as u64;
-            limits_toml.push_str(&format!(
-                "tpm = {share}\ntoken_burst = {share}\ndefault_max_tokens = 16\n"
-            ));
-            bound = bucket_bound(tasks, f64::from(capacity), refill, None)
-                .max(bucket_bound(tasks, burst, per_second, None));
-        }
-        Some(Scenario::Fleet) => {
-            replicas = replicas.max(4);
-            let split = if shared { 1.0 } else { replicas as f64 };
-            limits_toml = format!(
-                "rpm = {}\nburst = {}\n",
-                (refill * 60.0 / split).round() as u64,
-                (f64::from(capacity) / split).round().max(1.0) as u64
-            );
-        }
-        Some(Scenario::Blip) => {
-            tasks = 20;
-            sim.capacity = 1_000_000;
-            sim.refill = 1_000_000.0;
-            sim.fail_503_windows = vec![FailWindow {
-                at: Duration::ZERO,
-                duration: Duration::from_millis(150).div_f64(scale),
-            }];
-            limits_toml = String::new();
-            // Every request fails once: one service time, then the retry's.
-            bound = service * 2;
-        }
-        Some(Scenario::Queue) => {
-            let slots = 16;
-            sim.capacity = 1_000_000;
-            sim.refill = 1_000_000.0;
-            sim.header_style = HeaderStyle::None;
-            sim.queue_slots = Some(slots);
-            upstream_toml = "concurrency = \"auto\"\n".into();
-            // Concurrency is not shared through Redis: always split.
-            limits_toml = format!(
-                "max_concurrency = {}\n",
-                (f64::from(slots) / replicas as f64).max(1.0).round() as u64
-            );
-            bound = service.mul_f64(tasks as f64 / f64::from(slots));
-        }
-        Some(Scenario::Overload) => {
-            sim.capacity = 1_000_000;
-            sim.refill = 1_000_000.0;
-            sim.overload_429 = OVERLOAD_SHARE;
-            limits_toml = String::new();
-            // No limit: every task could be answered in one service time (an overload 429
-            // comes back at once).
-            bound = service;
-        }
-        Some(Scenario::Admission) => {
-            sim.capacity = 1_000_000;
-            sim.refill = 1_000_000.0;
-            sim.admission_refusals = ADMISSION_REFUSALS;
-            limits_toml = String::new();
-            // A client that waits as each refusal asks (the gateway's own second, not scaled
-            // with the herd) is let through after K of them.
-            bound = ADMISSION_RETRY_AFTER * ADMISSION_REFUSALS + service;
-        }
-        Some(Scenario::Models) => {
-            let slow = (f64::from(capacity) / FAST_OVER_SLOW).round().max(1.0);
-            let slow_refill = refill / FAST_OVER_SLOW;
-            sim.model_limits = vec![
-                ModelLimit {
-                    model: "fast".into(),
-                    capacity,
-                    refill,
-                },
-                ModelLimit {
-                    model: "slow".into(),
-                    capacity: slow as u32,
-                    refill: slow_refill,
-                },
-            ];
-            // One limit for the key cannot say two; told the sum, as one might add the two rows
-            // of a limits page.
-            limits_toml = format!(
-                "rpm = {}\nburst = {}\n",
-                per_replica((refill + slow_refill) * 60.0).round() as u64,
-                per_replica(f64::from(capacity) + slow).round() as u64
-            );
-            let (fast_tasks, slow_tasks) = (tasks.div_ceil(2), tasks / 2);
-            models = vec![
-                ModelWorld {
-                    name: "fast",
-                    tasks: fast_tasks,
-                    bound: bucket_bound(fast_tasks, f64::from(capacity), refill, None),
-                },
-                ModelWorld {
-                    name: "slow",
-                    tasks: slow_tasks,
-                    bound: bucket_bound(slow_tasks, slow, slow_refill, None),
-                },
-            ];
-            bound = models.iter().map(|m| m.bound).max().unwrap_or_default();
-        }
-        Some(Scenario::DailyQuota) => {
-            let day = day_quota(tasks);
-            sim.requests_per_day = Some(day);
-            // The day's requests go through the bucket; the rest fail at once, whoever sends.
-            bound = bucket_bound(tasks.min(day as usize), f64::from(capacity), refill, None);
-        }
+        Some(Scenario::PerMinute) => w.sim.limit_report = LimitReport::PerMinute,
+        Some(Scenario::Quantized) => quantized(&herd, &mut w),
+        Some(Scenario::Anthropic) => w.path = "/v1/messages",
+        Some(Scenario::Azure) => w.sim.header_style = HeaderStyle::Azure,
+        Some(Scenario::NoHeaders) => w.sim.header_style = HeaderStyle::None,
+        Some(Scenario::LimitDrops) => limit_drops(&herd, &mut w),
+        Some(Scenario::Tokens) => tokens(&herd, &mut w),
+        Some(Scenario::Fleet) => fleet(&herd, &mut w),
+        Some(Scenario::Blip) => blip(&herd, &mut w),
+        Some(Scenario::Queue) => queue(&herd, &mut w),
+        Some(Scenario::Overload) => overload(&herd, &mut w),
+        Some(Scenario::Admission) => admission(&herd, &mut w),
+        Some(Scenario::Models) => models(&herd, &mut w),
+        Some(Scenario::DailyQuota) => daily_quota(&herd, &mut w),
         Some(Scenario::Gemini) => {
-            sim.header_style = HeaderStyle::Gemini;
-            sim.gemini_array = 0.5;
+            w.sim.header_style = HeaderStyle::Gemini;
+            w.sim.gemini_array = 0.5;
         }
         Some(Scenario::HeavyTail) => {
-            sim.service_tail = Some(ServiceTail::Pareto { alpha: TAIL_ALPHA });
+            w.sim.service_tail = Some(ServiceTail::Pareto { alpha: TAIL_ALPHA });
         }
     }
-    World {
-        sim,
-        path,
-        tasks,
-        replicas,
-        upstream_toml,
-        limits_toml,
-        bound,
-        patience: (bound * 10).max(Duration::from_secs(60).div_f64(scale)),
-        models,
+    w.patience = (w.bound * 10).max(Duration::from_secs(60).div_f64(scale));
+    w
+}
+
+/// The herd as [`world`] is asked for it, before a scenario changes anything.
+struct Herd {
+    tasks: usize,
+    capacity: u32,
+    refill: f64,
+    scale: f64,
+    replicas: usize,
+    shared: bool,
+    /// The simulator's service time at this scale.
+    service: Duration,
+}
+
+impl Herd {
+    /// Each corral's share of a limit `x`: all of it when the corrals share their limits, at
+    /// least 1.
+    fn per_replica(&self, x: f64) -> f64 {
+        let split = if self.shared {
+            1.0
+        } else {
+            self.replicas as f64
+        };
+        (x / split).max(1.0)
     }
+
+    /// The classic herd: one bucket, reported as `limit_report` says; the patience is left for
+    /// [`world`] to set once the scenario has fixed the bound.
+    fn classic(&self, limit_report: LimitReport) -> World {
+        let (capacity, refill) = (self.capacity, self.refill);
+        World {
+            sim: SimConfig {
+                capacity,
+                refill,
+                service_time: self.service,
+                limit_report,
+                ..SimConfig::default()
+            },
+            path: "/v1/chat/completions",
+            tasks: self.tasks,
+            replicas: self.replicas,
+            upstream_toml: String::new(),
+            limits_toml: format!(
+                "rpm = {}\nburst = {}\n",
+                self.per_replica(refill * 60.0).round() as u64,
+                self.per_replica(f64::from(capacity)).round() as u64
+            ),
+            bound: bucket_bound(self.tasks, f64::from(capacity), refill, None),
+            patience: Duration::ZERO,
+            models: Vec::new(),
+        }
+    }
+}
+
+/// `--scenario quantized`: a bucket of one second's refill, and corral told so.
+fn quantized(herd: &Herd, w: &mut World) {
+    let (tasks, refill) = (herd.tasks, herd.refill);
+    w.sim.limit_report = LimitReport::Quantized;
+    w.sim.capacity = refill.round().max(1.0) as u32;
+    w.limits_toml = format!(
+        "rpm = {}\nburst = {}\n",
+        herd.per_replica(refill * 60.0).round() as u64,
+        herd.per_replica(f64::from(w.sim.capacity)).round() as u64
+    );
+    w.bound = bucket_bound(tasks, f64::from(w.sim.capacity), refill, None);
+}
+
+/// `--scenario limit-drops`: the refill halves a third of the way to the classic bound.
+fn limit_drops(herd: &Herd, w: &mut World) {
+    let (tasks, capacity, refill) = (herd.tasks, herd.capacity, herd.refill);
+    let at = w.bound / 3;
+    let change = RefillChange {
+        at,
+        rate: refill / 2.0,
+    };
+    w.sim.refill_changes = vec![change];
+    w.bound = bucket_bound(tasks, f64::from(capacity), refill, Some(change));
+}
+
+/// `--scenario tokens`: a tokens-per-minute bucket that binds before the request bucket.
+fn tokens(herd: &Herd, w: &mut World) {
+    let (tasks, capacity, refill) = (herd.tasks, herd.capacity, herd.refill);
+    // A quarter of the request refill in tokens: the minute's burst (60 s of refill)
+    // carries most of the herd, then tokens bind.
+    let token_rate = refill / 4.0 * TOKENS_PER_REQUEST as f64;
+    let tpm = (token_rate * 60.0).round() as u64;
+    w.sim.tpm = Some(tpm);
+    let per_second = tpm as f64 / 60.0 / TOKENS_PER_REQUEST as f64;
+    let burst = (tpm / TOKENS_PER_REQUEST) as f64;
+    let share = herd.per_replica(tpm as f64).round() as u64;
+    w.limits_toml.push_str(&format!(
+        "tpm = {share}\ntoken_burst = {share}\ndefault_max_tokens = 16\n"
+    ));
+    w.bound = bucket_bound(tasks, f64::from(capacity), refill, None)
+        .max(bucket_bound(tasks, burst, per_second, None));
+}
+
+/// `--scenario fleet`: at least four corrals, each told its share unless they share limits.
+fn fleet(herd: &Herd, w: &mut World) {
+    let (capacity, refill) = (herd.capacity, herd.refill);
+    w.replicas = herd.replicas.max(4);
+    let split = if herd.shared { 1.0 } else { w.replicas as f64 };
+    w.limits_toml = format!(
+        "rpm = {}\nburst = {}\n",
+        (refill * 60.0 / split).round() as u64,
+        (f64::from(capacity) / split).round().max(1.0) as u64
+    );
+}
+
+/// `--scenario blip`: 20 requests meet a window of 503s on an otherwise unlimited upstream.
+fn blip(herd: &Herd, w: &mut World) {
+    w.tasks = 20;
+    w.sim.capacity = 1_000_000;
+    w.sim.refill = 1_000_000.0;
+    w.sim.fail_503_windows = vec![FailWindow {
+        at: Duration::ZERO,
+        duration: Duration::from_millis(150).div_f64(herd.scale),
+    }];
+    w.limits_toml = String::new();
+    // Every request fails once: one service time, then the retry's.
+    w.bound = herd.service * 2;
+}
+
+/// `--scenario queue`: 16 slots before an unbounded queue, no headers; corral adapts its
+/// concurrency.
+fn queue(herd: &Herd, w: &mut World) {
+    let slots = 16;
+    w.sim.capacity = 1_000_000;
+    w.sim.refill = 1_000_000.0;
+    w.sim.header_style = HeaderStyle::None;
+    w.sim.queue_slots = Some(slots);
+    w.upstream_toml = "concurrency = \"auto\"\n".into();
+    // Concurrency is not shared through Redis: always split.
+    w.limits_toml = format!(
+        "max_concurrency = {}\n",
+        (f64::from(slots) / herd.replicas as f64).max(1.0).round() as u64
+    );
+    w.bound = herd.service.mul_f64(herd.tasks as f64 / f64::from(slots));
+}
+
+/// `--scenario overload`: no rate limit, a share of arrivals answered the overload 429.
+fn overload(herd: &Herd, w: &mut World) {
+    w.sim.capacity = 1_000_000;
+    w.sim.refill = 1_000_000.0;
+    w.sim.overload_429 = OVERLOAD_SHARE;
+    w.limits_toml = String::new();
+    // No limit: every task could be answered in one service time (an overload 429
+    // comes back at once).
+    w.bound = herd.service;
+}
+
+/// `--scenario admission`: a gateway that refuses each request a fixed number of times.
+fn admission(herd: &Herd, w: &mut World) {
+    w.sim.capacity = 1_000_000;
+    w.sim.refill = 1_000_000.0;
+    w.sim.admission_refusals = ADMISSION_REFUSALS;
+    w.limits_toml = String::new();
+    // A client that waits as each refusal asks (the gateway's own second, not scaled
+    // with the herd) is let through after K of them.
+    w.bound = ADMISSION_RETRY_AFTER * ADMISSION_REFUSALS + herd.service;
+}
+
+/// `--scenario models`: a fast and a slow model limited apart, the clients alternating.
+fn models(herd: &Herd, w: &mut World) {
+    let (tasks, capacity, refill) = (herd.tasks, herd.capacity, herd.refill);
+    let slow = (f64::from(capacity) / FAST_OVER_SLOW).round().max(1.0);
+    let slow_refill = refill / FAST_OVER_SLOW;
+    w.sim.model_limits = vec![
+        ModelLimit {
+            model: "fast".into(),
+            capacity,
+            refill,
+        },
+        ModelLimit {
+            model: "slow".into(),
+            capacity: slow as u32,
+            refill: slow_refill,
+        },
+    ];
+    // One limit for the key cannot say two; told the sum, as one might add the two rows
+    // of a limits page.
+    w.limits_toml = format!(
+        "rpm = {}\nburst = {}\n",
+        herd.per_replica((refill + slow_refill) * 60.0).round() as u64,
+        herd.per_replica(f64::from(capacity) + slow).round() as u64
+    );
+    let (fast_tasks, slow_tasks) = (tasks.div_ceil(2), tasks / 2);
+    w.models = vec![
+        ModelWorld {
+            name: "fast",
+            tasks: fast_tasks,
+            bound: bucket_bound(fast_tasks, f64::from(capacity), refill, None),
+        },
+        ModelWorld {
+            name: "slow",
+            tasks: slow_tasks,
+            bound: bucket_bound(slow_tasks, slow, slow_refill, None),
+        },
+    ];
+    w.bound = w.models.iter().map(|m| m.bound).max().unwrap_or_default();
+}
+
+/// `--scenario daily-quota`: the classic bucket under a requests-per-day quota.
+fn daily_quota(herd: &Herd, w: &mut World) {
+    let (tasks, capacity, refill) = (herd.tasks, herd.capacity, herd.refill);
+    let day = day_quota(tasks);
+    w.sim.requests_per_day = Some(day);
+    // The day's requests go through the bucket; the rest fail at once, whoever sends.
+    w.bound = bucket_bound(tasks.min(day as usize), f64::from(capacity), refill, None);
 }
 
 /// `--scenario daily-quota`: the day's requests for `tasks` clients, at least 1.

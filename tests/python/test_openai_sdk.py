@@ -1,8 +1,9 @@
 """The official `openai` SDK against corral.
 
 Reads OPENAI_BASE_URL (corral's /v1 route) and OPENAI_API_KEY from the environment, as a real
-client would. Driven by tests/sdk.rs, which runs a mock upstream and corral in-process; also runs
-under pytest. Run alone: `OPENAI_BASE_URL=http://127.0.0.1:PORT/v1 python test_openai_sdk.py`.
+client would. Driven by tests/openai_sdk.rs, which runs a mock upstream and corral in-process;
+also runs under pytest. Run alone: `OPENAI_BASE_URL=http://127.0.0.1:PORT/v1 python
+test_openai_sdk.py`.
 """
 
 import os

@@ -5,7 +5,7 @@
 # clients got and corral's peak RSS (VmHWM from /proc/PID/status) against its buffer cap
 # (`max_buffered_bytes`), and asserts only that corral survived and never held more than the cap.
 #
-#   benches/load.sh                 # cargo test --release --test limits (the #[ignore]d test)
+#   benches/load.sh                 # cargo test --release --test bounds (the #[ignore]d test)
 #
 # Environment: LOAD_CONNECTIONS (2000), LOAD_CAP_MIB (128), LOAD_SECONDS (150: every client gives
 # up by then), MALLOC_* (passed to corral, e.g. MALLOC_MMAP_THRESHOLD_=131072 to see what glibc's
@@ -22,5 +22,5 @@ if (( $(ulimit -n) < want )); then
 fi
 echo "load.sh: ulimit -n $(ulimit -n)" >&2
 
-cargo test --release --test limits load_2000_connections_stay_under_the_buffer_cap \
+cargo test --release --test bounds load_2000_connections_stay_under_the_buffer_cap \
     -- --ignored --nocapture --test-threads 1

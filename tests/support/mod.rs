@@ -290,7 +290,7 @@ pub async fn eventually(limit: std::time::Duration, mut cond: impl FnMut() -> bo
     cond()
 }
 
-// ===== raw sockets: misbehaving clients and upstreams (tests/limits.rs) =====
+// ===== raw sockets: misbehaving clients and upstreams (tests/bounds.rs) =====
 
 /// An h2c (prior knowledge) client.
 pub fn h2_client() -> TestClient {

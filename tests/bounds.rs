@@ -1,4 +1,4 @@
-//! The request path's limits: every wait on a body has an end, request bodies are bounded in
+//! The request path's bounds: every wait on a body has an end, request bodies are bounded in
 //! memory, and hostile inputs are refused before they reach an upstream. Misbehaving clients
 //! speak over raw sockets, misbehaving upstreams are in-process mocks or raw sockets; every
 //! timeout comes small from the config and every wait in a test is bounded.

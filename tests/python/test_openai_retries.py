@@ -1,7 +1,7 @@
 """The official `openai` SDK with its default retries ON, against corral in front of an upstream
 that always answers 503.
 
-Driven by tests/claims.rs, which counts the attempts the upstream saw: the SDK must surface the
+Driven by tests/retry.rs, which counts the attempts the upstream saw: the SDK must surface the
 503 as `openai.InternalServerError` however many times it retried. Run alone:
 `OPENAI_BASE_URL=http://127.0.0.1:PORT/v1 python test_openai_retries.py`.
 """

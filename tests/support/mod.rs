@@ -134,6 +134,30 @@ pub fn json(status: u16, value: serde_json::Value) -> Response<Body> {
         .unwrap()
 }
 
+/// An upstream that always answers `status` with `body` and `headers`, counting its calls.
+pub async fn always_with(
+    status: u16,
+    body: serde_json::Value,
+    headers: &'static [(&'static str, &'static str)],
+) -> MockUpstream {
+    MockUpstream::start(move |_| {
+        let body = body.clone();
+        async move {
+            let mut response = json(status, body);
+            for (name, value) in headers {
+                response.headers_mut().insert(*name, value.parse().unwrap());
+            }
+            response
+        }
+    })
+    .await
+}
+
+/// A chat request of 8 prompt characters (2 tokens) and a 100-token budget: 102 tokens, the
+/// charge a configured `tpm` takes for it.
+pub const CHAT_102_TOKENS: &str =
+    r#"{"model":"m","messages":[{"role":"user","content":"12345678"}],"max_tokens":100}"#;
+
 /// corral running in-process on 127.0.0.1:0.
 pub struct Corral {
     pub addr: SocketAddr,

@@ -1,8 +1,8 @@
 //! Retries and the deadline over real sockets through `server::run`: the client's deadline
 //! header, stacked retries and `x-should-retry` on a given-up answer (also with the official
-//! `openai` SDK's own retries on), permanent 429s passed on at once, and the server's hint as a
-//! floor. Timing bounds are one-sided (a paced wait can only be longer on a slow machine) or
-//! generous, and stated per assert.
+//! `openai` SDK's own retries on), permanent 429s passed on at once, the server's hint as a
+//! floor, and the retries clients make on their own counted. Timing bounds are one-sided (a paced
+//! wait can only be longer on a slow machine) or generous, and stated per assert.
 
 mod support;
 
@@ -283,4 +283,40 @@ async fn the_openai_sdk_with_its_retries_on_does_not_retry_a_given_up_answer() {
             .await;
         assert_eq!(upstream.calls(), want, "mark_given_up = {mark}");
     }
+}
+
+/// docs/design.md, Stacked retries: "Requests arriving with `x-stainless-retry-count > 0` are
+/// counted in `corral_client_retries_total`" (the header the official SDKs send on their own
+/// retries).
+///
+/// Requests with `x-stainless-retry-count` 1 and 3 are counted; 0, none, and a value that is
+/// not a count are not. The header still reaches the upstream (it is the client's).
+#[tokio::test]
+async fn requests_an_sdk_retried_are_counted() {
+    let upstream =
+        MockUpstream::start(|_| async { json(200, serde_json::json!({"ok": true})) }).await;
+    let corral = Corral::start(&one_upstream(&upstream, "")).await;
+    let c = client();
+    let url = corral.url("/v1/chat/completions");
+    for count in [Some("0"), Some("1"), None, Some("3"), Some("many")] {
+        let mut req = post(&url, "{}");
+        if let Some(n) = count {
+            req.headers_mut()
+                .insert("x-stainless-retry-count", n.parse().unwrap());
+        }
+        let (parts, _) = send(&c, req).await;
+        assert_eq!(parts.status, 200);
+        assert_eq!(
+            upstream
+                .last()
+                .headers
+                .get("x-stainless-retry-count")
+                .map(|v| v.to_str().unwrap()),
+            count,
+            "forwarded as sent"
+        );
+    }
+    let metrics = corral.app.metrics().render();
+    let line = "corral_client_retries_total{upstream=\"mock\"} 2";
+    assert!(metrics.contains(line), "no `{line}` in\n{metrics}");
 }

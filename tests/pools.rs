@@ -1,11 +1,13 @@
-//! Key pools over real sockets through `server::run`: an upstream with
-//! `keys = [...]` spreads requests over its keys, each with its own buckets; a key the upstream
-//! refuses for good (401, 403, a permanent 429) is set aside, counted, and the request moves to
-//! the next key; a client's own key wins under `header_mode = "if_absent"`; no key is shown in
-//! `/status` or `/metrics`; and the configurations a pool needs are checked at load.
+//! Key pools over real sockets through `server::run`: an upstream with `keys = [...]` spreads
+//! requests over its keys, each with its own buckets, a request taking the key with the most
+//! headroom; a key the upstream refuses for good (401, 403, a permanent 429) is set aside,
+//! counted, and the request moves to the next key; a client's own key wins under
+//! `header_mode = "if_absent"`; no key is shown in `/status` or `/metrics`; and the
+//! configurations a pool needs are checked at load.
 
 mod support;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use support::*;
@@ -44,20 +46,20 @@ fn pool_config(upstream: &MockUpstream, extra: &str) -> String {
     )
 }
 
+/// The key a request the upstream saw carried.
+fn key_of(seen: &Seen) -> String {
+    let auth = seen
+        .headers
+        .get("authorization")
+        .map(|v| v.to_str().unwrap());
+    auth.unwrap_or_default()
+        .trim_start_matches("Bearer ")
+        .to_owned()
+}
+
 /// The keys the upstream saw, in order.
 fn keys_seen(upstream: &MockUpstream) -> Vec<String> {
-    upstream
-        .seen
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|s| {
-            let auth = s.headers.get("authorization").map(|v| v.to_str().unwrap());
-            auth.unwrap_or_default()
-                .trim_start_matches("Bearer ")
-                .to_owned()
-        })
-        .collect()
+    upstream.seen.lock().unwrap().iter().map(key_of).collect()
 }
 
 async fn get(corral: &Corral, path: &str) -> String {
@@ -132,6 +134,90 @@ async fn idle_keys_take_turns() {
     let seen = keys_seen(&upstream);
     let a = seen.iter().filter(|k| *k == KEY_A).count();
     assert_eq!((a, seen.len() - a), (5, 5), "{seen:?}");
+}
+
+/// docs/design.md, Key pools: "A request takes the key with the most headroom: one no 429 has
+/// paused, then the one with the fewest requests in flight or waiting for its buckets; ties go
+/// round in turn."
+///
+/// Two idle keys take turns; once the upstream answers one key a 429 that pauses it for 20 s
+/// (`retry-after: 20`), the throttled request is resent on the other key, and the next ten
+/// requests all go there while the pause lasts (they take milliseconds; the pause 20 s), where
+/// turns alone would have sent five of them to the paused key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_takes_a_key_no_429_has_paused() {
+    let throttled: Arc<Mutex<Option<String>>> = Arc::default();
+    let first = Arc::clone(&throttled);
+    let upstream = MockUpstream::start(move |seen| {
+        let key = key_of(&seen);
+        let mut first = first.lock().unwrap();
+        let refuse = first.is_none();
+        if refuse {
+            *first = Some(key.clone());
+        }
+        async move {
+            if refuse {
+                http::Response::builder()
+                    .status(429)
+                    .header("content-type", "application/json")
+                    .header("retry-after", "20")
+                    .body(corral::body::full(
+                        serde_json::json!({"error": {"message": "slow down", "code": "rate_limit_exceeded"}})
+                            .to_string(),
+                    ))
+                    .unwrap()
+            } else {
+                json(200, serde_json::json!({"key": key}))
+            }
+        }
+    })
+    .await;
+    let corral = Corral::start(&format!(
+        "[[upstream]]\nname = \"mock\"\nroute = \"/v1\"\nbase_url = \"{}\"\n\
+         keys = [\"{KEY_A}\", \"{KEY_B}\"]\n\
+         [upstream.headers]\nAuthorization = \"Bearer {{key}}\"\n",
+        upstream.url("/v1")
+    ))
+    .await;
+    let c = client();
+    let url = corral.url("/v1/chat/completions");
+    for n in 0..11 {
+        let (parts, _) = send(&c, post(&url, "{}")).await;
+        assert_eq!(parts.status, 200, "request {n}");
+    }
+    let paused = throttled
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("a key was throttled");
+    let seen: Vec<String> = upstream.seen.lock().unwrap().iter().map(key_of).collect();
+    assert_eq!(
+        seen.len(),
+        12,
+        "the throttled request resent once: {seen:?}"
+    );
+    assert_eq!(seen[0], paused);
+    assert!(
+        seen[1..].iter().all(|k| *k != paused),
+        "a request went to the paused key: {seen:?}"
+    );
+    let status = corral
+        .app
+        .upstream("mock")
+        .unwrap()
+        .state
+        .rate_limit
+        .status();
+    let keys = status["keys"].as_array().unwrap();
+    let paused_ms: Vec<_> = keys
+        .iter()
+        .map(|k| k["limits"]["paused_ms"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(
+        paused_ms.iter().filter(|ms| **ms > 0).count(),
+        1,
+        "one key paused: {status}"
+    );
 }
 
 /// A key refused for good (401, 403, or a permanent 429 such as `insufficient_quota`) is set

@@ -287,10 +287,6 @@ async fn run_rejects_a_bad_upstream_flag_before_binding() {
 
 // ===== a running corral =====
 
-fn get(url: &str) -> Request<Full<Bytes>> {
-    Request::get(url).body(Full::new(Bytes::new())).unwrap()
-}
-
 #[tokio::test]
 async fn quick_start_forwards_to_the_upstream_flag() {
     let upstream = MockUpstream::start(|seen| async move {

@@ -10,7 +10,7 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -155,10 +155,6 @@ async fn h2_connect(
             .await
             .expect("HTTP/2 handshake");
     (send, tokio::spawn(conn))
-}
-
-fn get(url: &str) -> Request<Full<Bytes>> {
-    Request::get(url).body(Full::new(Bytes::new())).unwrap()
 }
 
 /// Status and body of `GET http://addr/path` on a new connection.
@@ -681,20 +677,6 @@ fn a_drain_longer_than_the_default_grace_period_is_warned_about() {
         warnings[0].contains("terminationGracePeriodSeconds"),
         "{warnings:?}"
     );
-}
-
-/// A `tracing` writer into a shared buffer.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 #[tokio::test]

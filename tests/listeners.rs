@@ -6,7 +6,6 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,28 +19,6 @@ use tracing::instrument::WithSubscriber;
 
 /// Longest any single wait in these tests may take.
 const BOUND: Duration = Duration::from_secs(10);
-
-/// A `tracing` writer into a shared buffer.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    /// Lines logged so far that contain `needle`.
-    fn count(&self, needle: &str) -> usize {
-        let text = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
-        text.lines().filter(|l| l.contains(needle)).count()
-    }
-}
 
 /// corral in-process on `toml`, with an admin listener when `admin`; its log captured. The
 /// server stops when the returned task is dropped (aborted).
@@ -365,10 +342,4 @@ async fn the_admin_paths_are_reserved_unless_the_admin_endpoints_move() {
     let (parts, body) = send(&client(), get(&format!("http://{}/healthz", corral.addr))).await;
     assert_eq!((parts.status.as_u16(), &body[..]), (200, &b"ok\n"[..]));
     assert_eq!(upstream.calls(), calls, "/healthz went upstream");
-}
-
-fn get(url: &str) -> http::Request<http_body_util::Full<Bytes>> {
-    http::Request::get(url)
-        .body(http_body_util::Full::new(Bytes::new()))
-        .unwrap()
 }

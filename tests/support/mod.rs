@@ -234,6 +234,10 @@ pub async fn send(
     (parts, body.collect().await.expect("body").to_bytes())
 }
 
+pub fn get(url: &str) -> Request<Full<Bytes>> {
+    Request::get(url).body(Full::new(Bytes::new())).unwrap()
+}
+
 pub fn post(url: &str, body: &str) -> Request<Full<Bytes>> {
     Request::post(url)
         .header("content-type", "application/json")
@@ -299,6 +303,28 @@ impl http_body::Body for ChannelBody {
 impl Drop for ChannelBody {
     fn drop(&mut self) {
         self.dropped.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A `tracing` writer into a shared buffer, for tests that read what corral logged.
+#[derive(Clone, Default)]
+pub struct Captured(pub Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    /// Lines logged so far that contain `needle`.
+    pub fn count(&self, needle: &str) -> usize {
+        let text = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
+        text.lines().filter(|l| l.contains(needle)).count()
     }
 }
 

@@ -7,9 +7,8 @@
 
 mod support;
 
+use support::group::{group_config, ok, quota, BODY};
 use support::*;
-
-const BODY: &str = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
 
 /// The credential headers a client may send.
 const CLIENT_CREDENTIALS: [(&str, &str); 4] = [
@@ -21,16 +20,8 @@ const CLIENT_CREDENTIALS: [(&str, &str); 4] = [
 
 /// An upstream that records what it receives and answers `status`.
 async fn recording(status: u16) -> MockUpstream {
-    let body = if status == 429 {
-        serde_json::json!({"error": {"message": "You exceeded your current quota", "type": "insufficient_quota", "code": "insufficient_quota"}})
-    } else {
-        serde_json::json!({"ok": true})
-    };
-    MockUpstream::start(move |_| {
-        let body = body.clone();
-        async move { json(status, body) }
-    })
-    .await
+    let body = if status == 429 { quota() } else { ok() };
+    always(status, body).await
 }
 
 /// A chat request carrying every credential header in `credentials`.
@@ -69,13 +60,12 @@ fn group(
     backup: &MockUpstream,
     b_headers: &str,
 ) -> String {
-    format!(
-        "drain_timeout = \"5s\"\n\
-         [[upstream]]\nname = \"primary\"\nbase_url = \"{}\"\n[upstream.headers]\n{p_headers}\n\
-         [[upstream]]\nname = \"backup\"\nbase_url = \"{}\"\n[upstream.headers]\n{b_headers}\n\
-         [[group]]\nname = \"chat\"\nroute = \"/v1\"\nmembers = [\"primary\", \"backup\"]\n",
-        primary.url("/v1"),
-        backup.url("/v1"),
+    group_config(
+        primary,
+        &format!("[upstream.headers]\n{p_headers}"),
+        backup,
+        &format!("[upstream.headers]\n{b_headers}"),
+        "",
     )
 }
 

@@ -8,46 +8,9 @@ mod support;
 
 use std::time::Duration;
 
+use support::group::{group_config, ok, quota, BODY};
 use support::*;
 use tokio::time::Instant;
-
-const BODY: &str = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
-
-/// An upstream that always answers `status` with `body`.
-async fn always(status: u16, body: serde_json::Value) -> MockUpstream {
-    MockUpstream::start(move |_| {
-        let body = body.clone();
-        async move { json(status, body) }
-    })
-    .await
-}
-
-fn quota() -> serde_json::Value {
-    serde_json::json!({"error": {"message": "You exceeded your current quota", "type": "insufficient_quota", "code": "insufficient_quota"}})
-}
-
-fn ok() -> serde_json::Value {
-    serde_json::json!({"ok": true})
-}
-
-/// Two route-less upstreams `primary` and `backup` (each with `extra` TOML lines) behind the
-/// group `chat` at `/v1`, with `group` TOML lines.
-fn group_config(
-    primary: &MockUpstream,
-    primary_extra: &str,
-    backup: &MockUpstream,
-    backup_extra: &str,
-    group: &str,
-) -> String {
-    format!(
-        "drain_timeout = \"5s\"\n\
-         [[upstream]]\nname = \"primary\"\nbase_url = \"{}\"\n{primary_extra}\n\
-         [[upstream]]\nname = \"backup\"\nbase_url = \"{}\"\n{backup_extra}\n\
-         [[group]]\nname = \"chat\"\nroute = \"/v1\"\nmembers = [\"primary\", \"backup\"]\n{group}\n",
-        primary.url("/v1"),
-        backup.url("/v1"),
-    )
-}
 
 async fn chat(corral: &Corral) -> (http::response::Parts, bytes::Bytes) {
     send(&client(), post(&corral.url("/v1/chat/completions"), BODY)).await

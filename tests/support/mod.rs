@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod binary;
+pub mod group;
 pub mod python;
 
 use std::convert::Infallible;
@@ -132,6 +133,11 @@ pub fn json(status: u16, value: serde_json::Value) -> Response<Body> {
         .header("content-type", "application/json")
         .body(body::full(value.to_string()))
         .unwrap()
+}
+
+/// An upstream that always answers `status` with `body`, counting its calls.
+pub async fn always(status: u16, body: serde_json::Value) -> MockUpstream {
+    always_with(status, body, &[]).await
 }
 
 /// An upstream that always answers `status` with `body` and `headers`, counting its calls.

@@ -186,8 +186,9 @@ where
             return Poll::Ready(Some(Err(BodyTimeout(kind).into())));
         }
         let fired = match this.inner.poll_frame(cx) {
-            // A body that always has data ready must still end at the deadline.
-            Poll::Ready(_) if this.deadline_at.is_some_and(|d| Instant::now() >= d) => {
+            // A body that always has data ready must still end at the deadline; one that has
+            // ended has nothing left to cut.
+            Poll::Ready(Some(_)) if this.deadline_at.is_some_and(|d| Instant::now() >= d) => {
                 Some(TimeoutKind::Deadline)
             }
             Poll::Ready(frame) => {
@@ -409,6 +410,38 @@ mod tests {
         };
         assert_eq!(frames, 20);
         assert_eq!(kind_of(&err), TimeoutKind::Deadline);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timed_ends_a_waiting_body_at_its_deadline_and_lets_an_ended_one_end() {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let stalled = Script {
+            frames: 1,
+            then_stall: true,
+        };
+        let mut body = std::pin::pin!(Timed::new(
+            stalled,
+            Duration::from_secs(60),
+            Some(deadline),
+            |k| assert_eq!(k, TimeoutKind::Deadline)
+        ));
+        assert!(body.frame().await.unwrap().is_ok());
+        let err = body.frame().await.unwrap().unwrap_err();
+        assert_eq!(Instant::now(), deadline, "woken by the deadline's timer");
+        assert_eq!(kind_of(&err), TimeoutKind::Deadline);
+        // Past its deadline, a body whose end is ready still ends cleanly.
+        let ended = Script {
+            frames: 0,
+            then_stall: false,
+        };
+        let past = Instant::now() - Duration::from_secs(1);
+        let mut body = std::pin::pin!(Timed::new(
+            ended,
+            Duration::from_secs(60),
+            Some(past),
+            |_| { panic!("nothing to cut") }
+        ));
+        assert!(body.frame().await.is_none());
     }
 
     #[tokio::test]

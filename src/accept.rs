@@ -392,6 +392,9 @@ impl Activity {
         // Entries are cloned only here, under the lock: one held by the list alone stays free.
         let handed = match all.iter().find(|h| Arc::strong_count(h) == 1) {
             Some(free) => {
+                // The last owner's marks (Relaxed) happen before its count dropped (Release):
+                // this reset comes after them.
+                std::sync::atomic::fence(Ordering::Acquire);
                 free.at.store(0, Ordering::Relaxed);
                 Arc::clone(free)
             }
@@ -478,5 +481,33 @@ impl Drop for InFlight {
         let now = nanos_since(activity.origin);
         activity.idle_since.fetch_max(now, Ordering::AcqRel);
         activity.in_progress.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entries(activity: &Activity) -> usize {
+        activity.handed.lock().unwrap().len()
+    }
+
+    #[test]
+    fn an_ended_requests_write_mark_is_never_the_next_ones() {
+        let activity = Arc::new(Activity::new());
+        let mut first = activity.begin();
+        first.on_data(1);
+        assert!(first.1.since().is_some(), "a frame waits for the client");
+        drop(first);
+        let second = activity.begin();
+        assert_eq!(entries(&activity), 1, "the ended request's entry is reused");
+        assert!(
+            second.1.since().is_none(),
+            "the new request has handed nothing"
+        );
+        // Two at once (HTTP/2 streams) hold two entries.
+        let third = activity.begin();
+        assert_eq!(entries(&activity), 2);
+        assert!(!Arc::ptr_eq(&second.1, &third.1));
     }
 }

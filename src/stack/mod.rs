@@ -60,7 +60,9 @@ pub struct Stack(Arc<dyn Call>);
 impl Stack {
     /// `service` behind one `Arc`: a request clones the service's own handles on the stack,
     /// where a boxed clonable service would box a clone of it, and box its future again.
-    pub fn new<S>(service: S) -> Self
+    /// `service` must always be ready (every corral layer is: waiting happens in the call),
+    /// since it is called without `poll_ready`.
+    pub(crate) fn new<S>(service: S) -> Self
     where
         S: tower::Service<
                 ProxyRequest,

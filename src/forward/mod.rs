@@ -211,6 +211,14 @@ pub fn withheld(own: &[HeaderName], credential: bool, also: &[HeaderName]) -> Ve
 
 /// Remove hop-by-hop headers, including any the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // One look at the names first: most messages carry none of these, and each removal would
+    // hash its name whether the map holds it or not.
+    let any = headers
+        .keys()
+        .any(|name| HOP_BY_HOP.contains(name) || name == header::UPGRADE);
+    if !any {
+        return;
+    }
     // The `Connection` values are moved out first (no copy, no allocation without one), so the
     // names they list can be removed by reference: a name that is not a valid header name is in
     // no map, and removing it does nothing.

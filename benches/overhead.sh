@@ -1,45 +1,59 @@
 #!/usr/bin/env bash
-# The overhead benchmark: what corral costs per request compared with going direct and with
-# haproxy, the reference lean retrying proxy.
+# The overhead benchmark: what corral costs per request against its floor (the smallest hyper
+# proxy that does corral's data path's job), against going direct, and against haproxy.
 #
-#   benches/overhead.sh            # builds corral (cargo build --release), runs, prints a table
+#   benches/overhead.sh            # builds corral and the floor (cargo build --release), runs
+#   ROUNDS=3 benches/overhead.sh   # the figures the docs give: medians of three rounds
 #
 # nginx answers POST /v1/chat/completions with a static JSON (benches/overhead/nginx.conf.in).
-# wrk (64 connections, 2 threads) POSTs a ~1 KB chat-completions request
-# (benches/overhead/payload.json, benches/overhead/post.lua) in one run:
+# Three phases, all against the same nginx:
 #
-#   direct                    wrk -> nginx
-#   haproxy                   wrk -> haproxy (retries 3, retry-on all-retryable-errors) -> nginx
-#   corral (RUST_LOG=warn)    wrk -> corral (default stack; the config `--upstream http://nginx/v1`
-#                             makes, with drain_delay = "0s" to stop at once) -> nginx
-#   corral (default logging)  the same, with corral's default `info` log (`access_log =
-#                             "notable"`: no line for a plain 200; before it, one per request)
-#   corral (access_log = all) the same, with a line for every request
-#
-# Each case gets a 2 s warm-up, then a measured run; each proxy is started fresh for its case
-# and stopped after it. Per proxy: requests/s, p50 and p99 latency (wrk), CPU microseconds per
-# request (utime + stime from /proc/PID/stat across the measured run, all threads, divided by the
-# requests wrk completed) and peak RSS (VmHWM from /proc/PID/status at the end; each proxy is
-# one process). The table goes to stdout and to bench-out/overhead.md.
+# 1. Closed loop, per round: wrk (64 connections, 2 threads) POSTs a ~1 KB chat-completions
+#    request (benches/overhead/payload.json, benches/overhead/post.lua), interleaved:
+#      direct                    wrk -> nginx
+#      haproxy                   wrk -> haproxy (retries 3, retry-on all-retryable-errors) -> nginx
+#      corral (default logging)  wrk -> corral on the config `--upstream http://nginx/v1` makes
+#                                (plus drain_delay = "0s" to stop at once), info logging -> nginx
+#      floor                     wrk -> benches/overhead/floor (hyper 1 + hyper-util: body
+#                                buffered, response streamed, pooled client, mimalloc, fat LTO;
+#                                its own crate and lock file) -> nginx
+#      corral (RUST_LOG=warn), corral (access_log = all), and with CORRAL_BEFORE_BIN the older
+#      corral's two cases: the same
+#    Each case gets a 2 s warm-up, then a measured run; each proxy is started fresh for its case
+#    and stopped after it. Per proxy: requests/s, p50 and p99 latency (wrk), CPU microseconds
+#    per request (utime + stime from /proc/PID/stat across the measured run, all threads,
+#    divided by the requests wrk completed) and peak RSS (VmHWM; each proxy is one process).
+#    The report has each case's medians, a round-by-round table (haproxy / corral / floor) and
+#    the targets against the floor.
+# 2. Open loop, per round (needs oha: `cargo install oha --locked`): direct, the floor and
+#    corral on its default config at each rate of OPEN_RATES (1000 5000 requests/s), oha -q
+#    RATE --latency-correction -c64 for OPEN_DURATION: p50 and p99, and the latency each proxy
+#    adds over direct in the same round. wrk's closed loop sends less to a slower proxy and
+#    hides its queueing; a fixed rate does not.
+# 3. Instructions (needs valgrind and oha): the floor and corral under callgrind, counting
+#    exactly INSTR_REQUESTS requests after a warm-up: user-space instructions per request, a
+#    figure this machine's drifting speed does not move.
 #
 # Fairness: nginx runs one process with one event loop, the same fixed upstream for every case.
-# haproxy (one thread per CPU, its 2.6 default) and corral (one tokio worker per CPU, its
-# default) keep their thread defaults; haproxy logs nothing (no `log` line), like corral at
-# RUST_LOG=warn. Both keep client and upstream connections alive.
+# haproxy (one thread per CPU, its 2.6 default), corral and the floor (one tokio worker per CPU)
+# keep their thread defaults; haproxy logs nothing, like corral at RUST_LOG=warn. All keep client
+# and upstream connections alive.
 #
 # wrk, nginx, the proxy and the machine's other work share the same cores, so only the ratios
 # within one run mean anything. Before each case the script waits (up to QUIET_WAIT seconds in
 # all) for other processes to leave the machine mostly idle, and the notes give each case's load
 # average and the CPU share other processes took during it, with a warning above 10%.
 #
-# Environment: CORRAL_BIN (skip the build and use this binary), CORRAL_BEFORE_BIN (an older
-# corral, measured too, as "before: ...", for a before/after in one run of the machine),
-# ROUNDS (1: every case runs once per round, rounds one after another, and the table gives
-# each case's median; this machine's speed drifts from minute to minute, so compare within one
-# run, with ROUNDS=3 or more), CARGO_TARGET_DIR, DURATION (10s), WARMUP (2s), CONNECTIONS (64),
-# THREADS (2), QUIET_WAIT (20), OUT (bench-out/overhead.md).
-# Takes about 70 s a round after the build (90 s with CORRAL_BEFORE_BIN).
-# Needs: apt-get install wrk nginx-light haproxy curl. Everything listens on 127.0.0.1 only.
+# Environment: CORRAL_BIN and FLOOR_BIN (skip the builds and use these binaries),
+# CORRAL_BEFORE_BIN (an older corral, measured too, as "before: ..."), ROUNDS (1; every case
+# runs once per round, rounds one after another, and the tables give each case's median; this
+# machine's speed drifts from minute to minute, so compare within one run, with ROUNDS=3 or
+# more), CARGO_TARGET_DIR, DURATION (10s), WARMUP (2s), CONNECTIONS (64), THREADS (2),
+# QUIET_WAIT (20), OPEN_RATES ("1000 5000"), OPEN_DURATION (10s), INSTR_REQUESTS (2000), OHA
+# (path to oha), OUT (bench-out/overhead.md).
+# Takes about 3 minutes a round after the builds, plus about a minute for the instructions.
+# Needs: apt-get install wrk nginx-light haproxy curl (and valgrind for phase 3); oha for
+# phases 2 and 3. Everything listens on 127.0.0.1 only.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -441,7 +455,8 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 lat = d["latencyPercentiles"]
 codes = d.get("statusCodeDistribution", {})
-errors = sum(d.get("errorDistribution", {}).values())
+# Requests still in flight when -z ends are "aborted due to deadline": the run's end, not errors.
+errors = sum(n for e, n in d.get("errorDistribution", {}).items() if e != "aborted due to deadline")
 bad = sum(n for code, n in codes.items() if code != "200") + errors
 print(f"{lat['p50'] * 1e3:.3f} {lat['p99'] * 1e3:.3f} {d['summary']['requestsPerSec']:.0f} {bad}")
 PY
@@ -491,6 +506,50 @@ for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
     run_round
     [[ -z $OHA ]] || open_round
 done
+
+# ----- instructions per request (callgrind) -----
+#
+# Time on this shared machine drifts by a third from one minute to the next; instructions do
+# not. Each proxy runs under valgrind's callgrind with counting off, takes a warm-up, then
+# counts exactly INSTR_REQUESTS requests (oha -n, 4 connections): user-space instructions per
+# request, the kernel's excluded. Needs valgrind (Debian package) and oha.
+INSTR_REQUESTS=${INSTR_REQUESTS:-2000}
+VALGRIND=$(find_tool valgrind) || true
+declare -A INSTR
+instructions() { # name command... ; the proxy must listen on INSTR_PORT
+    local name=$1 out="$TMP/callgrind-${1//[^a-z]/_}.out" vpid i total
+    shift
+    start "$out.log" "$VALGRIND" --tool=callgrind --instr-atstart=no \
+        --callgrind-out-file="$out" "$@"
+    vpid=$STARTED
+    for ((i = 0; i < 200; i++)); do
+        "$CURL" -s -o /dev/null --max-time 2 -XPOST -H 'content-type: application/json' \
+            --data-binary "@$here/overhead/payload.json" \
+            "http://127.0.0.1:$INSTR_PORT/v1/chat/completions" && break
+        sleep 0.2
+    done
+    "$OHA" --no-tui -n 200 -c 4 -m POST -H 'content-type: application/json' \
+        -D "$here/overhead/payload.json" "http://127.0.0.1:$INSTR_PORT/v1/chat/completions" >/dev/null
+    callgrind_control -i on "$vpid" >/dev/null
+    "$OHA" --no-tui -n "$INSTR_REQUESTS" -c 4 -m POST -H 'content-type: application/json' \
+        -D "$here/overhead/payload.json" "http://127.0.0.1:$INSTR_PORT/v1/chat/completions" >/dev/null
+    callgrind_control -d "$vpid" >/dev/null
+    stop_pid "$vpid"
+    # The dump on request is the first part file; the rest is the exit's.
+    total=$(awk '/^summary:|^totals:/ { print $2; exit }' "$out.1") ||
+        die "$name: no callgrind dump at $out.1"
+    INSTR[$name]=$(awk -v t="$total" -v n="$INSTR_REQUESTS" 'BEGIN { printf "%.0f", t / n }')
+    echo "  $name: ${INSTR[$name]} instructions a request" >&2
+}
+if [[ -n $VALGRIND && -n $OHA ]]; then
+    pick_port INSTR_PORT
+    instructions floor "$FLOOR" "127.0.0.1:$INSTR_PORT" "127.0.0.1:$NGINX_PORT"
+    sed "s|^listen = .*|listen = \"127.0.0.1:$INSTR_PORT\"|" "$TMP/corral.toml" >"$TMP/corral-instr.toml"
+    # Not through `env`: callgrind would count `env` and let the program it runs go uncounted.
+    RUST_LOG=warn instructions corral "$CORRAL" --config "$TMP/corral-instr.toml"
+    [[ -z $BEFORE ]] ||
+        RUST_LOG=warn instructions "before: corral" "$BEFORE" --config "$TMP/corral-instr.toml"
+fi
 RSS_NGINX=$(awk -v k="$(hwm_kib "$NGINX_PID")" 'BEGIN { printf "%.1f", k / 1024 }')
 summarize
 uptime_after=$(uptime)
@@ -621,7 +680,27 @@ open_report() {
         "$(minus "$c" "$f") ms ($(verdict "$(awk -v a="$c" -v b="$f" 'BEGIN { print (a - b <= 0.3) }')"))."
 }
 
+instr_report() {
+    echo
+    if [[ -z ${INSTR[floor]:-} ]]; then
+        echo "Instructions: skipped (needs \`valgrind\` and \`oha\` on PATH)."
+        return
+    fi
+    echo "### Instructions per request (callgrind)"
+    echo
+    echo "User-space instructions per request over $INSTR_REQUESTS requests (oha -n, 4 connections)" \
+        "after a warm-up of 200, counted by valgrind's callgrind; corral with \`RUST_LOG=warn\`."
+    echo
+    echo "| proxy | instructions / request | vs floor |"
+    echo "| --- | ---: | ---: |"
+    local n
+    for n in floor corral "before: corral"; do
+        [[ -n ${INSTR[$n]:-} ]] || continue
+        printf '| %s | %s | %s |\n' "$n" "${INSTR[$n]}" "$(ratio "${INSTR[$n]}" "${INSTR[floor]}")"
+    done
+}
+
 mkdir -p "$(dirname "$OUT")"
-{ report; open_report; } | tee "$OUT"
+{ report; open_report; instr_report; } | tee "$OUT"
 echo >&2
 echo "written to $OUT" >&2

@@ -265,6 +265,27 @@ pub fn is_permanent_429(
         && is_permanent(headers, body, &error_signals(body), config)
 }
 
+/// Whether an answer is a permanent 429, judged from its head and (buffered) body: by the
+/// rate limiter's reading when it carries one ([`Throttle`] in its extensions, a `Quota`
+/// reason), else by [`is_permanent_429`].
+pub fn is_permanent_answer(
+    parts: &http::response::Parts,
+    body: &[u8],
+    config: &RetryConfig,
+) -> bool {
+    match parts.extensions.get::<Throttle>() {
+        Some(t) => t.reason == Reason::Quota,
+        None => is_permanent_429(parts.status, &parts.headers, body, config),
+    }
+}
+
+/// Whether the head of a stream's first frame is an SSE `error` event: a failure before any
+/// content, such as Anthropic's `overloaded_error`.
+pub fn is_error_event(frame: &[u8]) -> bool {
+    let head = &frame[..frame.len().min(512)];
+    head.starts_with(b"event: error") || head.windows(13).any(|w| w == b"\nevent: error")
+}
+
 fn is_permanent(
     headers: &HeaderMap,
     body: &[u8],
@@ -318,6 +339,15 @@ pub fn should_retry_header(headers: &HeaderMap) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stream_that_opens_with_an_error_event_is_a_failure() {
+        assert!(is_error_event(b"event: error\ndata: {}\n\n"));
+        assert!(is_error_event(b": ping\n\nevent: error\ndata: {}\n\n"));
+        assert!(!is_error_event(b"event: message_start\ndata: {}\n\n"));
+        let late = [b" ".repeat(512), b"\nevent: error".to_vec()].concat();
+        assert!(!is_error_event(&late));
+    }
 
     #[test]
     fn statuses() {

@@ -111,11 +111,9 @@ async fn first_event(response: Response<Body>) -> (Response<Body>, bool) {
     let (parts, mut body) = response.into_parts();
     match body.frame().await {
         Some(Ok(frame)) => {
-            let error = frame.data_ref().is_some_and(|d| {
-                let head = &d[..d.len().min(512)];
-                head.starts_with(b"event: error")
-                    || head.windows(13).any(|w| w == b"\nevent: error")
-            });
+            let error = frame
+                .data_ref()
+                .is_some_and(|d| crate::classify::is_error_event(d));
             let body = body::Prepended::wrap(frame, body);
             (Response::from_parts(parts, body), error)
         }

@@ -300,10 +300,7 @@ pub async fn permanent_429(
         Ok(buffered) => buffered,
         Err(whole) => return (false, whole),
     };
-    let permanent = match parts.extensions.get::<Throttle>() {
-        Some(t) => t.reason == Reason::Quota,
-        None => crate::classify::is_permanent_429(parts.status, &parts.headers, &bytes, config),
-    };
+    let permanent = crate::classify::is_permanent_answer(&parts, &bytes, config);
     (permanent, body::replay(parts, bytes, cut))
 }
 

@@ -3,7 +3,7 @@
 
 use http::response::Parts;
 
-use crate::classify::{is_permanent_429, should_retry_header, Outcome, Reason, Throttle};
+use crate::classify::{is_permanent_answer, should_retry_header, Outcome};
 use crate::config::RetryConfig;
 
 /// The verdict on one answer.
@@ -19,10 +19,7 @@ pub enum Verdict {
 pub fn judge_response(parts: &Parts, body: &[u8], config: &RetryConfig) -> Verdict {
     let outcome = Outcome::of_head(parts.status, &parts.extensions);
     let by_status = match outcome {
-        Outcome::Throttled(_) => match parts.extensions.get::<Throttle>() {
-            Some(t) => t.reason != Reason::Quota,
-            None => !is_permanent_429(parts.status, &parts.headers, body, config),
-        },
+        Outcome::Throttled(_) => !is_permanent_answer(parts, body, config),
         Outcome::Overloaded(_) => true,
         Outcome::ServerError(500) => config.retry_500,
         Outcome::ServerError(s) => matches!(s, 502..=504),

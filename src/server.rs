@@ -11,21 +11,20 @@ use http::{header, HeaderValue, Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
-use tower::ServiceExt;
 
 use crate::accept::{self, Acceptor, ConnLimits, Handler};
 use crate::access_log::{self, Exchange};
-use crate::body::{self, Body, TimeoutKind};
+use crate::body::{self, Body};
 use crate::config::{Config, Priority};
 use crate::error::ProxyError;
 use crate::fleet::Fleet;
+use crate::forward;
 use crate::forward::buffer::{self, BodyBounds};
-use crate::forward::{self, ProxyRequest, RequestCtx};
 use crate::group::{self, Fallback, Group};
 use crate::metrics::{self, Metrics};
 use crate::router::{self, Route, Router};
 use crate::shutdown::Signal;
-use crate::upstream::Upstream;
+use crate::upstream::{Attempt, SendResult, Tally, Upstream};
 use arc_swap::ArcSwap;
 
 /// Connections the admin listener serves at once (probes and scrapes need few).
@@ -55,30 +54,9 @@ pub struct App {
     access_log: access_log::Policy,
 }
 
-/// What the stack did with a request, for its log line.
-#[derive(Debug, Clone, Copy, Default)]
-struct Tally {
-    /// Attempts sent upstream.
-    attempts: u32,
-    /// See [`RequestCtx::held_until`].
-    held: Duration,
-    /// See [`RequestCtx::may_have_reached`].
-    reached: bool,
-}
-
-/// corral's refusal of a request to `upstream` before its stack saw it: counted, no attempts.
-fn refused(upstream: &Upstream, method: &Method, e: ProxyError) -> (ProxyError, Tally) {
-    upstream.metrics.request(method, e.status().as_u16());
-    upstream.metrics.corral_error(e.label());
-    (e, Tally::default())
-}
-
-/// An answer with its tally, or corral's refusal with its tally.
-type Sent = Result<(Response<Body>, Tally), (ProxyError, Tally)>;
-
 /// What one group member made of a request.
 struct Tried {
-    result: Sent,
+    result: SendResult,
     /// Why the request goes on to the next member, if it does.
     why: Option<Fallback>,
 }
@@ -123,21 +101,6 @@ async fn first_event(response: Response<Body>) -> (Response<Body>, bool) {
             false,
         ),
     }
-}
-
-/// What [`App::send`] sends: the request as it goes to one upstream.
-struct Attempt<'a> {
-    method: Method,
-    /// The client's, before they are rewritten for the upstream.
-    headers: http::HeaderMap,
-    /// The client's headers the upstream does not receive ([`forward::withheld`]).
-    withheld: &'a [http::HeaderName],
-    uri: http::Uri,
-    body: bytes::Bytes,
-    deadlines: forward::Deadlines,
-    /// How long it may wait for capacity ([`RequestCtx::wait_deadline`]).
-    wait_deadline: Instant,
-    priority: Priority,
 }
 
 impl App {
@@ -360,9 +323,9 @@ impl App {
         req: Request<Incoming>,
         peer: SocketAddr,
         start: Instant,
-    ) -> Result<(Response<Body>, Tally), (ProxyError, Tally)> {
+    ) -> SendResult {
         let (parts, incoming) = req.into_parts();
-        let refuse = |e: ProxyError| refused(upstream, &parts.method, e);
+        let refuse = |e: ProxyError| upstream.refuse(&parts.method, e);
         let uri = upstream
             .target(parts.uri.path(), parts.uri.query())
             .ok_or_else(|| {
@@ -381,9 +344,8 @@ impl App {
         let (body, held) = buffer::read_body(incoming, bounds, self.router.load().buffer())
             .await
             .map_err(&refuse)?;
-        let result = self
+        let result = upstream
             .send(
-                upstream,
                 Attempt {
                     method: parts.method,
                     headers: parts.headers,
@@ -413,7 +375,7 @@ impl App {
         req: Request<Incoming>,
         peer: SocketAddr,
         start: Instant,
-    ) -> (Sent, Option<&'g str>) {
+    ) -> (SendResult, Option<&'g str>) {
         group.arrived();
         let first = &group.members[0].upstream;
         let (parts, incoming) = req.into_parts();
@@ -421,7 +383,7 @@ impl App {
         let default = group.priority.unwrap_or(first.config.priority);
         let priority = match forward::priority(&parts.headers, default) {
             Ok(p) => p,
-            Err(e) => return (Err(refused(first, &parts.method, e)), Some(&first.name)),
+            Err(e) => return (Err(first.refuse(&parts.method, e)), Some(&first.name)),
         };
         let bounds = BodyBounds {
             limit: first.body_limit,
@@ -432,7 +394,7 @@ impl App {
         let read = buffer::read_body(incoming, bounds, router.buffer()).await;
         let (body, held) = match read {
             Ok(read) => read,
-            Err(e) => return (Err(refused(first, &parts.method, e)), Some(&first.name)),
+            Err(e) => return (Err(first.refuse(&parts.method, e)), Some(&first.name)),
         };
         let req = GroupRequest {
             parts: &parts,
@@ -580,7 +542,7 @@ impl App {
             Err(e) => {
                 // No room for this member's copy: the next member may need none.
                 return Tried {
-                    result: Err(refused(upstream, &req.parts.method, e)),
+                    result: Err(upstream.refuse(&req.parts.method, e)),
                     why: Some(Fallback::NoCapacity),
                 };
             }
@@ -596,7 +558,7 @@ impl App {
             wait_deadline: group.wait_deadline(i, now, req.deadlines.head),
             priority: req.priority,
         };
-        let result = self.send(upstream, attempt, req.peer, req.start).await;
+        let result = upstream.send(attempt, req.peer, req.start).await;
         let took = now.elapsed();
         let (response, tally) = match result {
             Ok(ok) => ok,
@@ -639,69 +601,6 @@ impl App {
         Tried {
             result: Ok((response, tally)),
             why,
-        }
-    }
-
-    /// One request through `upstream`'s stack, its response body timed on the way back.
-    async fn send(
-        &self,
-        upstream: &Upstream,
-        attempt: Attempt<'_>,
-        peer: SocketAddr,
-        start: Instant,
-    ) -> Result<(Response<Body>, Tally), (ProxyError, Tally)> {
-        let Attempt {
-            method,
-            headers,
-            withheld,
-            uri,
-            body,
-            deadlines,
-            wait_deadline,
-            priority,
-        } = attempt;
-        let mut ctx = RequestCtx::new(start, deadlines.head);
-        ctx.wait_deadline = wait_deadline;
-        ctx.priority = priority;
-        let ctx = Arc::new(ctx);
-        let headers = forward::upstream_headers(
-            headers,
-            peer.ip(),
-            &upstream.inject,
-            upstream.header_mode,
-            withheld,
-            body.len(),
-        );
-        let request = ProxyRequest {
-            method,
-            uri,
-            headers: Arc::new(headers),
-            body,
-            ctx: Arc::clone(&ctx),
-        };
-        let result = upstream.stack.clone().oneshot(request).await;
-        let tally = |ctx: &RequestCtx| Tally {
-            attempts: ctx.attempts(),
-            // The clock is read only for a request that never made an attempt.
-            held: ctx.held_until(Instant::now),
-            reached: ctx.may_have_reached(),
-        };
-        match result {
-            Ok(response) => {
-                let metrics = upstream.metrics.clone();
-                let cut = move |kind: TimeoutKind| {
-                    metrics.stream_timeout(kind);
-                    tracing::warn!(
-                        upstream = metrics.name(),
-                        kind = kind.label(),
-                        "response body cut: {kind}"
-                    );
-                };
-                let idle = upstream.stream_idle_timeout;
-                let response = response.map(|b| forward::time_response(b, idle, deadlines, cut));
-                Ok((response, tally(&ctx)))
-            }
-            Err(e) => Err((e, tally(&ctx))),
         }
     }
 

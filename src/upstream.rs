@@ -1,17 +1,52 @@
 //! One configured upstream, ready to serve: its config, its built stack and the state its
-//! layers share, what it injects and withholds, and how a client path maps to its target.
+//! layers share, what it injects and withholds, how a client path maps to its target, and how
+//! one request goes through its stack ([`Upstream::send`]).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{HeaderName, HeaderValue};
-use http::Uri;
+use http::{Method, Response, Uri};
+use tokio::time::Instant;
+use tower::ServiceExt;
 
-use crate::config::{HeaderMode, UpstreamConfig};
+use crate::body::{Body, TimeoutKind};
+use crate::config::{HeaderMode, Priority, UpstreamConfig};
+use crate::error::ProxyError;
 use crate::fleet::Fleet;
-use crate::forward;
+use crate::forward::{self, ProxyRequest, RequestCtx};
 use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::stack::{self, Stack, StackState};
+
+/// What the stack did with a request, for its log line.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tally {
+    /// Attempts sent upstream.
+    pub attempts: u32,
+    /// See [`RequestCtx::held_until`].
+    pub held: Duration,
+    /// See [`RequestCtx::may_have_reached`].
+    pub reached: bool,
+}
+
+/// An answer with its tally, or corral's refusal with its tally.
+pub type SendResult = Result<(Response<Body>, Tally), (ProxyError, Tally)>;
+
+/// What [`Upstream::send`] sends: the request as it goes to one upstream.
+pub struct Attempt<'a> {
+    pub method: Method,
+    /// The client's, before they are rewritten for the upstream.
+    pub headers: http::HeaderMap,
+    /// The client's headers the upstream does not receive ([`forward::withheld`]).
+    pub withheld: &'a [HeaderName],
+    pub uri: Uri,
+    pub body: bytes::Bytes,
+    pub deadlines: forward::Deadlines,
+    /// How long it may wait for capacity ([`RequestCtx::wait_deadline`]).
+    pub wait_deadline: Instant,
+    pub priority: Priority,
+}
 
 /// One configured upstream, ready to serve.
 pub struct Upstream {
@@ -123,5 +158,70 @@ impl Upstream {
         }
         // From the `String` itself: parsing a `&str` would copy it once more.
         Uri::try_from(uri).ok()
+    }
+
+    /// corral's refusal of a request to this upstream before its stack saw it: counted, no
+    /// attempts.
+    pub fn refuse(&self, method: &Method, e: ProxyError) -> (ProxyError, Tally) {
+        self.metrics.request(method, e.status().as_u16());
+        self.metrics.corral_error(e.label());
+        (e, Tally::default())
+    }
+
+    /// One request through this upstream's stack, its response body timed on the way back.
+    pub async fn send(&self, attempt: Attempt<'_>, peer: SocketAddr, start: Instant) -> SendResult {
+        let Attempt {
+            method,
+            headers,
+            withheld,
+            uri,
+            body,
+            deadlines,
+            wait_deadline,
+            priority,
+        } = attempt;
+        let mut ctx = RequestCtx::new(start, deadlines.head);
+        ctx.wait_deadline = wait_deadline;
+        ctx.priority = priority;
+        let ctx = Arc::new(ctx);
+        let headers = forward::upstream_headers(
+            headers,
+            peer.ip(),
+            &self.inject,
+            self.header_mode,
+            withheld,
+            body.len(),
+        );
+        let request = ProxyRequest {
+            method,
+            uri,
+            headers: Arc::new(headers),
+            body,
+            ctx: Arc::clone(&ctx),
+        };
+        let result = self.stack.clone().oneshot(request).await;
+        let tally = |ctx: &RequestCtx| Tally {
+            attempts: ctx.attempts(),
+            // The clock is read only for a request that never made an attempt.
+            held: ctx.held_until(Instant::now),
+            reached: ctx.may_have_reached(),
+        };
+        match result {
+            Ok(response) => {
+                let metrics = self.metrics.clone();
+                let cut = move |kind: TimeoutKind| {
+                    metrics.stream_timeout(kind);
+                    tracing::warn!(
+                        upstream = metrics.name(),
+                        kind = kind.label(),
+                        "response body cut: {kind}"
+                    );
+                };
+                let idle = self.stream_idle_timeout;
+                let response = response.map(|b| forward::time_response(b, idle, deadlines, cut));
+                Ok((response, tally(&ctx)))
+            }
+            Err(e) => Err((e, tally(&ctx))),
+        }
     }
 }

@@ -15,16 +15,16 @@ use tokio::time::Instant;
 use crate::accept::{self, Acceptor, ConnLimits, Handler};
 use crate::access_log::{self, Exchange};
 use crate::body::{self, Body};
-use crate::config::{Config, Priority};
+use crate::config::Config;
 use crate::error::ProxyError;
 use crate::fleet::Fleet;
 use crate::forward;
 use crate::forward::buffer::{self, BodyBounds};
-use crate::group::{self, Fallback, Group};
+use crate::group;
 use crate::metrics::{self, Metrics};
 use crate::router::{self, Route, Router};
 use crate::shutdown::Signal;
-use crate::upstream::{Attempt, SendResult, Tally, Upstream};
+use crate::upstream::{Attempt, SendResult, Upstream};
 use arc_swap::ArcSwap;
 
 /// Connections the admin listener serves at once (probes and scrapes need few).
@@ -52,55 +52,6 @@ pub struct App {
     /// Which requests get a `request` line: `access_log` and `slow_request`, read per request
     /// without a lock, replaced by a reload.
     access_log: access_log::Policy,
-}
-
-/// What one group member made of a request.
-struct Tried {
-    result: SendResult,
-    /// Why the request goes on to the next member, if it does.
-    why: Option<Fallback>,
-}
-
-/// A group's request as every member gets it (each adds its URI, headers and model).
-struct GroupRequest<'a> {
-    parts: &'a http::request::Parts,
-    body: &'a bytes::Bytes,
-    /// Per member, its copy of the body with its `model` (see [`Group::member_body`]).
-    copies: Vec<tokio::sync::OnceCell<(bytes::Bytes, buffer::Held)>>,
-    budget: &'a buffer::BufferBudget,
-    deadlines: forward::Deadlines,
-    priority: Priority,
-    peer: SocketAddr,
-    start: Instant,
-}
-
-fn is_event_stream(response: &Response<Body>) -> bool {
-    response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"))
-}
-
-/// Read a stream's first frame (given back in front of the rest), and whether it is an SSE
-/// `error` event: a failure before any content, such as Anthropic's `overloaded_error`.
-async fn first_event(response: Response<Body>) -> (Response<Body>, bool) {
-    use http_body_util::BodyExt;
-    let (parts, mut body) = response.into_parts();
-    match body.frame().await {
-        Some(Ok(frame)) => {
-            let error = frame
-                .data_ref()
-                .is_some_and(|d| crate::classify::is_error_event(d));
-            let body = body::Prepended::wrap(frame, body);
-            (Response::from_parts(parts, body), error)
-        }
-        Some(Err(e)) => (Response::from_parts(parts, body::Prepended::fail(e)), true),
-        None => (
-            Response::from_parts(parts, body::full(bytes::Bytes::new())),
-            false,
-        ),
-    }
 }
 
 impl App {
@@ -244,7 +195,10 @@ impl App {
         };
         let (result, member) = match &route {
             Route::Upstream(upstream) => (self.forward(upstream, req, peer, start).await, None),
-            Route::Group(group) => self.forward_group(group, req, peer, start).await,
+            Route::Group(group) => {
+                let router = self.router.load_full();
+                group.forward(req, peer, start, router.buffer()).await
+            }
         };
         let (mut response, tally, error) = match result {
             Ok((response, tally)) => (response, tally, None),
@@ -363,245 +317,6 @@ impl App {
         // The stack is done with the request body, every retry included: its room goes back.
         drop(held);
         result
-    }
-
-    /// A group's request (`src/group.rs`): the body read once (under the first member's
-    /// bounds), then each member in turn until one answers for good, each attempt hedged when
-    /// the group says so. Also returns the member that answered (or refused last), for
-    /// `x-corral-upstream`.
-    async fn forward_group<'g>(
-        &self,
-        group: &'g Group,
-        req: Request<Incoming>,
-        peer: SocketAddr,
-        start: Instant,
-    ) -> (SendResult, Option<&'g str>) {
-        group.arrived();
-        let first = &group.members[0].upstream;
-        let (parts, incoming) = req.into_parts();
-        let deadlines = forward::deadline(start, first.deadline, &parts.headers);
-        let default = group.priority.unwrap_or(first.config.priority);
-        let priority = match forward::priority(&parts.headers, default) {
-            Ok(p) => p,
-            Err(e) => return (Err(first.refuse(&parts.method, e)), Some(&first.name)),
-        };
-        let bounds = BodyBounds {
-            limit: first.body_limit,
-            idle: first.body_idle_timeout,
-            deadline: deadlines.head,
-        };
-        let router = self.router.load_full();
-        let read = buffer::read_body(incoming, bounds, router.buffer()).await;
-        let (body, held) = match read {
-            Ok(read) => read,
-            Err(e) => return (Err(first.refuse(&parts.method, e)), Some(&first.name)),
-        };
-        let req = GroupRequest {
-            parts: &parts,
-            body: &body,
-            copies: group.members.iter().map(|_| Default::default()).collect(),
-            budget: router.buffer(),
-            deadlines,
-            priority,
-            peer,
-            start,
-        };
-        let mut tally = Tally::default();
-        let last = group.members.len() - 1;
-        let mut i = 0;
-        let repeatable = group.repeatable(&parts);
-        // At most one hedge per request, however many members it goes through; none for a
-        // request that is not safe to send twice.
-        let mut may_hedge = repeatable;
-        while i <= last {
-            let now = Instant::now();
-            if group.passed_over(i, now) {
-                group.fell_back(i, Fallback::Unavailable, now);
-                i += 1;
-                continue;
-            }
-            let (tried, who) = match group.hedge_delay(i).filter(|_| may_hedge) {
-                Some(delay) => {
-                    let (tried, who, hedged) = self.hedged(group, i, delay, &req).await;
-                    may_hedge = !hedged;
-                    (tried, who)
-                }
-                None => (self.try_member(group, i, &req).await, i),
-            };
-            let t = match &tried.result {
-                Ok((_, t)) | Err((_, t)) => *t,
-            };
-            tally.attempts += t.attempts;
-            tally.held = tally.held.max(t.held);
-            // A request not safe to send twice moves on only from a member that certainly did
-            // not act on it.
-            let why = tried.why.filter(|_| repeatable || !t.reached);
-            if let (Some(why), None, true) = (tried.why, why, who < last) {
-                group.stayed(who, why);
-            }
-            match why {
-                Some(why) if who < last => {
-                    group.fell_back(who, why, Instant::now());
-                    i = who + 1;
-                }
-                _ => {
-                    drop(held);
-                    group.answered(who);
-                    let result = match tried.result {
-                        Ok((response, _)) => Ok((response, tally)),
-                        Err((e, _)) => Err((e, tally)),
-                    };
-                    return (result, Some(&group.members[who].upstream.name));
-                }
-            }
-        }
-        unreachable!("the last member is never passed over, and always answers")
-    }
-
-    /// An attempt on member `i`, and after `delay` without an answer for good, a hedge on the
-    /// next usable member (the same one when `i` is the last) if the group's ratio and the
-    /// member's retry budget allow: the first answer for good wins and the other attempt is
-    /// dropped at once (cancelled). Returns what decided, whose it is, and whether a hedge went.
-    async fn hedged(
-        &self,
-        group: &Group,
-        i: usize,
-        delay: Duration,
-        req: &GroupRequest<'_>,
-    ) -> (Tried, usize, bool) {
-        let mut first = std::pin::pin!(self.try_member(group, i, req));
-        tokio::select! {
-            tried = &mut first => return (tried, i, false),
-            () = tokio::time::sleep(delay) => {}
-        }
-        let j = group.hedge_target(i, Instant::now());
-        if !group.take_hedge(j) {
-            return (first.await, i, false);
-        }
-        let mut second = std::pin::pin!(self.try_member(group, j, req));
-        let (tried, who, first_pending) = tokio::select! {
-            tried = &mut first => (tried, i, false),
-            tried = &mut second => (tried, j, true),
-        };
-        if tried.why.is_none() {
-            group.cancelled();
-            if first_pending {
-                group.hedge_won();
-            }
-            return (tried, who, true);
-        }
-        // The first to answer failed; the other may still answer for good.
-        let (other, other_who) = if first_pending {
-            (first.await, i)
-        } else {
-            (second.await, j)
-        };
-        if other.why.is_none() {
-            if other_who == j && i != j {
-                group.hedge_won();
-            }
-            // The failed attempt's member is fallen back from all the same (a permanent 429
-            // starts its cool-down), unless both attempts went to the one member.
-            if let (Some(why), true) = (tried.why, who != other_who) {
-                group.fell_back(who, why, Instant::now());
-            }
-            return (other, other_who, true);
-        }
-        // Both failed: the request goes on after the later member, the earlier fallen back.
-        let ((earlier, e_who), later) = if who < other_who {
-            ((tried, who), (other, other_who))
-        } else {
-            ((other, other_who), (tried, who))
-        };
-        if e_who < later.1 {
-            if let Some(why) = earlier.why {
-                group.fell_back(e_who, why, Instant::now());
-            }
-        }
-        (later.0, later.1, true)
-    }
-
-    /// The request on member `i`: its URI, headers and (with `model`) body, through its stack;
-    /// then whether the answer sends the request on to the next member, and why. A stream's
-    /// first event is awaited on a member with a next one: an `error` event before any content
-    /// (Anthropic's `overloaded_error`) is a failure, not an answer.
-    async fn try_member(&self, group: &Group, i: usize, req: &GroupRequest<'_>) -> Tried {
-        let member = &group.members[i];
-        let upstream = &member.upstream;
-        let path = req.parts.uri.path();
-        let Some(uri) = upstream.target_under(&group.route, path, req.parts.uri.query()) else {
-            let e = ProxyError::NoRoute(path.chars().take(256).collect());
-            return Tried {
-                result: Err((e, Tally::default())),
-                why: None,
-            };
-        };
-        let body = group.member_body(i, req.body, &req.copies[i], req.budget, req.deadlines.head);
-        let body = match body.await {
-            Ok(body) => body,
-            Err(e) => {
-                // No room for this member's copy: the next member may need none.
-                return Tried {
-                    result: Err(upstream.refuse(&req.parts.method, e)),
-                    why: Some(Fallback::NoCapacity),
-                };
-            }
-        };
-        let now = Instant::now();
-        let attempt = Attempt {
-            method: req.parts.method.clone(),
-            headers: req.parts.headers.clone(),
-            withheld: &member.withheld,
-            uri,
-            body,
-            deadlines: req.deadlines,
-            wait_deadline: group.wait_deadline(i, now, req.deadlines.head),
-            priority: req.priority,
-        };
-        let result = upstream.send(attempt, req.peer, req.start).await;
-        let took = now.elapsed();
-        let (response, tally) = match result {
-            Ok(ok) => ok,
-            Err((e, t)) => {
-                let why = Fallback::of_error(&e);
-                return Tried {
-                    result: Err((e, t)),
-                    why,
-                };
-            }
-        };
-        let status = response.status();
-        let mut why = Fallback::of_status(status.as_u16());
-        let response = if why.is_some() && status == StatusCode::TOO_MANY_REQUESTS {
-            // A 429 that no wait cures sets the member aside for the group's cool-down.
-            let retry = &upstream.config.retry;
-            let (permanent, response) =
-                crate::stack::retry::permanent_429(response, retry, req.deadlines.head).await;
-            if permanent {
-                why = Some(Fallback::Permanent429);
-            }
-            response
-        } else if status == StatusCode::OK
-            && i + 1 < group.members.len()
-            && is_event_stream(&response)
-        {
-            let (response, error_first) = first_event(response).await;
-            if error_first {
-                why = Some(Fallback::Failed);
-            }
-            response
-        } else {
-            response
-        };
-        if why.is_none() {
-            // This attempt's own time to an answer, for `hedge_after = "p95"`. (An attempt
-            // cancelled because another won is not counted: its time is unknown.)
-            group.record_head(i, took);
-        }
-        Tried {
-            result: Ok((response, tally)),
-            why,
-        }
     }
 
     /// `/healthz`, `/readyz`, `/metrics`, `/status` for GET and HEAD (405 for other methods);

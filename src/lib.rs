@@ -3,12 +3,16 @@
 //! # Layout
 //! - [`cli`]: the command line (clap) and logging; `main.rs` only runs it.
 //! - [`config`]: the TOML config, checked in one pass into validated types.
-//! - [`server`]: serving and draining, admin endpoints, config reload on SIGHUP; [`shutdown`]:
-//!   the signal future; [`access_log`]: which requests get a log line, and why.
+//! - [`server`]: the app and its config reload; the request path, the admin endpoints, serving
+//!   and draining, reload on SIGHUP, each in its own file; [`shutdown`]: the signal future;
+//!   [`access_log`]: which requests get a log line, and why.
 //! - [`accept`]: the accept loop of one listener: its connection cap, each connection's
 //!   first-byte, idle and HTTP/2 keep-alive limits, its part of the drain.
 //! - [`router`]: path prefix to upstream or group, each upstream owning one built stack.
-//! - [`group`]: a route served by an ordered list of upstreams: fallback and hedging.
+//! - [`group`]: a route served by an ordered list of upstreams: fallback and hedging, and the
+//!   driver that takes a request through the members.
+//! - [`upstream`]: one upstream, ready to serve: its stack, its target, and `send`, one request
+//!   through its stack.
 //! - [`forward`]: what a request becomes before the stack (hop-by-hop headers, the body buffered
 //!   under the global buffer cap, deadlines).
 //! - [`stack`]: the per-upstream tower stack: catch-panic, metrics, concurrency, retry, breaker,
@@ -16,7 +20,7 @@
 //! - [`fleet`]: corrals on one key sharing its limit through Redis (leased tokens, shared
 //!   learning and pauses, fallback to a local share).
 //! - [`provider`]: what a provider's response headers say (retry hints, rate-limit reports).
-//! - [`classify`]: one classifier of attempt outcomes.
+//! - [`classify`]: one classifier of attempt outcomes (permanent 429s, SSE error events included).
 //! - [`client`]: the pooled upstream client (rustls: webpki roots plus any `tls_ca_file`). [`body`]: the response body types.
 //! - [`error`]: `ProxyError`, corral's own refusals as OpenAI-style JSON.
 //! - [`metrics`]: every Prometheus series, on an explicit registry.

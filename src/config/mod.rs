@@ -72,7 +72,7 @@ pub struct Config {
     pub groups: Vec<GroupConfig>,
 }
 
-/// `[[group]]`: a route served by an ordered list of upstreams (`src/group.rs`). A request
+/// `[[group]]`: a route served by an ordered list of upstreams (`src/group/`). A request
 /// goes to the first member and moves to the next when the member answers a permanent 429,
 /// its breaker is open, it has no capacity within `fallback_wait` of the deadline, or its
 /// retries are spent; never after bytes went to the client.

@@ -24,12 +24,15 @@
 //! - [`client`]: the pooled upstream client (rustls: webpki roots plus any `tls_ca_file`). [`body`]: the response body types.
 //! - [`error`]: `ProxyError`, corral's own refusals as OpenAI-style JSON.
 //! - [`metrics`]: every Prometheus series, on an explicit registry.
+//! - [`bucket`]: the token bucket the rate limiter and the fleet both keep; [`sync`]: the
+//!   poison-tolerant lock every room takes.
 //! - [`simulate`]: `corral simulate`, a rate-limited fake OpenAI/Anthropic upstream for offline tests.
 //! - [`herd`]: `corral bench herd`, the thundering-herd benchmark in several worlds.
 
 pub mod accept;
 pub mod access_log;
 pub mod body;
+pub mod bucket;
 pub mod classify;
 pub mod cli;
 pub mod client;

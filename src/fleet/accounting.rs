@@ -29,7 +29,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::script::{CallArgs, KindArgs, Reply};
-use crate::stack::rate_limit::bucket::{take_all, Bucket};
+use crate::bucket::{take_all, Bucket};
 
 /// A block is at least this many requests' worth.
 pub const MIN_BLOCK: f64 = 10.0;

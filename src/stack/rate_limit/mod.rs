@@ -19,7 +19,8 @@
 //! - `pool`: several credentials for one upstream (`keys`), a partition each (and one per key
 //!   and model in the map of partitions, when the scope includes the model).
 
-pub mod bucket;
+/// The token bucket, kept below both of its users (this limiter and the fleet).
+pub use crate::bucket;
 pub mod estimate;
 pub mod learn;
 pub mod partition;

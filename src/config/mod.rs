@@ -15,6 +15,10 @@ use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
+/// The smallest `max_buffered_bytes` corral runs with: the config refuses less, and the
+/// request-body budget (`forward::buffer`) never goes below it.
+pub const MIN_BUFFER_CAP: usize = 1 << 20;
+
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 

@@ -46,7 +46,7 @@ pub(super) fn validate(config: &Config) -> Result<(), Invalid> {
 
 /// `max_buffered_bytes`, when set, is at least the smallest buffer budget.
 fn validate_buffer_cap(config: &Config) -> Result<(), Invalid> {
-    let min_buffer = crate::forward::buffer::MIN_CAP;
+    let min_buffer = super::MIN_BUFFER_CAP;
     if let Some(cap) = config.max_buffered_bytes {
         if cap.0 < min_buffer {
             return Err(Invalid {

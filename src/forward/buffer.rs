@@ -33,8 +33,8 @@ pub const BUFFER_WAIT: Duration = Duration::from_secs(1);
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The budget when `max_buffered_bytes` is unset and the container's memory limit is unknown.
 pub const DEFAULT_CAP: usize = 256 << 20;
-/// The smallest budget corral runs with.
-pub const MIN_CAP: usize = 1 << 20;
+/// The smallest budget corral runs with (the config's floor for `max_buffered_bytes`).
+pub const MIN_CAP: usize = crate::config::MIN_BUFFER_CAP;
 /// The budget counts whole KiB (a semaphore takes at most `u32::MAX` permits at once).
 const GRANULE: usize = 1024;
 /// A chunked body's first allocation; it doubles from there.

@@ -1,11 +1,14 @@
 //! corral: a sidecar proxy that keeps LLM workloads from stampeding the APIs they depend on.
 //!
 //! # Layout
+//! From the top of the request path down; each module imports only modules listed below it
+//! (`tests/layout.rs` holds this list to the code).
 //! - [`cli`]: the command line (clap) and logging; `main.rs` only runs it.
-//! - [`config`]: the TOML config, checked in one pass into validated types.
+//! - [`herd`]: `corral bench herd`, the thundering-herd benchmark in several worlds.
 //! - [`server`]: the app and its config reload; the request path, the admin endpoints, serving
-//!   and draining, reload on SIGHUP, each in its own file; [`shutdown`]: the signal future;
-//!   [`access_log`]: which requests get a log line, and why.
+//!   and draining, reload on SIGHUP, each in its own file.
+//! - [`shutdown`]: the signal future.
+//! - [`access_log`]: which requests get a log line, and why.
 //! - [`accept`]: the accept loop of one listener: its connection cap, each connection's
 //!   first-byte, idle and HTTP/2 keep-alive limits, its part of the drain.
 //! - [`router`]: path prefix to upstream or group, each upstream owning one built stack.
@@ -13,21 +16,22 @@
 //!   driver that takes a request through the members.
 //! - [`upstream`]: one upstream, ready to serve: its stack, its target, and `send`, one request
 //!   through its stack.
-//! - [`forward`]: what a request becomes before the stack (hop-by-hop headers, the body buffered
-//!   under the global buffer cap, deadlines).
 //! - [`stack`]: the per-upstream tower stack: catch-panic, metrics, concurrency, retry, breaker,
 //!   rate limit, per-try timeout; its module doc gives the order and why.
 //! - [`fleet`]: corrals on one key sharing its limit through Redis (leased tokens, shared
 //!   learning and pauses, fallback to a local share).
-//! - [`provider`]: what a provider's response headers say (retry hints, rate-limit reports).
-//! - [`classify`]: one classifier of attempt outcomes (permanent 429s, SSE error events included).
-//! - [`client`]: the pooled upstream client (rustls: webpki roots plus any `tls_ca_file`). [`body`]: the response body types.
-//! - [`error`]: `ProxyError`, corral's own refusals as OpenAI-style JSON.
+//! - [`client`]: the pooled upstream client (rustls: webpki roots plus any `tls_ca_file`).
 //! - [`metrics`]: every Prometheus series, on an explicit registry.
-//! - [`bucket`]: the token bucket the rate limiter and the fleet both keep; [`sync`]: the
-//!   poison-tolerant lock every room takes.
+//! - [`classify`]: one classifier of attempt outcomes (permanent 429s, SSE error events included).
+//! - [`provider`]: what a provider's response headers say (retry hints, rate-limit reports).
+//! - [`forward`]: what a request becomes before the stack (hop-by-hop headers, the body buffered
+//!   under the global buffer cap, deadlines).
+//! - [`error`]: `ProxyError`, corral's own refusals as OpenAI-style JSON.
+//! - [`body`]: the response body types.
+//! - [`bucket`]: the token bucket the rate limiter and the fleet both keep.
+//! - [`sync`]: the poison-tolerant lock every room takes.
+//! - [`config`]: the TOML config, checked in one pass into validated types.
 //! - [`simulate`]: `corral simulate`, a rate-limited fake OpenAI/Anthropic upstream for offline tests.
-//! - [`herd`]: `corral bench herd`, the thundering-herd benchmark in several worlds.
 
 pub mod accept;
 pub mod access_log;

@@ -1,0 +1,332 @@
+use super::*;
+use crate::config::types::parse_base_url;
+
+fn config() -> UpstreamConfig {
+    UpstreamConfig::new("t", "/v1", parse_base_url("http://127.0.0.1:1").unwrap())
+}
+
+/// What the rate limiter reads in a 429 with these headers and no body.
+fn read(h: &HeaderMap) -> Throttle {
+    let config = crate::config::RetryConfig::default();
+    Throttle::read(h, b"", &config, Duration::from_secs(60), SystemTime::now())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_large_request_is_not_starved_by_small_ones() {
+    let mut config = config();
+    config.rate_limit = LearnMode::Off;
+    config.limits.tpm = NonZeroU32::new(6000); // 100 tokens/s
+    config.limits.token_burst = NonZeroU32::new(100);
+    let partition = Arc::new(Partition::new(&config, None));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    partition
+        .acquire(100, deadline, Priority::Interactive, "t")
+        .await
+        .unwrap(); // empties the bucket
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (name, cost) in [
+        ("large", 100),
+        ("small-1", 10),
+        ("small-2", 10),
+        ("small-3", 10),
+    ] {
+        let (p, order) = (Arc::clone(&partition), Arc::clone(&order));
+        tasks.push(tokio::spawn(async move {
+            p.acquire(cost, deadline, Priority::Interactive, "t")
+                .await
+                .unwrap();
+            order.lock().unwrap().push(name);
+        }));
+        tokio::task::yield_now().await; // queue in this order
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(
+        *order.lock().unwrap(),
+        ["large", "small-1", "small-2", "small-3"]
+    );
+}
+
+/// The largest estimate a body can give takes at most the configured token burst: the
+/// next request waits for one burst's refill at most, not for the estimate's.
+#[tokio::test(start_paused = true)]
+async fn a_huge_estimate_holds_the_partition_for_one_burst_at_most() {
+    let mut config = config();
+    config.rate_limit = LearnMode::Off;
+    config.limits.tpm = NonZeroU32::new(6000); // 100 tokens/s
+    config.limits.token_burst = NonZeroU32::new(100);
+    let partition = Partition::new(&config, None);
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(600);
+    let huge = super::super::estimate::estimate_tokens(
+        br#"{"prompt":"x","max_tokens":18446744073709551615}"#,
+        16,
+    );
+    assert!(huge >= u32::MAX / 2);
+    partition
+        .acquire(huge, deadline, Priority::Interactive, "t")
+        .await
+        .unwrap();
+    partition
+        .acquire(100, deadline, Priority::Interactive, "t")
+        .await
+        .unwrap();
+    assert!(
+        start.elapsed() <= Duration::from_secs(1),
+        "the next full-burst request waited {:?}, one burst's refill is 1 s",
+        start.elapsed()
+    );
+}
+
+/// Every ceiling is checked before any is taken: a request the tokens bucket refuses, or
+/// that leaves while it waits for tokens, has spent nothing of the requests bucket, so the
+/// next small request goes at once.
+#[tokio::test(start_paused = true)]
+async fn a_request_refused_or_gone_spends_no_other_ceiling() {
+    let mut config = config();
+    config.rate_limit = LearnMode::Off;
+    config.limits.rpm = NonZeroU32::new(60); // 1/s
+    config.limits.burst = NonZeroU32::new(1);
+    config.limits.tpm = NonZeroU32::new(600); // 10 tokens/s
+    config.limits.token_burst = NonZeroU32::new(100);
+    let partition = Partition::new(&config, None);
+    let far = || Instant::now() + Duration::from_secs(60);
+    partition
+        .acquire(100, far(), Priority::Interactive, "t")
+        .await
+        .unwrap(); // both buckets empty
+    tokio::time::advance(Duration::from_secs(1)).await; // a request back, 10 tokens
+    let refused = partition
+        .acquire(
+            100,
+            Instant::now() + Duration::from_secs(1),
+            Priority::Interactive,
+            "t",
+        )
+        .await;
+    assert_eq!(refused.unwrap_err().status(), 429, "9 s of tokens short");
+    let gone = tokio::time::timeout(
+        Duration::from_millis(500),
+        partition.acquire(100, far(), Priority::Interactive, "t"),
+    )
+    .await;
+    assert!(gone.is_err(), "the client left while it waited for tokens");
+    let start = Instant::now();
+    partition
+        .acquire(1, far(), Priority::Interactive, "t")
+        .await
+        .unwrap();
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "the next request waited for what the refused or cancelled ones spent"
+    );
+}
+
+/// The pacers are checked together before either is taken: a request that waits for the
+/// tokens pacer and is cancelled has taken no slot of the requests pacer.
+#[tokio::test(start_paused = true)]
+async fn a_request_cancelled_while_paced_for_tokens_takes_no_request_slot() {
+    let mut config = config();
+    config.adaptive.initial_burst = 1;
+    let partition = Partition::new(&config, None);
+    let metrics = crate::metrics::Metrics::new().upstream("t");
+    let far = Instant::now() + Duration::from_secs(60);
+    let sent = Instant::now();
+    let tickets = partition
+        .acquire(1, far, Priority::Interactive, "t")
+        .await
+        .unwrap();
+    // The answer: a success (slow start lets two more requests go) whose report shows the
+    // tokens bucket empty, refilling 1000 a minute.
+    let h = provider::header_map(&[
+        ("x-ratelimit-limit-tokens", "1000"),
+        ("x-ratelimit-remaining-tokens", "0"),
+        ("x-ratelimit-reset-tokens", "60s"),
+    ]);
+    partition.observe(
+        tickets,
+        Outcome::Success,
+        None,
+        Some(&h),
+        Some(sent),
+        &metrics,
+    );
+    let paced = tokio::time::timeout(
+        Duration::from_millis(100),
+        partition.acquire(500, far, Priority::Interactive, "t"),
+    )
+    .await;
+    assert!(paced.is_err(), "500 tokens at 1000 a minute: still waiting");
+    let pacers = partition.pacers.as_ref().unwrap();
+    for _ in 0..2 {
+        tokio::time::advance(Duration::from_millis(200)).await;
+        let now = Instant::now();
+        assert!(
+            lock(pacers).requests.try_acquire(1.0, now).is_ok(),
+            "slow start's two slots are both still there"
+        );
+    }
+}
+
+/// Priorities: twenty batch waiters queue for one token a second, then an
+/// interactive one arrives: it passes all but the batch waiter holding the turn and the
+/// one queued for it, so it is served third, not twenty-first; and the batch waiters all
+/// get through (none starves).
+#[tokio::test(start_paused = true)]
+async fn interactive_waiters_pass_queued_batch_ones() {
+    let mut config = config();
+    config.rate_limit = LearnMode::Off;
+    config.limits.rpm = NonZeroU32::new(60);
+    config.limits.burst = NonZeroU32::new(1);
+    let partition = Arc::new(Partition::new(&config, None));
+    let deadline = Instant::now() + Duration::from_secs(600);
+    partition
+        .acquire(1, deadline, Priority::Batch, "t")
+        .await
+        .unwrap(); // empties the bucket
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    let mut spawn = |name: String, priority: Priority| {
+        let (p, order) = (Arc::clone(&partition), Arc::clone(&order));
+        tasks.push(tokio::spawn(async move {
+            p.acquire(1, deadline, priority, "t").await.unwrap();
+            order.lock().unwrap().push(name);
+        }));
+    };
+    for i in 0..20 {
+        spawn(format!("batch-{i}"), Priority::Batch);
+        tokio::task::yield_now().await;
+    }
+    spawn("interactive".into(), Priority::Interactive);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = order.lock().unwrap();
+    let at = order.iter().position(|n| n == "interactive").unwrap();
+    assert!(at <= 2, "interactive served {}th: {order:?}", at + 1);
+    assert_eq!(order.len(), 21, "every batch waiter got through");
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_capacity_within_the_deadline_is_a_429_with_retry_after() {
+    let mut config = config();
+    config.rate_limit = LearnMode::Off;
+    config.limits.rpm = NonZeroU32::new(60); // 1/s
+    config.limits.burst = NonZeroU32::new(1);
+    let partition = Partition::new(&config, None);
+    let soon = Instant::now() + Duration::from_millis(200);
+    partition
+        .acquire(1, soon, Priority::Interactive, "t")
+        .await
+        .unwrap();
+    let err = partition
+        .acquire(1, soon, Priority::Interactive, "t")
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), 429);
+    assert!(err.retry_after().unwrap() > Duration::from_millis(500));
+}
+
+/// One 429 stops every send to the partition until its hint passes, and
+/// requests already waiting do not walk into the empty bucket.
+#[tokio::test(start_paused = true)]
+async fn one_429_pauses_the_partition_until_its_hint_passes() {
+    let partition = Arc::new(Partition::new(&config(), None));
+    let metrics = crate::metrics::Metrics::new().upstream("t");
+    let far = Instant::now() + Duration::from_secs(60);
+    let tickets = partition
+        .acquire(1, far, Priority::Interactive, "t")
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let h = provider::header_map(&[("retry-after-ms", "1500")]);
+    let t = read(&h);
+    partition.observe(
+        tickets,
+        Outcome::Throttled(429),
+        Some(&t),
+        Some(&h),
+        None,
+        &metrics,
+    );
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let p = Arc::clone(&partition);
+            tokio::spawn(async move {
+                p.acquire(1, far, Priority::Interactive, "t").await.unwrap();
+                Instant::now()
+            })
+        })
+        .collect();
+    for w in waiters {
+        let sent = w.await.unwrap();
+        assert!(
+            sent >= start + Duration::from_millis(1500),
+            "sent {:?} after the 429, inside its 1.5 s hint",
+            sent - start
+        );
+    }
+    // A deadline inside the pause is refused at once with the pause as Retry-After.
+    let p = Partition::new(&config(), None);
+    let tickets = p.acquire(1, far, Priority::Interactive, "t").await.unwrap();
+    p.observe(
+        tickets,
+        Outcome::Throttled(429),
+        Some(&t),
+        Some(&h),
+        None,
+        &metrics,
+    );
+    let err = p
+        .acquire(
+            1,
+            Instant::now() + Duration::from_millis(500),
+            Priority::Interactive,
+            "t",
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), 429);
+    assert!(err.retry_after().unwrap() >= Duration::from_millis(1400));
+}
+
+#[test]
+fn a_429_is_blamed_on_the_bucket_its_reports_show_empty() {
+    let r = |remaining: f64| {
+        Some(Report {
+            limit: 1000.0,
+            remaining,
+            reset: None,
+            coarse: false,
+        })
+    };
+    let t = Outcome::Throttled(429);
+    use Answer::{RateLimited as Rl, RefusedElsewhere as El};
+    assert_eq!(
+        attribute(t, None, r(5.0), r(10.0), 100.0),
+        (El, Rl),
+        "tokens short"
+    );
+    assert_eq!(
+        attribute(t, None, r(0.0), r(5000.0), 100.0),
+        (Rl, El),
+        "requests out"
+    );
+    assert_eq!(
+        attribute(t, None, r(900.0), r(900.0), 10.0),
+        (Rl, El),
+        "unexplained"
+    );
+    assert_eq!(attribute(t, None, None, None, 10.0), (Rl, El), "no headers");
+    assert_eq!(
+        attribute(Outcome::Overloaded(529), None, None, None, 1.0),
+        (Answer::Overloaded, Answer::Overloaded)
+    );
+    assert_eq!(
+        attribute(Outcome::Success, None, None, None, 1.0),
+        (Answer::Ok, Answer::Ok)
+    );
+}

@@ -1,0 +1,179 @@
+//! Admission: whether a request may go now and what it is charged, the ramp that spreads
+//! sends while headroom is unconfirmed, and the tickets in flight.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{
+    Admission, Pacer, Source, Ticket, FORGET_UNANSWERED, IDLE, MAX_UNANSWERED, RAMP_CATCH_UP,
+    RAMP_RTT_GUESS, SLOW_START_STALL,
+};
+use crate::provider::Kind;
+
+impl Pacer {
+    /// The spacing of sends while headroom is unconfirmed (slow start, or reported headroom
+    /// beyond what answers have confirmed): one round trip over the confirmed window.
+    fn ramp_gap(&self) -> Option<Duration> {
+        let window = match self.source {
+            Source::SlowStart => self.burst,
+            Source::Headers if self.verified < self.burst => self.verified,
+            _ => return None,
+        };
+        let rtt = self.min_rtt.unwrap_or(RAMP_RTT_GUESS);
+        Some(Duration::from_secs_f64(rtt / window.max(1.0)))
+    }
+
+    /// Whether [`try_acquire`](Self::try_acquire) would admit `cost` units now.
+    pub fn can_acquire(&mut self, cost: f64, now: Instant) -> bool {
+        if self.source == Source::None {
+            return true;
+        }
+        self.refill(now);
+        (self.ramp_gap().is_none() || now >= self.next_send)
+            && self.level >= cost.min(self.burst).max(f64::MIN_POSITIVE)
+    }
+
+    /// Admit `cost` units now, or say how long to wait (`None`: until an answer arrives).
+    pub fn try_acquire(&mut self, cost: f64, now: Instant) -> Result<Ticket, Option<Duration>> {
+        match self.admits(cost, now)? {
+            Admission::Free => Ok(self.admit(0.0, now)),
+            Admission::Paced => {
+                // Larger than a demoted burst (but within the reported bucket): charged down
+                // to one burst owed, not the whole of it.
+                let charge = cost.min(self.level + self.burst);
+                self.level -= charge;
+                if let Some(gap) = self.ramp_gap() {
+                    // Spaced from the last send's slot, not from now: a waiter woken late (a
+                    // timer's tick is a millisecond) does not lose the sends its lateness owes,
+                    // so a ramp is not held to one send per tick. At most `RAMP_CATCH_UP` of
+                    // sends go back to back after a lull.
+                    let from = now.checked_sub(RAMP_CATCH_UP).unwrap_or(now);
+                    self.next_send = self.next_send.max(from) + gap;
+                }
+                Ok(self.admit(charge, now))
+            }
+            Admission::Anyway => {
+                self.quiet_since = now;
+                Ok(self.admit_anyway(cost, now))
+            }
+        }
+    }
+
+    /// How [`try_acquire`](Self::try_acquire) would admit `cost` units now, taking nothing
+    /// (but the refill up to `now`); `Err` as there.
+    pub fn admits(&mut self, cost: f64, now: Instant) -> Result<Admission, Option<Duration>> {
+        if self.source == Source::None {
+            return Ok(Admission::Free);
+        }
+        self.refill(now);
+        if self.oversize(cost) {
+            // Larger than the bucket: no wait here can make room for it. It goes now, charged
+            // nothing; the upstream's answer (its report) settles what it cost.
+            return Ok(Admission::Free);
+        }
+        let need = cost.min(self.burst).max(f64::MIN_POSITIVE);
+        let gap = self.ramp_gap();
+        if gap.is_some() && now < self.next_send && self.level >= need {
+            return Err(Some(self.next_send - now));
+        }
+        if self.level >= need {
+            return Ok(Admission::Paced);
+        }
+        let quiet = now.saturating_duration_since(self.quiet_since);
+        let stalled = self.source == Source::SlowStart && quiet >= SLOW_START_STALL;
+        if stalled || (self.unanswered.is_empty() && quiet >= IDLE) {
+            // Nothing answered for a while (cancelled or slow requests), or nothing in flight
+            // for a while: one request alone cannot overrun anything, so it goes now.
+            return Ok(Admission::Anyway);
+        }
+        match self.time_for(need - self.level) {
+            Some(wait) => Err(Some(wait)),
+            None => Err(None),
+        }
+    }
+
+    /// Whether `cost` tokens exceed the whole bucket the upstream reports (not the pacer's own
+    /// burst, which a demoted model keeps at half a second of pace).
+    fn oversize(&self, cost: f64) -> bool {
+        self.kind == Kind::Tokens && cost > self.reported_size.unwrap_or(self.burst)
+    }
+
+    /// Admit `cost` units past the pace (the pace is corral's guess, and the request's time to
+    /// wait for it is up): charged at most the burst, and the level never owes more than one.
+    pub fn admit_anyway(&mut self, cost: f64, now: Instant) -> Ticket {
+        if self.source == Source::None || self.oversize(cost) {
+            return self.admit(0.0, now);
+        }
+        self.refill(now);
+        let charge = cost.min(self.burst);
+        self.level = (self.level - charge).max(-self.burst);
+        self.admit(charge, now)
+    }
+
+    /// The upstream counted `actual` units for the attempt admitted with `ticket`: the level
+    /// gets back what was over-charged, or gives what was under-charged, never owing more than
+    /// one burst. (The next report resynchronises the level anyway; this closes the gap until
+    /// then.)
+    pub fn settle(&mut self, ticket: Ticket, actual: f64, now: Instant) {
+        // A report newer than the attempt's own has set the level since: it counted this.
+        if self.source == Source::None || ticket.cost == 0.0 || self.synced_seq > ticket.seq {
+            return;
+        }
+        self.refill(now);
+        self.level = (self.level + ticket.cost - actual).clamp(-self.burst, self.burst);
+    }
+
+    pub(super) fn admit(&mut self, cost: f64, now: Instant) -> Ticket {
+        self.sent += cost;
+        self.meter.record(now, cost.max(1.0));
+        let ticket = Ticket {
+            sent_at: now,
+            seq: self.sent,
+            cost,
+        };
+        if cost > 0.0 {
+            if self.unanswered.len() >= MAX_UNANSWERED {
+                self.unanswered.pop_front();
+            }
+            self.unanswered.push_back(ticket);
+        }
+        ticket
+    }
+
+    /// Forget `ticket` (answered) and tickets whose answer never came (cancelled requests).
+    pub(super) fn forget(&mut self, ticket: Ticket, now: Instant) {
+        while let Some(t) = self.unanswered.front() {
+            if now.saturating_duration_since(t.sent_at) > FORGET_UNANSWERED {
+                self.unanswered.pop_front();
+            } else {
+                break;
+            }
+        }
+        // A ticket of no cost was never listed (and shares its `seq` with the one before).
+        if ticket.cost == 0.0 {
+            return;
+        }
+        if let Some(i) = self.unanswered.iter().position(|t| t.seq == ticket.seq) {
+            self.unanswered.remove(i);
+        }
+    }
+
+    /// The attempt admitted with `ticket` will never be answered (its request was cancelled).
+    pub fn abandon(&mut self, ticket: Ticket, now: Instant) {
+        self.forget(ticket, now);
+    }
+
+    /// Units sent shortly before `ticket` and still unanswered: on a busy machine they may reach
+    /// the upstream after it (not yet counted in its `remaining`), so they count as sent after.
+    pub(super) fn unanswered_before(&self, ticket: Ticket) -> f64 {
+        let window = Duration::from_secs_f64(self.min_rtt.unwrap_or(0.05));
+        let since = ticket.sent_at.checked_sub(window).unwrap_or(ticket.sent_at);
+        self.unanswered
+            .iter()
+            .take_while(|t| t.seq < ticket.seq)
+            .filter(|t| t.sent_at >= since)
+            .map(|t| t.cost)
+            .sum()
+    }
+}

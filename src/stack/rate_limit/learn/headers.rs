@@ -1,0 +1,118 @@
+//! Learning from the provider's headers: the rate they imply, the floor a 429 shows, the
+//! level each report resynchronises, and the demotion of a report caught lying.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{
+    Answer, Pacer, Source, Ticket, LIE_MARGIN, MAX_PROBATION, PROBATION, RESYNC_SLACK_TIME,
+};
+
+use crate::provider::Report;
+
+impl Pacer {
+    fn demote(&mut self, now: Instant) {
+        if self.distrust_until.is_none() {
+            self.demotions += 1;
+        }
+        let doubling = 2u32.saturating_pow(self.demotions.saturating_sub(1).min(16));
+        let probation = PROBATION.saturating_mul(doubling).min(MAX_PROBATION);
+        self.distrust_until = Some(now + probation);
+        self.source = Source::Observed;
+    }
+
+    pub(super) fn learn_headers(
+        &mut self,
+        ticket: Ticket,
+        answer: Answer,
+        r: Report,
+        now: Instant,
+    ) {
+        if answer == Answer::Ok && r.limit > 0.0 {
+            self.last_ok_share = Some(r.remaining / r.limit);
+        }
+        self.last_remaining = Some(r.remaining);
+        if answer == Answer::RateLimited {
+            // Only a 429 says where the bucket refuses (a 529 is the whole service).
+            match self.floor {
+                Some(floor) if r.remaining >= floor + LIE_MARGIN => self.demote(now),
+                Some(_) => {}
+                // The first 429 says where this report refuses: 0 for an honest one, the offset
+                // for a per-minute one.
+                None => self.floor = Some(r.remaining),
+            }
+        }
+        self.reported_size = Some((r.limit - self.floor.unwrap_or(0.0)).max(1.0));
+        // In the pacer's units: a tokens pacer confirms a request's tokens per answer. Only
+        // this bucket's refusal halves it (an overload says nothing about the bucket).
+        self.verified = match answer {
+            Answer::RateLimited => (self.verified / 2.0).max(1.0),
+            Answer::Ok => self.verified + ticket.cost.max(1.0),
+            Answer::RefusedElsewhere | Answer::Overloaded => self.verified,
+        };
+        if let Some(reset) = r.reset.filter(|d| !d.is_zero()) {
+            if r.limit > r.remaining {
+                let sample = (r.limit - r.remaining) / reset.as_secs_f64();
+                // A reset in whole seconds (Anthropic's RFC 3339 instants, Azure's integers) is
+                // rounded up, so its sample bounds the rate from below: the estimate is the
+                // largest recent bound, decaying slowly so a lowered limit is still followed.
+                // Finer resets (OpenAI's) are averaged.
+                let whole_seconds = r.coarse || reset.subsec_nanos() == 0;
+                let fresh = self.header_rate == 0.0
+                    || !matches!(self.source, Source::Headers | Source::Observed);
+                // A rounded reset under two seconds bounds little from above: the bucket may
+                // refill within a fraction of a second, at this rate or many times it.
+                let loose = r.coarse && reset < Duration::from_secs(2);
+                if fresh {
+                    self.header_rate = sample;
+                    self.header_rate_loose = loose;
+                } else if whole_seconds {
+                    if sample >= 0.98 * self.header_rate {
+                        self.header_rate = sample;
+                        self.header_rate_loose = loose;
+                    } else {
+                        self.header_rate *= 0.98;
+                    }
+                } else {
+                    self.header_rate = 0.5 * sample + 0.5 * self.header_rate;
+                    self.header_rate_loose = false;
+                }
+            }
+        }
+        let since = now.saturating_duration_since(ticket.sent_at).as_secs_f64();
+        if self.distrust_until.is_some() {
+            self.source = Source::Observed;
+            return; // the level follows the 429s, not `remaining`
+        }
+        self.source = Source::Headers;
+        let floor = self.floor.unwrap_or(0.0);
+        self.burst = (r.limit - floor).max(1.0);
+        let sent_after = (self.sent - ticket.seq).max(0.0) + self.unanswered_before(ticket);
+        // The upstream counted `remaining` when the attempt arrived, somewhere between the send
+        // and now. Credit refill for at most the fastest round trip seen (none before one is
+        // known): a slow connect or a busy machine must not inflate the level. The slack covers
+        // the rest.
+        let credit = self.min_rtt.map_or(0.0, |m| since.min(m));
+        let slack = (self.header_rate * RESYNC_SLACK_TIME.as_secs_f64()).max(1.0);
+        // With a cap below the headers' rate (others draw on the key too), only this pacer's
+        // share of the reported headroom is ours: every corral on the key sees the same report.
+        let share = match self.cap {
+            Some(c) if self.header_rate > 0.0 => (c.at(now) / self.header_rate).min(1.0),
+            _ => 1.0,
+        };
+        let headroom = (r.remaining - floor) + self.header_rate * credit;
+        let level = headroom * share - sent_after - slack;
+        // However much was sent since, the level owes at most one burst (the upstream refuses
+        // what its bucket cannot hold, it does not bank it as debt).
+        let level = level.min(self.burst).min(self.verified).max(-self.burst);
+        // A report newer than the last one used sets the level; an older one (an answer that
+        // took long describes the bucket as it was long ago) may only lower it.
+        if ticket.seq > self.synced_seq {
+            self.synced_seq = ticket.seq;
+            self.level = level;
+        } else {
+            self.level = self.level.min(level);
+        }
+    }
+}

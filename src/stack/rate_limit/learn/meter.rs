@@ -1,0 +1,81 @@
+//! What a pacer measures of its own sends: their smoothed rate ([`Meter`]) and the units the
+//! upstream admitted over the last window ([`Admitted`]).
+
+use std::collections::VecDeque;
+
+use tokio::time::Instant;
+
+use super::{ADMITTED_SLOT, ADMITTED_WINDOW};
+
+/// Smoothed send rate over 0.5 s buckets (AWS: smoothing 0.8).
+#[derive(Debug)]
+pub(super) struct Meter {
+    pub(super) bucket_start: Instant,
+    pub(super) count: f64,
+    pub(super) rate: f64,
+}
+
+impl Meter {
+    /// The smoothed rate, or before the first sample the rate of the bucket so far.
+    pub(super) fn current(&self, now: Instant) -> f64 {
+        if self.rate > 0.0 {
+            return self.rate;
+        }
+        let elapsed = now
+            .saturating_duration_since(self.bucket_start)
+            .as_secs_f64();
+        self.count / elapsed.max(0.1)
+    }
+
+    pub(super) fn record(&mut self, now: Instant, n: f64) {
+        let elapsed = now
+            .saturating_duration_since(self.bucket_start)
+            .as_secs_f64();
+        if elapsed >= 0.5 {
+            let sample = self.count / elapsed;
+            self.rate = if self.rate == 0.0 {
+                sample
+            } else {
+                0.8 * sample + 0.2 * self.rate
+            };
+            self.bucket_start = now;
+            self.count = 0.0;
+        }
+        self.count += n;
+    }
+}
+
+/// Units the upstream admitted (answered without a throttle) over the last
+/// [`ADMITTED_WINDOW`], in slots of [`ADMITTED_SLOT`].
+#[derive(Debug, Default)]
+pub(super) struct Admitted {
+    slots: VecDeque<(Instant, f64)>,
+}
+
+impl Admitted {
+    pub(super) fn record(&mut self, now: Instant, units: f64) {
+        self.expire(now);
+        match self.slots.back_mut() {
+            Some((start, n)) if now.saturating_duration_since(*start) < ADMITTED_SLOT => {
+                *n += units
+            }
+            _ => self.slots.push_back((now, units)),
+        }
+    }
+
+    fn expire(&mut self, now: Instant) {
+        while let Some((start, _)) = self.slots.front() {
+            if now.saturating_duration_since(*start) > ADMITTED_WINDOW {
+                self.slots.pop_front();
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// Units per second over the window.
+    pub(super) fn rate(&mut self, now: Instant) -> f64 {
+        self.expire(now);
+        self.slots.iter().map(|(_, n)| n).sum::<f64>() / ADMITTED_WINDOW.as_secs_f64()
+    }
+}

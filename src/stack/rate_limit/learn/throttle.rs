@@ -1,0 +1,200 @@
+//! What the 429s show: throttle windows that estimate the upstream's rate, the cuts that
+//! guess it, and their way back (see the module doc of `learn`).
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{
+    Pacer, Source, Ticket, ALONE, BETA, GROWTH, GUESS_GROWTH, GUESS_HOLD, HOLD, MAX_GAP,
+    MIN_PRESSURE, MIN_RATE, MIN_WINDOW, REPEAT, SHARE_GROWTH, STORM,
+};
+
+/// What the 429s have shown (see the module doc: throttle windows).
+#[derive(Debug, Default)]
+pub(super) struct Throttles {
+    /// The attempt whose 429 marked the last event: the bucket was empty when it arrived.
+    last: Option<Ticket>,
+    /// Units sent when the last event was taken in: 429s of attempts sent before belong to it.
+    cut_seq: f64,
+    /// When the last event was taken in.
+    at: Option<Instant>,
+    /// Units refused since `last`.
+    refused: f64,
+    /// Saturated windows added up toward an estimate: units admitted, and their span.
+    units: f64,
+    secs: f64,
+}
+
+/// A cap on the pace from the 429s: this pacer's share of the upstream's rate. It holds for a
+/// while, then grows additively (so corrals sharing a key, each cutting multiplicatively on its
+/// own 429s, drift toward equal shares, as AIMD flows do).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Cap {
+    pub(super) rate: f64,
+    pub(super) since: Instant,
+    pub(super) hold: Duration,
+    /// Growth after the hold, units per second per second.
+    pub(super) slope: f64,
+    /// The pace before a cut (`None` for an estimate, which is evidence, not a guess).
+    pub(super) before: Option<f64>,
+    /// Whether the cut is on its way back: set when a long pause followed it (a storm, not a
+    /// bucket's edge), successes then raise `rate` toward `before`, doubling it per round trip.
+    pub(super) recovering: bool,
+}
+
+impl Cap {
+    pub(super) fn at(&self, now: Instant) -> f64 {
+        let t = now
+            .saturating_duration_since(self.since + self.hold)
+            .as_secs_f64();
+        self.rate + self.slope * t
+    }
+}
+
+impl Pacer {
+    /// A success after a cut: the attempt's units per its round trip back on the cap, so the
+    /// pace doubles per round trip until it is back where the cut found it.
+    pub(super) fn recover(&mut self, ticket: Ticket, units: f64, rtt: f64) {
+        let after_cut = ticket.seq > self.throttle_log.cut_seq;
+        if let Some(cap) = self.cap.as_mut().filter(|c| after_cut && c.recovering) {
+            if let Some(to) = cap.before.filter(|to| cap.rate < *to) {
+                let rtt = rtt.max(self.min_rtt.unwrap_or(0.0)).max(1e-3);
+                cap.rate = (cap.rate + units / rtt).min(to);
+            }
+        }
+    }
+
+    /// A 429 from this bucket: it was empty when `ticket` arrived.
+    pub(super) fn throttled(&mut self, ticket: Ticket, now: Instant) {
+        self.level = self.level.min(0.0);
+        let log = &mut self.throttle_log;
+        if log.last.is_none_or(|l| ticket.seq > l.seq) {
+            log.refused += ticket.cost;
+        }
+        if ticket.seq <= log.cut_seq {
+            return; // sent before the last event was taken in: part of it
+        }
+        let mut estimate = None;
+        match log.last {
+            Some(last) if ticket.sent_at > last.sent_at => {
+                let span = ticket.sent_at.duration_since(last.sent_at);
+                let between = (ticket.seq - ticket.cost) - last.seq;
+                let secs = span.as_secs_f64();
+                // A window says what the upstream refilled only if corral kept asking
+                // throughout: sparse sends (a bucket that may have filled up) are no estimate.
+                if span <= MAX_GAP && between >= MIN_PRESSURE * secs {
+                    log.units += (between - (log.refused - ticket.cost)).max(0.0);
+                    log.secs += secs;
+                    if log.secs >= MIN_WINDOW.as_secs_f64() {
+                        estimate = Some(log.units / log.secs);
+                        log.units = 0.0;
+                        log.secs = 0.0;
+                    }
+                } else {
+                    log.units = 0.0;
+                    log.secs = 0.0;
+                }
+            }
+            _ => {}
+        }
+        let repeat = log
+            .at
+            .is_some_and(|at| now.saturating_duration_since(at) <= REPEAT);
+        log.last = Some(ticket);
+        log.cut_seq = self.sent;
+        log.at = Some(now);
+        log.refused = 0.0;
+        let headers_pace =
+            matches!(self.source, Source::Headers | Source::Observed) && self.header_rate > 0.0;
+        match estimate {
+            Some(e) => {
+                let e = e.max(MIN_RATE).max(self.admitted.rate(now));
+                let alone = !headers_pace || e >= ALONE * self.header_rate;
+                self.cap = Some(if alone {
+                    Cap {
+                        rate: e,
+                        since: now,
+                        hold: HOLD,
+                        slope: GROWTH * e,
+                        before: None,
+                        recovering: false,
+                    }
+                } else {
+                    Cap {
+                        rate: e,
+                        since: now,
+                        hold: Duration::ZERO,
+                        slope: SHARE_GROWTH * self.header_rate,
+                        before: None,
+                        recovering: false,
+                    }
+                });
+            }
+            None if repeat || !headers_pace => self.cut(now),
+            None => {}
+        }
+        if !matches!(self.source, Source::Headers | Source::Observed) {
+            self.source = Source::Aimd;
+        }
+    }
+
+    /// Whether the last success's report showed at least half the bucket left (or none came
+    /// yet): a refusal right after clear headroom is not this sender's overrun. A bucket shared
+    /// with others runs near empty, and its refusals stay evidence about the pace.
+    pub fn had_headroom(&self) -> bool {
+        self.last_ok_share.is_none_or(|share| share >= 0.5)
+    }
+
+    /// This pacer's bucket refused with a named wait by whose end its report says it is full
+    /// again (`Throttle::own_wait`): the refusal is no sign that sending as fast as the report
+    /// allows overran it (an admission control's queue, not a bucket's edge), so the headroom
+    /// the report shows after the wait needs no confirming. A client that honours the hint
+    /// resends every refused request then; so may corral.
+    pub fn full_after(&mut self) {
+        if self.source == Source::Headers {
+            self.verified = self.verified.max(self.burst);
+        }
+    }
+
+    /// The upstream named a long wait ([`STORM`] or more): what follows is a storm, not a
+    /// bucket's edge found by pacing, so a cut's way back is by doubling per round trip
+    /// (TCP's slow start after a timeout) rather than by its slow growth.
+    pub fn long_pause(&mut self, wait: Duration) {
+        if wait >= STORM {
+            if let Some(cap) = self.cap.as_mut().filter(|c| c.before.is_some()) {
+                cap.recovering = true;
+            }
+        }
+    }
+
+    /// Cut the pace by `BETA` (from the measured send rate when nothing paces yet), never
+    /// below what the upstream admitted over the last window.
+    fn cut(&mut self, now: Instant) {
+        let current = if self.rate > 0.0 {
+            self.rate / self.margin
+        } else {
+            self.meter.current(now)
+        };
+        let rate = (current * BETA).max(self.admitted.rate(now)).max(MIN_RATE);
+        // A cut of a cut still recovers to where the first one found the pace.
+        let before = match self.cap {
+            Some(Cap {
+                before: Some(b), ..
+            }) => b.max(current),
+            _ => current,
+        };
+        self.cap = Some(Cap {
+            rate,
+            since: now,
+            hold: GUESS_HOLD,
+            slope: GUESS_GROWTH * rate,
+            before: Some(before),
+            recovering: false,
+        });
+        self.level = self.level.min(0.0);
+        if matches!(self.source, Source::SlowStart | Source::None) {
+            self.source = Source::Aimd;
+        }
+    }
+}

@@ -18,26 +18,28 @@
 //!   when a 429 named no wait) only delays: at most half of the time the request has left
 //!   ([`pace_by`]), then it goes, since only the upstream's answer can say it must not. A
 //!   guess never turns into a refusal.
+//!
+//! What it learns from each answer, and the pause a 429 puts on it, is in `answers`.
+
+mod answers;
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use http::HeaderMap;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::bucket::{ready_all, take_ready, Bucket};
-use super::learn::{Answer, Pacer, Source, Ticket};
-use crate::classify::{Outcome, Reason, Throttle};
+use super::learn::{Pacer, Ticket};
 use crate::config::{LearnMode, Priority, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::fleet::{Fleet, Lease};
-use crate::metrics::{PacingGauges, UpstreamMetrics};
-use crate::provider::{self, Kind, Report};
+use crate::metrics::PacingGauges;
+use crate::provider::Kind;
 use crate::stack::priority::PriorityGate;
 use crate::sync::lock;
 
@@ -430,172 +432,6 @@ impl Partition {
         }
     }
 
-    /// Learn from one attempt's answer, with what its 429 was read as (`throttle`). A 429 that
-    /// says the bucket is empty (rate, unknown) pauses the partition until its hint passes (a
-    /// guessed while when it names none) and may move the pace; one whose wait is beyond the
-    /// deadline pauses it for that wait; an overload or a quota moves neither.
-    pub fn observe(
-        &self,
-        tickets: Option<Tickets>,
-        outcome: Outcome,
-        throttle: Option<&Throttle>,
-        headers: Option<&HeaderMap>,
-        sent_at: Option<Instant>,
-        metrics: &UpstreamMetrics,
-    ) {
-        let wall = SystemTime::now();
-        let now = Instant::now();
-        let reason = match outcome {
-            Outcome::Throttled(429) => Some(throttle.map_or(Reason::Unknown, |t| t.reason)),
-            _ => None,
-        };
-        // Only a learned pace can stand in for the pause for the other requests, and only
-        // after clear headroom (see `Pacer::had_headroom`).
-        let own_wait = throttle.is_some_and(|t| t.own_wait) && self.pacers.is_some();
-        let mut own_wait_kept = false;
-        let rate_limited = reason.is_some_and(Reason::empties_bucket);
-        let mut learned_pause: Option<Duration> = None;
-        let mut refused = (rate_limited, false);
-        if let (Some(pacers), Some(tickets)) = (&self.pacers, tickets) {
-            let mut p = lock(pacers);
-            let reports = headers.map(|h| {
-                (
-                    provider::report(h, Kind::Requests, wall),
-                    provider::report(h, Kind::Tokens, wall),
-                )
-            });
-            let (requests_report, tokens_report) = reports.unwrap_or((None, None));
-            let named_wait = throttle
-                .filter(|t| rate_limited && t.named)
-                .and_then(|t| t.hint);
-            let (mut for_requests, mut for_tokens) = attribute(
-                outcome,
-                reason,
-                requests_report,
-                tokens_report,
-                tickets.tokens.cost(),
-            );
-            // A wait that is the request's own (see `Throttle::own_wait`) is no evidence about
-            // the pace, and the headroom the refusing bucket reports after it needs no
-            // confirming.
-            let full_after = (
-                own_wait && for_requests == Answer::RateLimited && p.requests.had_headroom(),
-                own_wait && for_tokens == Answer::RateLimited && p.tokens.had_headroom(),
-            );
-            for (answer, own) in [
-                (&mut for_requests, full_after.0),
-                (&mut for_tokens, full_after.1),
-            ] {
-                if own {
-                    *answer = Answer::RefusedElsewhere;
-                }
-            }
-            own_wait_kept = full_after.0 || full_after.1;
-            p.requests
-                .observe(tickets.requests, for_requests, requests_report, now);
-            p.tokens
-                .observe(tickets.tokens, for_tokens, tokens_report, now);
-            refused = (
-                for_requests == Answer::RateLimited,
-                for_tokens == Answer::RateLimited,
-            );
-            if let Some(lease) = &self.lease {
-                lease.learned(0, p.requests.upstream_model());
-                lease.learned(1, p.tokens.upstream_model());
-            }
-            if full_after.0 {
-                p.requests.full_after();
-            }
-            if full_after.1 {
-                p.tokens.full_after();
-            }
-            if let Some(wait) = named_wait {
-                p.requests.long_pause(wait);
-                p.tokens.long_pause(wait);
-            }
-            if rate_limited {
-                let refusing = if for_tokens == Answer::RateLimited {
-                    p.tokens.time_for(tickets.tokens.cost().max(1.0))
-                } else {
-                    p.requests.time_for(1.0)
-                };
-                learned_pause = refusing;
-            }
-            for pacer in [&p.requests, &p.tokens] {
-                let kind = pacer.kind().label();
-                let gauges = self
-                    .gauges
-                    .get_or_init(|| metrics.pacing(&self.metric_model));
-                gauges.learned(kind, pacer.rate(), pacer.burst());
-                gauges.limit_source(kind, pacer.source().label());
-                if let Some(r) = pacer.last_remaining {
-                    gauges.remaining(kind, r);
-                }
-            }
-            self.tokens_learned
-                .store(p.tokens.source() != Source::None, Ordering::Relaxed);
-        }
-        let nonzero = |d: Option<Duration>| d.filter(|d| !d.is_zero());
-        let named = throttle.filter(|t| t.named).and_then(|t| nonzero(t.hint));
-        let reset = throttle.filter(|t| !t.named).and_then(|t| nonzero(t.hint));
-        let pause = match reason {
-            // The request waits on its own: the partition goes on at its pace.
-            _ if own_wait_kept => None,
-            // The upstream's own word first; a bucket's reset is the time until it is *full*,
-            // far longer than one request needs, so the learner's estimate goes before it.
-            Some(r) if r.empties_bucket() => match (named, nonzero(learned_pause), reset) {
-                (Some(wait), _, _) => Some((wait, true)),
-                (None, Some(wait), _) => Some((wait, false)),
-                (None, None, Some(wait)) => Some((wait, true)),
-                (None, None, None) => Some((self.default_pause, false)),
-            },
-            Some(Reason::LongWindow) => named.or(reset).map(|wait| (wait, true)),
-            _ => None,
-        };
-        if let Some((wait, hinted)) = pause {
-            let wait = wait.min(provider::hints::MAX_HINT);
-            let target = if hinted {
-                &*self.pause
-            } else {
-                &self.guessed_pause
-            };
-            match (reason, sent_at) {
-                (Some(r), Some(sent)) if r.empties_bucket() => {
-                    target.extend_for(now + wait, sent, now)
-                }
-                _ => target.extend(now + wait),
-            }
-            // Peers extend their named pause with it: only the upstream's word is shared.
-            if let Some(lease) = self.lease.as_ref().filter(|_| hinted) {
-                lease.throttled(wait, refused.0, refused.1);
-            }
-        }
-        if self.queued.load(Ordering::Acquire) > 0 {
-            self.answered.notify_waiters();
-        }
-    }
-
-    /// The upstream counted `tokens` for the attempt admitted with `tickets`: settle what the
-    /// tokens pacer charged for it.
-    pub fn settle(&self, tickets: Tickets, tokens: f64) {
-        if let Some(pacers) = &self.pacers {
-            lock(pacers)
-                .tokens
-                .settle(tickets.tokens, tokens, Instant::now());
-        }
-    }
-
-    /// The request admitted with `tickets` left before its answer came (cancelled): its tickets
-    /// are no longer in flight.
-    pub fn abandon(&self, tickets: Tickets) {
-        if let Some(pacers) = &self.pacers {
-            let now = Instant::now();
-            let mut p = lock(pacers);
-            p.requests.abandon(tickets.requests, now);
-            p.tokens.abandon(tickets.tokens, now);
-        }
-    }
-
     /// A JSON view for `/status`.
     pub fn status(&self) -> serde_json::Value {
         let ceiling = |b: &Option<Bucket>| {
@@ -647,35 +483,6 @@ fn pacers_wait(p: &mut Pacers, units: f64, now: Instant, pace_by: Instant) -> Op
     };
     let needed = wait(p.requests.admits(1.0, now)).max(wait(p.tokens.admits(units, now)));
     (!needed.is_zero()).then(|| (now + needed).min(pace_by))
-}
-
-/// Which bucket a 429 came from, by the reports on it: a bucket whose `remaining` cannot cover
-/// the attempt refused it (honestly). When no report explains the refusal, the requests bucket
-/// is blamed: that is where providers quantize (a per-minute report over a per-second bucket).
-fn attribute(
-    outcome: Outcome,
-    reason: Option<Reason>,
-    requests: Option<Report>,
-    tokens: Option<Report>,
-    token_cost: f64,
-) -> (Answer, Answer) {
-    match outcome {
-        // A quota or a long window: the reports still describe the buckets, but no pace moves.
-        Outcome::Throttled(429) if reason.is_some_and(|r| !r.empties_bucket()) => {
-            (Answer::RefusedElsewhere, Answer::RefusedElsewhere)
-        }
-        Outcome::Throttled(429) => {
-            let requests_out = requests.is_some_and(|r| r.remaining < 1.0);
-            let tokens_out = tokens.is_some_and(|r| r.remaining < token_cost.max(1.0));
-            match (requests_out, tokens_out) {
-                (false, true) => (Answer::RefusedElsewhere, Answer::RateLimited),
-                (true, true) => (Answer::RateLimited, Answer::RateLimited),
-                _ => (Answer::RateLimited, Answer::RefusedElsewhere),
-            }
-        }
-        Outcome::Overloaded(_) => (Answer::Overloaded, Answer::Overloaded),
-        _ => (Answer::Ok, Answer::Ok),
-    }
 }
 
 #[cfg(test)]

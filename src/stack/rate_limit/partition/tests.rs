@@ -1,5 +1,13 @@
+use std::time::SystemTime;
+
+use http::HeaderMap;
+
+use super::answers::attribute;
 use super::*;
+use crate::classify::{Outcome, Throttle};
 use crate::config::types::parse_base_url;
+use crate::provider::{self, Report};
+use crate::stack::rate_limit::learn::Answer;
 
 fn config() -> UpstreamConfig {
     UpstreamConfig::new("t", "/v1", parse_base_url("http://127.0.0.1:1").unwrap())

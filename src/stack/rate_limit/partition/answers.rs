@@ -1,0 +1,307 @@
+//! What a partition learns from its answers: [`Partition::observe`] teaches the pacers and
+//! sets the pause a 429 puts on the partition; `settle` and `abandon` close a ticket's account.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+use http::HeaderMap;
+use tokio::time::Instant;
+
+use super::{Pacers, Partition, Tickets};
+use crate::classify::{Outcome, Reason, Throttle};
+use crate::metrics::UpstreamMetrics;
+use crate::provider::{self, Kind, Report};
+use crate::stack::rate_limit::learn::{Answer, Source};
+use crate::sync::lock;
+/// One attempt's answer as [`Partition::observe`] reads it.
+struct Reading<'a> {
+    outcome: Outcome,
+    /// What a 429 was read as; `None` for any other answer.
+    reason: Option<Reason>,
+    throttle: Option<&'a Throttle>,
+    headers: Option<&'a HeaderMap>,
+    sent_at: Option<Instant>,
+    /// The 429's wait is the request's own, and a learned pace can stand in for the pause.
+    own_wait: bool,
+    /// The 429 says a bucket is empty.
+    rate_limited: bool,
+    wall: SystemTime,
+    now: Instant,
+}
+
+/// What the pacers learned from one answer ([`Partition::learn`]).
+struct Learned {
+    /// The wait was the request's own: the partition does not pause.
+    own_wait_kept: bool,
+    /// The refusing pacer's time for the attempt, on a 429 that says a bucket is empty.
+    pause: Option<Duration>,
+    /// Whether the requests and the tokens buckets refused.
+    refused: (bool, bool),
+}
+
+impl Partition {
+    /// Learn from one attempt's answer, with what its 429 was read as (`throttle`). A 429 that
+    /// says the bucket is empty (rate, unknown) pauses the partition until its hint passes (a
+    /// guessed while when it names none) and may move the pace; one whose wait is beyond the
+    /// deadline pauses it for that wait; an overload or a quota moves neither.
+    ///
+    /// In order: read the answer, teach the pacers ([`Self::learn`], with their lock held),
+    /// choose the pause ([`Self::pause_for`]) and set it ([`Self::extend_pause`]), then wake
+    /// the waiters that wait for answers.
+    pub fn observe(
+        &self,
+        tickets: Option<Tickets>,
+        outcome: Outcome,
+        throttle: Option<&Throttle>,
+        headers: Option<&HeaderMap>,
+        sent_at: Option<Instant>,
+        metrics: &UpstreamMetrics,
+    ) {
+        let wall = SystemTime::now();
+        let now = Instant::now();
+        let reason = match outcome {
+            Outcome::Throttled(429) => Some(throttle.map_or(Reason::Unknown, |t| t.reason)),
+            _ => None,
+        };
+        // Only a learned pace can stand in for the pause for the other requests, and only
+        // after clear headroom (see `Pacer::had_headroom`).
+        let own_wait = throttle.is_some_and(|t| t.own_wait) && self.pacers.is_some();
+        let rate_limited = reason.is_some_and(Reason::empties_bucket);
+        let reading = Reading {
+            outcome,
+            reason,
+            throttle,
+            headers,
+            sent_at,
+            own_wait,
+            rate_limited,
+            wall,
+            now,
+        };
+        let mut learned = Learned {
+            own_wait_kept: false,
+            pause: None,
+            refused: (rate_limited, false),
+        };
+        if let (Some(pacers), Some(tickets)) = (&self.pacers, tickets) {
+            let mut p = lock(pacers);
+            learned = self.learn(&mut p, tickets, &reading, metrics);
+        }
+        if let Some((wait, hinted)) = self.pause_for(&reading, &learned) {
+            self.extend_pause(wait, hinted, &reading, learned.refused);
+        }
+        if self.queued.load(Ordering::Acquire) > 0 {
+            self.answered.notify_waiters();
+        }
+    }
+
+    /// Teach both pacers what the answer to the attempt admitted with `tickets` says of their
+    /// buckets, called with their lock held (`p`): which bucket refused, what the reports show,
+    /// whether the wait was the request's own; then publish what they learned.
+    fn learn(
+        &self,
+        p: &mut Pacers,
+        tickets: Tickets,
+        reading: &Reading<'_>,
+        metrics: &UpstreamMetrics,
+    ) -> Learned {
+        let Reading {
+            outcome,
+            reason,
+            throttle,
+            headers,
+            own_wait,
+            rate_limited,
+            wall,
+            now,
+            ..
+        } = *reading;
+        let reports = headers.map(|h| {
+            (
+                provider::report(h, Kind::Requests, wall),
+                provider::report(h, Kind::Tokens, wall),
+            )
+        });
+        let (requests_report, tokens_report) = reports.unwrap_or((None, None));
+        let named_wait = throttle
+            .filter(|t| rate_limited && t.named)
+            .and_then(|t| t.hint);
+        let (mut for_requests, mut for_tokens) = attribute(
+            outcome,
+            reason,
+            requests_report,
+            tokens_report,
+            tickets.tokens.cost(),
+        );
+        // A wait that is the request's own (see `Throttle::own_wait`) is no evidence about
+        // the pace, and the headroom the refusing bucket reports after it needs no
+        // confirming.
+        let full_after = (
+            own_wait && for_requests == Answer::RateLimited && p.requests.had_headroom(),
+            own_wait && for_tokens == Answer::RateLimited && p.tokens.had_headroom(),
+        );
+        for (answer, own) in [
+            (&mut for_requests, full_after.0),
+            (&mut for_tokens, full_after.1),
+        ] {
+            if own {
+                *answer = Answer::RefusedElsewhere;
+            }
+        }
+        let own_wait_kept = full_after.0 || full_after.1;
+        p.requests
+            .observe(tickets.requests, for_requests, requests_report, now);
+        p.tokens
+            .observe(tickets.tokens, for_tokens, tokens_report, now);
+        let refused = (
+            for_requests == Answer::RateLimited,
+            for_tokens == Answer::RateLimited,
+        );
+        if let Some(lease) = &self.lease {
+            lease.learned(0, p.requests.upstream_model());
+            lease.learned(1, p.tokens.upstream_model());
+        }
+        if full_after.0 {
+            p.requests.full_after();
+        }
+        if full_after.1 {
+            p.tokens.full_after();
+        }
+        if let Some(wait) = named_wait {
+            p.requests.long_pause(wait);
+            p.tokens.long_pause(wait);
+        }
+        let mut learned_pause: Option<Duration> = None;
+        if rate_limited {
+            let refusing = if for_tokens == Answer::RateLimited {
+                p.tokens.time_for(tickets.tokens.cost().max(1.0))
+            } else {
+                p.requests.time_for(1.0)
+            };
+            learned_pause = refusing;
+        }
+        self.publish(p, metrics);
+        Learned {
+            own_wait_kept,
+            pause: learned_pause,
+            refused,
+        }
+    }
+
+    /// Set the pacing gauges from the pacers (`p`, their lock held), and note whether the
+    /// tokens pacer has learned anything.
+    fn publish(&self, p: &Pacers, metrics: &UpstreamMetrics) {
+        for pacer in [&p.requests, &p.tokens] {
+            let kind = pacer.kind().label();
+            let gauges = self
+                .gauges
+                .get_or_init(|| metrics.pacing(&self.metric_model));
+            gauges.learned(kind, pacer.rate(), pacer.burst());
+            gauges.limit_source(kind, pacer.source().label());
+            if let Some(r) = pacer.last_remaining {
+                gauges.remaining(kind, r);
+            }
+        }
+        self.tokens_learned
+            .store(p.tokens.source() != Source::None, Ordering::Relaxed);
+    }
+
+    /// The pause an answer puts on the partition, and whether the upstream named it (`true`)
+    /// or corral guessed it; `None`: no pause.
+    fn pause_for(&self, reading: &Reading<'_>, learned: &Learned) -> Option<(Duration, bool)> {
+        let throttle = reading.throttle;
+        let nonzero = |d: Option<Duration>| d.filter(|d| !d.is_zero());
+        let named = throttle.filter(|t| t.named).and_then(|t| nonzero(t.hint));
+        let reset = throttle.filter(|t| !t.named).and_then(|t| nonzero(t.hint));
+        match reading.reason {
+            // The request waits on its own: the partition goes on at its pace.
+            _ if learned.own_wait_kept => None,
+            // The upstream's own word first; a bucket's reset is the time until it is *full*,
+            // far longer than one request needs, so the learner's estimate goes before it.
+            Some(r) if r.empties_bucket() => match (named, nonzero(learned.pause), reset) {
+                (Some(wait), _, _) => Some((wait, true)),
+                (None, Some(wait), _) => Some((wait, false)),
+                (None, None, Some(wait)) => Some((wait, true)),
+                (None, None, None) => Some((self.default_pause, false)),
+            },
+            Some(Reason::LongWindow) => named.or(reset).map(|wait| (wait, true)),
+            _ => None,
+        }
+    }
+
+    /// Pause the partition for `wait`: the named pause when the upstream named it (`hinted`),
+    /// shared with the fleet's peers, else the guessed one. `refused`: which buckets refused.
+    fn extend_pause(
+        &self,
+        wait: Duration,
+        hinted: bool,
+        reading: &Reading<'_>,
+        refused: (bool, bool),
+    ) {
+        let now = reading.now;
+        let wait = wait.min(provider::hints::MAX_HINT);
+        let target = if hinted {
+            &*self.pause
+        } else {
+            &self.guessed_pause
+        };
+        match (reading.reason, reading.sent_at) {
+            (Some(r), Some(sent)) if r.empties_bucket() => target.extend_for(now + wait, sent, now),
+            _ => target.extend(now + wait),
+        }
+        // Peers extend their named pause with it: only the upstream's word is shared.
+        if let Some(lease) = self.lease.as_ref().filter(|_| hinted) {
+            lease.throttled(wait, refused.0, refused.1);
+        }
+    }
+
+    /// The upstream counted `tokens` for the attempt admitted with `tickets`: settle what the
+    /// tokens pacer charged for it.
+    pub fn settle(&self, tickets: Tickets, tokens: f64) {
+        if let Some(pacers) = &self.pacers {
+            lock(pacers)
+                .tokens
+                .settle(tickets.tokens, tokens, Instant::now());
+        }
+    }
+
+    /// The request admitted with `tickets` left before its answer came (cancelled): its tickets
+    /// are no longer in flight.
+    pub fn abandon(&self, tickets: Tickets) {
+        if let Some(pacers) = &self.pacers {
+            let now = Instant::now();
+            let mut p = lock(pacers);
+            p.requests.abandon(tickets.requests, now);
+            p.tokens.abandon(tickets.tokens, now);
+        }
+    }
+}
+
+/// Which bucket a 429 came from, by the reports on it: a bucket whose `remaining` cannot cover
+/// the attempt refused it (honestly). When no report explains the refusal, the requests bucket
+/// is blamed: that is where providers quantize (a per-minute report over a per-second bucket).
+pub(super) fn attribute(
+    outcome: Outcome,
+    reason: Option<Reason>,
+    requests: Option<Report>,
+    tokens: Option<Report>,
+    token_cost: f64,
+) -> (Answer, Answer) {
+    match outcome {
+        // A quota or a long window: the reports still describe the buckets, but no pace moves.
+        Outcome::Throttled(429) if reason.is_some_and(|r| !r.empties_bucket()) => {
+            (Answer::RefusedElsewhere, Answer::RefusedElsewhere)
+        }
+        Outcome::Throttled(429) => {
+            let requests_out = requests.is_some_and(|r| r.remaining < 1.0);
+            let tokens_out = tokens.is_some_and(|r| r.remaining < token_cost.max(1.0));
+            match (requests_out, tokens_out) {
+                (false, true) => (Answer::RefusedElsewhere, Answer::RateLimited),
+                (true, true) => (Answer::RateLimited, Answer::RateLimited),
+                _ => (Answer::RateLimited, Answer::RefusedElsewhere),
+            }
+        }
+        Outcome::Overloaded(_) => (Answer::Overloaded, Answer::Overloaded),
+        _ => (Answer::Ok, Answer::Ok),
+    }
+}

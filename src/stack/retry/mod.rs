@@ -133,6 +133,28 @@ enum Last {
     Error(ProxyError),
 }
 
+/// A retryable answer as the loop reads it.
+struct Retryable {
+    /// What to pass through on giving up.
+    last: Last,
+    /// The retry's metric label.
+    reason: &'static str,
+    /// The upstream's hint, if it gave one.
+    hint: Option<Duration>,
+    /// The 429's reading, for a throttle.
+    throttle: Option<Throttle>,
+}
+
+/// How corral gives up: the arguments of [`give_up`] besides the last answer.
+struct GiveUp {
+    attempts: u32,
+    why: &'static str,
+    retry_after: Option<Duration>,
+}
+
+/// Send the request, then judge the answer (`read_response`, `read_error`), then wait
+/// (`throttle_sleep` for a throttle, `failure_sleep` for a failure) and send it again, until
+/// an answer is final or a bound gives up.
 async fn run<S>(
     inner: S,
     req: ProxyRequest,
@@ -141,7 +163,6 @@ async fn run<S>(
 where
     S: tower::Service<ProxyRequest, Response = Response<Body>, Error = ProxyError> + Clone,
 {
-    let config = &shared.config;
     let metrics = &shared.metrics;
     shared.budget.deposit();
     // Failures retried (bounded by `max_retries` and the budget) and throttles retried
@@ -153,107 +174,41 @@ where
     loop {
         let attempts = retries + throttles;
         let result = inner.clone().oneshot(req.clone()).await;
-        let (last, reason, hint, throttle) = match result {
-            Ok(response) => {
-                if !may_retry(&response) {
-                    return Ok(response);
+        let Retryable {
+            last,
+            reason,
+            hint,
+            throttle,
+        } = match result {
+            Ok(response) => match read_response(response, &req, &shared).await {
+                Ok(retryable) => retryable,
+                Err(done) => return Ok(done),
+            },
+            Err(e) => match read_error(e) {
+                Ok(retryable) => retryable,
+                // corral's own refusal (deadline, breaker, rate limit) after an earlier upstream
+                // answer: the client gets that answer, not corral's, with corral's Retry-After
+                // if the answer had none. A deadline that ends an attempt under way is counted
+                // as one that ends the wait between attempts: the same `deadline`.
+                Err(e) => {
+                    let why = match e {
+                        ProxyError::DeadlineExceeded => "deadline",
+                        _ => e.label(),
+                    };
+                    return match previous_answer {
+                        Some(last) => give_up(last, attempts, why, e.retry_after(), &shared),
+                        None => Err(e),
+                    };
                 }
-                // Bounded by the deadline: a body that stalls is cut there, and the loop below
-                // then gives up with what arrived.
-                let (parts, bytes, cut) = match buffer_error(response, req.ctx.deadline).await {
-                    Ok(buffered) => buffered,
-                    Err(whole) => return Ok(whole),
-                };
-                if cut {
-                    tracing::debug!(
-                        upstream = metrics.name(),
-                        status = parts.status.as_u16(),
-                        received = bytes.len(),
-                        "retryable answer's body cut (broken, or the deadline passed)"
-                    );
-                }
-                match judge_response(&parts, &bytes, config) {
-                    Verdict::Done => return Ok(body::replay(parts, bytes, cut)),
-                    Verdict::Retry(reason) => {
-                        // A 429 the rate limiter read carries its reading (hints from the body
-                        // included); anything else is read from its headers here.
-                        let read = parts.extensions.get::<Throttle>().copied();
-                        let hint = read.map_or_else(
-                            || crate::provider::retry_hint(&parts.headers, SystemTime::now()),
-                            |t| t.hint,
-                        );
-                        let throttle = match Outcome::of_head(parts.status, &parts.extensions) {
-                            Outcome::Throttled(_) => Some(read.unwrap_or(Throttle {
-                                reason: Reason::Unknown,
-                                hint,
-                                named: false,
-                                own_wait: false,
-                            })),
-                            _ => None,
-                        };
-                        (Last::Response(parts, bytes, cut), reason, hint, throttle)
-                    }
-                }
-            }
-            Err(e) if e.is_retryable() => {
-                let reason = if matches!(e, ProxyError::TryTimeout { .. }) {
-                    "timeout"
-                } else {
-                    "connection"
-                };
-                (Last::Error(e), reason, None, None)
-            }
-            // corral's own refusal (deadline, breaker, rate limit) after an earlier upstream
-            // answer: the client gets that answer, not corral's, with corral's Retry-After if
-            // the answer had none. A deadline that ends an attempt under way is counted as one
-            // that ends the wait between attempts: the same `deadline`.
-            Err(e) => {
-                let why = match e {
-                    ProxyError::DeadlineExceeded => "deadline",
-                    _ => e.label(),
-                };
-                return match previous_answer {
-                    Some(last) => give_up(last, attempts, why, e.retry_after(), &shared),
-                    None => Err(e),
-                };
-            }
+            },
         };
-        let sleep = if let Some(Throttle {
-            reason, own_wait, ..
-        }) = throttle
-        {
-            // A throttle is a pacing signal: the rate limiter below owns the wait (a 429 pauses
-            // the partition for its hint, then the pacers let requests out at the learned rate),
-            // so a retried 429 goes straight back to it. Each retry takes a token there like a
-            // first attempt, so retrying throttles cannot add load; the deadline bounds them.
-            if throttles >= config.max_throttle_retries {
-                return give_up(last, attempts, "max_throttle_retries", None, &shared);
-            }
-            // The rate limiter enforces the hint; here only: can the deadline cover it? A
-            // per-day quota cannot be waited for even without a hint.
-            let beyond = hint.is_some_and(|h| Instant::now() + h >= req.ctx.deadline);
-            if beyond || reason == Reason::LongWindow {
-                return give_up(last, attempts + 1, "deadline", hint, &shared);
-            }
-            match hint.filter(|_| own_wait) {
-                // The wait is this request's own (the partition goes on): it waits it here,
-                // spread a little as a hint is.
-                Some(wait) => shared.after_hint(wait),
-                None => Duration::ZERO,
-            }
-        } else {
-            // A failure, an overload (529, or a 429 read as overload) among them: the whole
-            // service is unwell, no bucket to wait for: back off within the failure budget.
-            if retries >= config.max_retries {
-                return give_up(last, attempts, "max_retries", None, &shared);
-            }
-            if !shared.budget.withdraw() {
-                metrics.budget_exhausted.inc();
-                // Marked even on a first answer: the budget holds back the load an outage's
-                // retries would add, and the client's own retries would add it all the same.
-                return give_up(last, attempts + 1, "budget", None, &shared);
-            }
-            shared.sleep_for(retries, previous, hint)
+        let sleep = match &throttle {
+            Some(t) => throttle_sleep(t, hint, throttles, attempts, &req, &shared),
+            None => failure_sleep(hint, retries, previous, attempts, &shared),
+        };
+        let sleep = match sleep {
+            Ok(sleep) => sleep,
+            Err(g) => return give_up(last, g.attempts, g.why, g.retry_after, &shared),
         };
         if Instant::now() + sleep >= req.ctx.deadline {
             // A throttle the deadline cannot wait for is marked even on its first answer: the
@@ -283,6 +238,149 @@ where
         }
         previous = sleep;
     }
+}
+
+/// An upstream's answer: `Err` with what to hand the client when it is final (not retryable,
+/// too large to judge, or judged done), else its body buffered and read for the retry.
+async fn read_response(
+    response: Response<Body>,
+    req: &ProxyRequest,
+    shared: &RetryShared,
+) -> Result<Retryable, Response<Body>> {
+    if !may_retry(&response) {
+        return Err(response);
+    }
+    // Bounded by the deadline: a body that stalls is cut there, and the loop then gives up
+    // with what arrived.
+    let (parts, bytes, cut) = match buffer_error(response, req.ctx.deadline).await {
+        Ok(buffered) => buffered,
+        Err(whole) => return Err(whole),
+    };
+    if cut {
+        tracing::debug!(
+            upstream = shared.metrics.name(),
+            status = parts.status.as_u16(),
+            received = bytes.len(),
+            "retryable answer's body cut (broken, or the deadline passed)"
+        );
+    }
+    match judge_response(&parts, &bytes, &shared.config) {
+        Verdict::Done => Err(body::replay(parts, bytes, cut)),
+        Verdict::Retry(reason) => {
+            // A 429 the rate limiter read carries its reading (hints from the body
+            // included); anything else is read from its headers here.
+            let read = parts.extensions.get::<Throttle>().copied();
+            let hint = read.map_or_else(
+                || crate::provider::retry_hint(&parts.headers, SystemTime::now()),
+                |t| t.hint,
+            );
+            let throttle = match Outcome::of_head(parts.status, &parts.extensions) {
+                Outcome::Throttled(_) => Some(read.unwrap_or(Throttle {
+                    reason: Reason::Unknown,
+                    hint,
+                    named: false,
+                    own_wait: false,
+                })),
+                _ => None,
+            };
+            Ok(Retryable {
+                last: Last::Response(parts, bytes, cut),
+                reason,
+                hint,
+                throttle,
+            })
+        }
+    }
+}
+
+/// An attempt's error: a retryable one (a per-try timeout, a connection failure) read for the
+/// retry; any other (corral's own refusal) back as `Err`.
+fn read_error(e: ProxyError) -> Result<Retryable, ProxyError> {
+    if !e.is_retryable() {
+        return Err(e);
+    }
+    let reason = if matches!(e, ProxyError::TryTimeout { .. }) {
+        "timeout"
+    } else {
+        "connection"
+    };
+    Ok(Retryable {
+        last: Last::Error(e),
+        reason,
+        hint: None,
+        throttle: None,
+    })
+}
+
+/// The wait before retrying a throttle, or how to give up on it.
+fn throttle_sleep(
+    throttle: &Throttle,
+    hint: Option<Duration>,
+    throttles: u32,
+    attempts: u32,
+    req: &ProxyRequest,
+    shared: &RetryShared,
+) -> Result<Duration, GiveUp> {
+    let Throttle {
+        reason, own_wait, ..
+    } = *throttle;
+    // A throttle is a pacing signal: the rate limiter below owns the wait (a 429 pauses
+    // the partition for its hint, then the pacers let requests out at the learned rate),
+    // so a retried 429 goes straight back to it. Each retry takes a token there like a
+    // first attempt, so retrying throttles cannot add load; the deadline bounds them.
+    if throttles >= shared.config.max_throttle_retries {
+        return Err(GiveUp {
+            attempts,
+            why: "max_throttle_retries",
+            retry_after: None,
+        });
+    }
+    // The rate limiter enforces the hint; here only: can the deadline cover it? A
+    // per-day quota cannot be waited for even without a hint.
+    let beyond = hint.is_some_and(|h| Instant::now() + h >= req.ctx.deadline);
+    if beyond || reason == Reason::LongWindow {
+        return Err(GiveUp {
+            attempts: attempts + 1,
+            why: "deadline",
+            retry_after: hint,
+        });
+    }
+    Ok(match hint.filter(|_| own_wait) {
+        // The wait is this request's own (the partition goes on): it waits it here,
+        // spread a little as a hint is.
+        Some(wait) => shared.after_hint(wait),
+        None => Duration::ZERO,
+    })
+}
+
+/// The wait before retrying a failure, or how to give up on it. A failure, an overload (529,
+/// or a 429 read as overload) among them: the whole service is unwell, no bucket to wait
+/// for: back off within the failure budget.
+fn failure_sleep(
+    hint: Option<Duration>,
+    retries: u32,
+    previous: Duration,
+    attempts: u32,
+    shared: &RetryShared,
+) -> Result<Duration, GiveUp> {
+    if retries >= shared.config.max_retries {
+        return Err(GiveUp {
+            attempts,
+            why: "max_retries",
+            retry_after: None,
+        });
+    }
+    if !shared.budget.withdraw() {
+        shared.metrics.budget_exhausted.inc();
+        // Marked even on a first answer: the budget holds back the load an outage's
+        // retries would add, and the client's own retries would add it all the same.
+        return Err(GiveUp {
+            attempts: attempts + 1,
+            why: "budget",
+            retry_after: None,
+        });
+    }
+    Ok(shared.sleep_for(retries, previous, hint))
 }
 
 /// Whether a 429 is permanent (no wait cures it: see [`policy::judge_response`]), judged from

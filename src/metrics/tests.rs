@@ -1,4 +1,9 @@
+use std::collections::BTreeMap;
+
+use http::Method;
+
 use super::*;
+use crate::body::TimeoutKind;
 
 /// The `model` label takes only what the config names: a limit group, or a model that maps
 /// to one; anything else is `other`, no model `none`. Each gets its own pacing series.

@@ -83,7 +83,11 @@ fn every_module_is_listed_once() {
     let listed = listed();
     let unique: BTreeSet<String> = listed.iter().cloned().collect();
     assert_eq!(unique.len(), listed.len(), "listed twice: {listed:?}");
-    assert_eq!(unique, declared(), "lib.rs's layout list (left) vs its `pub mod`s (right)");
+    assert_eq!(
+        unique,
+        declared(),
+        "lib.rs's layout list (left) vs its `pub mod`s (right)"
+    );
 }
 
 #[test]
@@ -107,5 +111,101 @@ fn an_import_upward_is_found() {
     // The scan itself: `server` names `crate::router` and `crate::config`.
     let modules: BTreeSet<String> = listed().into_iter().collect();
     let found = imports("server", &modules);
-    assert!(found.contains("router") && found.contains("config"), "{found:?}");
+    assert!(
+        found.contains("router") && found.contains("config"),
+        "{found:?}"
+    );
+}
+
+/// Every `.rs` file under `src/`, test files included.
+fn all_sources() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![PathBuf::from(SRC)];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read a source directory") {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_source_file_is_over_700_lines() {
+    let long: Vec<String> = all_sources()
+        .into_iter()
+        .filter_map(|path| {
+            let lines = std::fs::read_to_string(&path)
+                .expect("read")
+                .lines()
+                .count();
+            (lines > 700).then(|| format!("{} ({lines})", path.display()))
+        })
+        .collect();
+    assert!(long.is_empty(), "{long:#?}");
+}
+
+/// Functions of `text` (rustfmt's layout: a `fn` line, its body, and a `}` at the same
+/// indentation) longer than `max` lines, test code left out.
+fn long_functions(text: &str, max: usize) -> Vec<(String, usize)> {
+    let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+    let lines: Vec<&str> = code.lines().collect();
+    let mut found = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let body = line.trim_start();
+        let indent = &line[..line.len() - body.len()];
+        let words: Vec<&str> = body.split_whitespace().collect();
+        let Some(at) = words.iter().position(|w| *w == "fn") else {
+            continue;
+        };
+        let qualifiers = [
+            "pub",
+            "pub(crate)",
+            "pub(super)",
+            "const",
+            "async",
+            "unsafe",
+        ];
+        if !words[..at].iter().all(|w| qualifiers.contains(w)) || body.ends_with(';') {
+            continue;
+        }
+        let close = format!("{indent}}}");
+        if let Some(end) = lines[i..].iter().position(|l| *l == close) {
+            if end + 1 > max {
+                found.push((words[at + 1].to_owned(), end + 1));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn no_function_outside_tests_is_over_100_lines() {
+    let mut long = Vec::new();
+    for path in all_sources() {
+        let test_file = path.file_name().is_some_and(|n| n == "tests.rs")
+            || path.components().any(|c| c.as_os_str() == "tests");
+        if test_file {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("read");
+        for (name, lines) in long_functions(&text, 100) {
+            long.push(format!("{}: {name} ({lines} lines)", path.display()));
+        }
+    }
+    assert!(long.is_empty(), "{long:#?}");
+}
+
+#[test]
+fn a_long_function_is_found() {
+    let body = "    let x = 1;\n".repeat(101);
+    let text = format!("impl A {{\n    pub fn long(&self) {{\n{body}    }}\n}}\n");
+    assert_eq!(
+        long_functions(&text, 100),
+        [("long(&self)".to_owned(), 103)]
+    );
 }

@@ -26,7 +26,7 @@ use crate::config::Priority;
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{BoxFuture, Middleware, Next, Shared};
+use crate::stack::layer::{BoxFuture, Middleware, Next, SharedLayer};
 use crate::stack::priority::PriorityGate;
 use crate::sync::lock;
 
@@ -296,7 +296,7 @@ impl Drop for Slot {
 }
 
 /// The window as a tower layer.
-pub type ConcurrencyLayer = Shared<Window>;
+pub type ConcurrencyLayer = SharedLayer<Window>;
 
 impl Middleware for Window {
     fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> BoxFuture {

@@ -1,5 +1,5 @@
 //! The shape every corral layer shares (metrics, concurrency, retry, breaker, rate limit,
-//! timeout): state in an `Arc` built once per upstream ([`Shared`]), a tower `Layer` that hands
+//! timeout): state in an `Arc` built once per upstream ([`SharedLayer`]), a tower `Layer` that hands
 //! clones of it to each service, and a call that may wait before and after the rest of the
 //! stack. Written once here; each layer implements [`Middleware::call`] only.
 //!
@@ -50,17 +50,17 @@ pub trait Middleware: Send + Sync + 'static {
 }
 
 /// The layer for middleware `M`, sharing one `M` among all its services.
-pub struct Shared<M> {
+pub struct SharedLayer<M> {
     shared: Arc<M>,
 }
 
-impl<M> Shared<M> {
+impl<M> SharedLayer<M> {
     pub const fn new(shared: Arc<M>) -> Self {
         Self { shared }
     }
 }
 
-impl<M> Clone for Shared<M> {
+impl<M> Clone for SharedLayer<M> {
     fn clone(&self) -> Self {
         Self {
             shared: Arc::clone(&self.shared),
@@ -68,7 +68,7 @@ impl<M> Clone for Shared<M> {
     }
 }
 
-impl<M, S> tower::Layer<S> for Shared<M> {
+impl<M, S> tower::Layer<S> for SharedLayer<M> {
     type Service = Wrapped<M, S>;
     fn layer(&self, inner: S) -> Wrapped<M, S> {
         Wrapped {

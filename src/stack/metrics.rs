@@ -12,10 +12,10 @@ use tower::ServiceExt;
 use crate::body::{Guard, Guarded};
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{BoxFuture, Middleware, Next, Shared};
+use crate::stack::layer::{BoxFuture, Middleware, Next, SharedLayer};
 
 /// The metrics layer.
-pub type MetricsLayer = Shared<RecordMetrics>;
+pub type MetricsLayer = SharedLayer<RecordMetrics>;
 
 /// Records one upstream's per-request metrics.
 pub struct RecordMetrics {
@@ -24,7 +24,7 @@ pub struct RecordMetrics {
 
 /// The metrics layer for one upstream.
 pub fn layer(metrics: UpstreamMetrics) -> MetricsLayer {
-    Shared::new(Arc::new(RecordMetrics { metrics }))
+    SharedLayer::new(Arc::new(RecordMetrics { metrics }))
 }
 
 /// Lowers the in-flight gauge when the response body is dropped; counts bytes out.

@@ -12,10 +12,10 @@ use crate::classify::Outcome;
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{BoxFuture, Middleware, Next, Shared};
+use crate::stack::layer::{BoxFuture, Middleware, Next, SharedLayer};
 
 /// The per-try timeout layer.
-pub type TimeoutLayer = Shared<TryTimeout>;
+pub type TimeoutLayer = SharedLayer<TryTimeout>;
 
 /// Bounds each attempt and records what it came to.
 pub struct TryTimeout {
@@ -25,7 +25,7 @@ pub struct TryTimeout {
 
 /// The per-try timeout layer for one upstream.
 pub fn layer(per_try: Duration, metrics: UpstreamMetrics) -> TimeoutLayer {
-    Shared::new(Arc::new(TryTimeout { per_try, metrics }))
+    SharedLayer::new(Arc::new(TryTimeout { per_try, metrics }))
 }
 
 impl Middleware for TryTimeout {

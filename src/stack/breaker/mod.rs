@@ -54,7 +54,7 @@ use crate::config::{BreakerConfig, OnOpen};
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{BoxFuture, Middleware, Next, Shared};
+use crate::stack::layer::{BoxFuture, Middleware, Next, SharedLayer};
 use crate::sync::lock;
 
 /// What one outcome says about the upstream's health: `Some(true)` a failure, `Some(false)` a
@@ -218,7 +218,7 @@ impl Drop for ProbeSlot {
 }
 
 /// The breaker as a tower layer.
-pub type BreakerLayer = Shared<BreakerShared>;
+pub type BreakerLayer = SharedLayer<BreakerShared>;
 
 impl Middleware for BreakerShared {
     fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> BoxFuture {

@@ -47,7 +47,7 @@ use crate::error::ProxyError;
 use crate::fleet::Fleet;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{BoxFuture, Middleware, Next, Shared};
+use crate::stack::layer::{BoxFuture, Middleware, Next, SharedLayer};
 use crate::stack::retry::{buffer_error, replay};
 use crate::sync::lock;
 
@@ -138,7 +138,7 @@ pub struct RateLimitShared {
     /// Unless `partition = "upstream"`: one per hash of credential and model.
     by_key: Option<(Mutex<PartitionMap>, RandomState)>,
     /// What the key is made of.
-    scope: config::Partition,
+    scope: config::PartitionScope,
     config: UpstreamConfig,
     metrics: UpstreamMetrics,
     /// With `[fleet]`: every partition leases from the fleet's shared buckets.
@@ -188,8 +188,8 @@ impl RateLimitShared {
         fleet: Option<Arc<Fleet>>,
     ) -> Arc<Self> {
         let scope = config.partition();
-        let by_key =
-            (scope != config::Partition::Upstream).then(|| (Mutex::default(), partition_hasher()));
+        let by_key = (scope != config::PartitionScope::Upstream)
+            .then(|| (Mutex::default(), partition_hasher()));
         if config.rate_limit == LearnMode::Off {
             let source = |configured: bool| if configured { "config" } else { "none" };
             let gauges = metrics.pacing(crate::metrics::NO_MODEL);
@@ -596,7 +596,7 @@ impl RateLimitShared {
 }
 
 /// The rate limit as a tower layer.
-pub type RateLimitLayer = Shared<RateLimitShared>;
+pub type RateLimitLayer = SharedLayer<RateLimitShared>;
 
 impl Middleware for RateLimitShared {
     fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> BoxFuture {

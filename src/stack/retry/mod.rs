@@ -49,7 +49,7 @@ use crate::config::RetryConfig;
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{BoxFuture, Middleware, Next, Shared};
+use crate::stack::layer::{BoxFuture, Middleware, Next, SharedLayer};
 use crate::sync::lock;
 
 /// Retryable answers' bodies are buffered (to read their error code and to replay them on
@@ -118,7 +118,7 @@ impl RetryShared {
 }
 
 /// Retry as a tower layer.
-pub type RetryLayer = Shared<RetryShared>;
+pub type RetryLayer = SharedLayer<RetryShared>;
 
 impl Middleware for RetryShared {
     fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> BoxFuture {

@@ -11,7 +11,7 @@ use super::HumanDuration;
 /// How an upstream's rate limit is split: providers enforce limits per credential (project,
 /// key) and per model, so by default a partition is one credential and one model.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-pub enum Partition {
+pub enum PartitionScope {
     /// One set of buckets for the whole upstream.
     #[serde(rename = "upstream", alias = "none")]
     Upstream,
@@ -28,20 +28,20 @@ pub enum Partition {
     ApiKeyModel,
 }
 
-impl Partition {
+impl PartitionScope {
     pub fn label(self) -> &'static str {
         match self {
-            Partition::Upstream => "upstream",
-            Partition::ApiKey => "api_key",
-            Partition::Model => "model",
-            Partition::ApiKeyModel => "api_key+model",
+            PartitionScope::Upstream => "upstream",
+            PartitionScope::ApiKey => "api_key",
+            PartitionScope::Model => "model",
+            PartitionScope::ApiKeyModel => "api_key+model",
         }
     }
     pub fn by_key(self) -> bool {
-        matches!(self, Partition::ApiKey | Partition::ApiKeyModel)
+        matches!(self, PartitionScope::ApiKey | PartitionScope::ApiKeyModel)
     }
     pub fn by_model(self) -> bool {
-        matches!(self, Partition::Model | Partition::ApiKeyModel)
+        matches!(self, PartitionScope::Model | PartitionScope::ApiKeyModel)
     }
 }
 
@@ -67,7 +67,7 @@ pub struct LimitsConfig {
     /// (keyed by a hash); `model`: one per model; `api_key+model`: one per both. Unset:
     /// `api_key+model`, or `upstream` when the breaker counts throttles (one breaker judges
     /// the whole upstream).
-    pub partition: Option<Partition>,
+    pub partition: Option<PartitionScope>,
     /// Models that share one limit (a model family): model name -> limit group name.
     pub model_groups: BTreeMap<String, String>,
     /// Completion tokens assumed when a request names no `max_tokens`.

@@ -32,7 +32,7 @@ pub use self::types::{
 
 pub use self::group::{group_members, GroupConfig, MemberConfig};
 pub use self::layers::{
-    AdaptiveConfig, BreakerConfig, Jitter, LimitsConfig, OnOpen, Partition, RetryConfig,
+    AdaptiveConfig, BreakerConfig, Jitter, LimitsConfig, OnOpen, PartitionScope, RetryConfig,
 };
 
 /// The whole configuration file.
@@ -269,13 +269,13 @@ fn default_stream_idle_timeout() -> HumanDuration {
 impl UpstreamConfig {
     /// How the rate limit is split: `limits.partition`, or when unset credential x model
     /// (the upstream's alone when its breaker counts throttles: one breaker, one partition).
-    pub fn partition(&self) -> Partition {
+    pub fn partition(&self) -> PartitionScope {
         self.limits
             .partition
             .unwrap_or(if self.breaker.enabled && self.breaker.count_throttles {
-                Partition::Upstream
+                PartitionScope::Upstream
             } else {
-                Partition::ApiKeyModel
+                PartitionScope::ApiKeyModel
             })
     }
 

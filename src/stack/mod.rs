@@ -236,7 +236,7 @@ mod tests {
 
     use super::*;
     use crate::config::types::parse_base_url;
-    use crate::config::Partition;
+    use crate::config::PartitionScope;
     use crate::metrics::Metrics;
 
     fn config() -> UpstreamConfig {
@@ -350,7 +350,7 @@ mod tests {
     #[tokio::test]
     async fn a_poisoned_lock_costs_no_later_request() {
         let mut config = config();
-        config.limits.partition = Some(Partition::ApiKey);
+        config.limits.partition = Some(PartitionScope::ApiKey);
         config.concurrency = ConcurrencyMode::Auto;
         let metrics = Metrics::new().upstream("t");
         let (stack, state) = build_on(upstream(usize::MAX, false), &config, &metrics, None);

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use super::{cooldown, plain_name, BadField, Invalid, RESERVED_ROUTES};
 use crate::config::{
-    AdaptiveConfig, ByteSize, Config, Jitter, LimitsConfig, Partition, RetryConfig, Secret,
+    AdaptiveConfig, ByteSize, Config, Jitter, LimitsConfig, PartitionScope, RetryConfig, Secret,
     UpstreamConfig, MAX_KEYS,
 };
 
@@ -219,7 +219,10 @@ fn validate_breaker(up: &UpstreamConfig) -> Result<(), BadField> {
                 .into(),
         ));
     }
-    let split = up.limits.partition.filter(|p| *p != Partition::Upstream);
+    let split = up
+        .limits
+        .partition
+        .filter(|p| *p != PartitionScope::Upstream);
     if let Some(partition) = split.filter(|_| b.enabled && b.count_throttles) {
         return Err(BadField::new(
             "breaker.count_throttles",

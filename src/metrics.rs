@@ -20,7 +20,7 @@ use tracing_appender::non_blocking::ErrorCounter;
 
 pub use self::upstream::{
     method_label, model_label, Handles, KindGauges, PacingGauges, UpstreamMetrics, NO_MODEL,
-    OTHER_MODEL,
+    OTHER_MODEL, PACING_SOURCES,
 };
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -335,8 +335,9 @@ const GAVE_UP: &[&str] = &[
     "rate_limited",
     "circuit_open",
 ];
-/// `to`: the breaker's phases.
-const BREAKER_PHASES: &[&str] = &["closed", "half_open", "open"];
+/// `to`: the breaker's phases, every `stack::breaker::state::Phase::name` (a test there holds
+/// them together).
+pub const BREAKER_PHASES: &[&str] = &["closed", "half_open", "open"];
 /// `code` of a throttle from the upstream.
 const THROTTLE_CODES: &[&str] = &["429", "529"];
 /// `source` of a 429 sent to a client.

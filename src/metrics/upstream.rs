@@ -134,8 +134,10 @@ impl Bound {
     }
 }
 
-/// Sources of a pacing limit, in the order of [`KindGauges::sources`].
-const SOURCES: [&str; 6] = [
+/// Sources of a pacing limit, in the order of [`KindGauges::sources`]: `config` and every
+/// `stack::rate_limit::learn::Source` label (kept here, below the stack; a test there holds
+/// the two together).
+pub const PACING_SOURCES: [&str; 6] = [
     "config",
     "headers",
     "observed",
@@ -196,7 +198,8 @@ impl PacingFamilies {
             rate: self.rate.with_label_values(&[upstream, k, model]),
             burst: self.burst.with_label_values(&[upstream, k, model]),
             remaining: self.remaining.with_label_values(&[upstream, k, model]),
-            sources: SOURCES.map(|s| self.source.with_label_values(&[upstream, k, model, s])),
+            sources: PACING_SOURCES
+                .map(|s| self.source.with_label_values(&[upstream, k, model, s])),
         })
     }
 }
@@ -328,7 +331,7 @@ impl PacingGauges {
         set_if_changed(&self.kind(kind).remaining, remaining);
     }
     pub fn limit_source(&self, kind: &str, source: &str) {
-        for (gauge, s) in self.kind(kind).sources.iter().zip(SOURCES) {
+        for (gauge, s) in self.kind(kind).sources.iter().zip(PACING_SOURCES) {
             set_if_changed(gauge, if s == source { 1.0 } else { 0.0 });
         }
     }

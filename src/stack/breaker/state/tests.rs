@@ -470,3 +470,24 @@ fn a_carried_breaker_stays_open_and_starts_its_probes_over() {
     assert!(new.record(false, new.probe(), open_until + 10 * MS, 1.0));
     assert_eq!(new.phase(), Phase::Closed);
 }
+
+#[test]
+fn every_phase_has_its_series_from_the_first_scrape() {
+    let now = Instant::now();
+    let phases = [
+        Phase::Closed,
+        Phase::Open { until: now },
+        Phase::HalfOpen {
+            admitted: 0,
+            answered: 0,
+            failed: 0,
+        },
+    ];
+    for phase in phases {
+        assert!(
+            crate::metrics::BREAKER_PHASES.contains(&phase.name()),
+            "{phase:?}"
+        );
+    }
+    assert_eq!(phases.len(), crate::metrics::BREAKER_PHASES.len());
+}

@@ -202,3 +202,32 @@ fn rate_after(run: &Run, from: usize) -> f64 {
     let n = run.per_second.len() - from;
     f64::from(run.per_second[from..].iter().sum::<u32>()) / n as f64
 }
+
+#[test]
+fn every_source_has_its_series_from_the_first_scrape() {
+    let sources = [
+        Source::None,
+        Source::SlowStart,
+        Source::Headers,
+        Source::Observed,
+        Source::Aimd,
+    ];
+    for source in sources {
+        // A match without a wildcard: a new source fails to compile here until it is listed.
+        match source {
+            Source::None
+            | Source::SlowStart
+            | Source::Headers
+            | Source::Observed
+            | Source::Aimd => {
+                assert!(
+                    crate::metrics::PACING_SOURCES.contains(&source.label()),
+                    "{source:?}"
+                );
+            }
+        }
+    }
+    // The rest is the configured ceiling's.
+    assert_eq!(sources.len() + 1, crate::metrics::PACING_SOURCES.len());
+    assert!(crate::metrics::PACING_SOURCES.contains(&"config"));
+}

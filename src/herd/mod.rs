@@ -311,7 +311,17 @@ pub async fn run(spec: &Spec, strategies: &[Strategy]) -> std::io::Result<Vec<Ru
 }
 
 /// A corral started for one run: its stop signal and its task.
-type Corral = (oneshot::Sender<()>, JoinHandle<std::io::Result<()>>);
+struct Corral {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+/// The corrals of one run, and the URLs its clients post to (one per corral, or the
+/// simulator's own when the clients go direct).
+struct Started {
+    corrals: Vec<Corral>,
+    targets: Vec<String>,
+}
 
 /// One strategy against a fresh simulator, in the spec's world.
 pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResult> {
@@ -323,11 +333,14 @@ pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResu
     let sim_task = tokio::spawn(sim.clone().serve(sim_listener, async {
         let _ = sim_stopped.await;
     }));
-    let (corrals, targets) = match strategy {
+    let Started { corrals, targets } = match strategy {
         Strategy::CorralAuto | Strategy::CorralConfigured => {
             start_corrals(spec, &world, strategy, sim_addr).await?
         }
-        _ => (Vec::new(), vec![format!("http://{sim_addr}{}", world.path)]),
+        _ => Started {
+            corrals: Vec::new(),
+            targets: vec![format!("http://{sim_addr}{}", world.path)],
+        },
     };
     let redis_before = match &spec.redis {
         Some(url) => redis_server::script_calls(url).await.ok(),
@@ -366,9 +379,9 @@ pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResu
         let after = redis_server::script_calls(url).await.ok()?;
         Some(after.saturating_sub(before.unwrap_or(0)))
     };
-    for (stop, task) in corrals {
-        let _ = stop.send(());
-        let _ = task.await;
+    for corral in corrals {
+        let _ = corral.stop.send(());
+        let _ = corral.task.await;
     }
     let redis_calls = if spec.kill_redis.is_some() {
         None
@@ -415,7 +428,7 @@ async fn start_corrals(
     world: &World,
     strategy: Strategy,
     sim_addr: std::net::SocketAddr,
-) -> std::io::Result<(Vec<Corral>, Vec<String>)> {
+) -> std::io::Result<Started> {
     // Unconfigured: the world's upstream keys (e.g. `concurrency = "auto"`); limit set: its
     // limits (e.g. a fixed window of the backend's slots).
     let extra = if strategy == Strategy::CorralConfigured {
@@ -459,10 +472,10 @@ async fn start_corrals(
                 let _ = stopped.await;
             },
         ));
-        corrals.push((stop, task));
+        corrals.push(Corral { stop, task });
         targets.push(format!("http://{addr}{}", world.path));
     }
-    Ok((corrals, targets))
+    Ok(Started { corrals, targets })
 }
 
 /// The retry policy of `strategy`'s clients.

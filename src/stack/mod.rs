@@ -62,24 +62,13 @@ impl Stack {
     /// where a boxed clonable service would box a clone of it, and box its future again.
     /// `service` must always be ready (every corral layer is: waiting happens in the call),
     /// since it is called without `poll_ready`.
-    pub(crate) fn new<S>(service: S) -> Self
-    where
-        S: tower::Service<
-                ProxyRequest,
-                Response = Response<Body>,
-                Error = ProxyError,
-                Future = BoxFuture,
-            > + Clone
-            + Send
-            + Sync
-            + 'static,
-    {
+    pub(crate) fn new<S: Call + 'static>(service: S) -> Self {
         Self(Arc::new(service))
     }
 }
 
 /// A service called through a shared reference: a clone of it takes the request.
-trait Call: Send + Sync {
+pub(crate) trait Call: Send + Sync {
     fn call_cloned(&self, req: ProxyRequest) -> BoxFuture;
 }
 

@@ -20,7 +20,7 @@ use http::{HeaderMap, Response, StatusCode};
 use crate::config::RetryConfig;
 use crate::error::ProxyError;
 use crate::provider::body::{error_signals, ErrorSignals, QuotaWindow};
-use crate::provider::{hints, Kind};
+use crate::provider::hints;
 
 /// What one attempt came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,7 +222,7 @@ impl Throttle {
 
 /// Whether the buckets the headers report empty are all full again by `wait` (and one is).
 fn refills_by(headers: &HeaderMap, wait: Duration, now: SystemTime) -> bool {
-    let reports = [Kind::Requests, Kind::Tokens].map(|k| crate::provider::report(headers, k, now));
+    let reports = crate::provider::reports(headers, now);
     let mut empty = reports
         .into_iter()
         .flatten()
@@ -235,7 +235,7 @@ fn refills_by(headers: &HeaderMap, wait: Duration, now: SystemTime) -> bool {
 /// Whether the rate-limit headers report clear headroom in every bucket they describe; `None`
 /// when they describe none.
 fn headroom(headers: &HeaderMap, now: SystemTime) -> Option<bool> {
-    let reports = [Kind::Requests, Kind::Tokens].map(|k| crate::provider::report(headers, k, now));
+    let reports = crate::provider::reports(headers, now);
     let mut any = false;
     for r in reports.into_iter().flatten() {
         any = true;

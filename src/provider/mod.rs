@@ -13,7 +13,7 @@ mod report;
 
 pub use self::body::{error_signals, ErrorSignals, QuotaWindow};
 pub use self::hints::retry_hint;
-pub use self::report::{report, Report};
+pub use self::report::{report, reports, Report};
 
 /// Which bucket a report describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

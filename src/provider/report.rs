@@ -24,18 +24,23 @@ pub struct Report {
     pub coarse: bool,
 }
 
-/// Parse the report for `kind` from any provider's header family; `None` when absent or
-/// nonsensical (Azure's `-1`, remaining above limit, garbage).
-pub fn report(headers: &HeaderMap, kind: Kind, now_wall: SystemTime) -> Option<Report> {
-    // Most answers of an upstream that reports nothing carry a few short names: one pass over
-    // them is cheaper than hashing the six names looked up below.
-    let reports = headers.keys().any(|name| {
+/// The reports of both kinds (requests, then tokens). Most answers of an upstream that
+/// reports nothing carry a few short names: one pass over them is cheaper than hashing the
+/// twelve names [`report`] would look up.
+pub fn reports(headers: &HeaderMap, now_wall: SystemTime) -> [Option<Report>; 2] {
+    let any = headers.keys().any(|name| {
         let name = name.as_str();
         name.starts_with("x-ratelimit-") || name.starts_with("anthropic-ratelimit-")
     });
-    if !reports {
-        return None;
+    if !any {
+        return [None, None];
     }
+    [Kind::Requests, Kind::Tokens].map(|kind| report(headers, kind, now_wall))
+}
+
+/// Parse the report for `kind` from any provider's header family; `None` when absent or
+/// nonsensical (Azure's `-1`, remaining above limit, garbage).
+pub fn report(headers: &HeaderMap, kind: Kind, now_wall: SystemTime) -> Option<Report> {
     let get = |name: &HeaderName| headers.get(name)?.to_str().ok().map(str::trim);
     let num = |name: &HeaderName| {
         get(name)?

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::{Pacers, Partition, Tickets};
 use crate::classify::{Outcome, Reason, Throttle};
 use crate::metrics::UpstreamMetrics;
-use crate::provider::{self, Kind, Report};
+use crate::provider::{self, Report};
 use crate::stack::rate_limit::learn::{Answer, Source};
 use crate::sync::lock;
 /// One attempt's answer as [`Partition::observe`] reads it.
@@ -116,13 +116,8 @@ impl Partition {
             now,
             ..
         } = *reading;
-        let reports = headers.map(|h| {
-            (
-                provider::report(h, Kind::Requests, wall),
-                provider::report(h, Kind::Tokens, wall),
-            )
-        });
-        let (requests_report, tokens_report) = reports.unwrap_or((None, None));
+        let [requests_report, tokens_report] =
+            headers.map_or([None, None], |h| provider::reports(h, wall));
         let named_wait = throttle
             .filter(|t| rate_limited && t.named)
             .and_then(|t| t.hint);

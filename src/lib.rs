@@ -32,6 +32,7 @@
 //! - [`sync`]: the poison-tolerant lock every room takes.
 //! - [`config`]: the TOML config, checked in one pass into validated types.
 //! - [`simulate`]: `corral simulate`, a rate-limited fake OpenAI/Anthropic upstream for offline tests.
+//! - [`listener`]: a TCP listener whose backlog holds a herd's connects.
 
 pub mod accept;
 pub mod access_log;
@@ -46,6 +47,7 @@ pub mod fleet;
 pub mod forward;
 pub mod group;
 pub mod herd;
+pub mod listener;
 pub mod metrics;
 pub mod provider;
 pub mod router;

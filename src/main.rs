@@ -98,9 +98,9 @@ fn run<E: std::fmt::Display>(
 }
 
 async fn serve(args: RunArgs, config: config::Config) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(config.listen.0).await?;
+    let listener = corral::listener::bind(config.listen.0)?;
     let admin = match config.admin_listen {
-        Some(addr) => Some(tokio::net::TcpListener::bind(addr.0).await?),
+        Some(addr) => Some(corral::listener::bind(addr.0)?),
         None => None,
     };
     let app = server::App::new(&config);

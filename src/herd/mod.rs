@@ -16,13 +16,13 @@ mod report;
 pub mod scenario;
 pub mod sdk;
 
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -34,6 +34,9 @@ pub use self::sdk::{SdkPolicy, OPENAI_PYTHON};
 use crate::config::{self, Jitter};
 use crate::simulate::{LimitReport, Simulator};
 use crate::stack::retry::backoff::Backoff;
+
+/// Where the benchmark's simulator and corrals listen.
+const LOCALHOST: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0));
 
 /// The benchmark's flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -326,7 +329,7 @@ struct Started {
 /// One strategy against a fresh simulator, in the spec's world.
 pub async fn run_one(spec: &Spec, strategy: Strategy) -> std::io::Result<RunResult> {
     let world = spec.world();
-    let sim_listener = TcpListener::bind("127.0.0.1:0").await?;
+    let sim_listener = crate::listener::bind(LOCALHOST)?;
     let sim_addr = sim_listener.local_addr()?;
     let sim = Simulator::new(world.sim.clone());
     let (stop_sim, sim_stopped) = oneshot::channel::<()>();
@@ -427,7 +430,7 @@ async fn start_corrals(
     spec: &Spec,
     world: &World,
     strategy: Strategy,
-    sim_addr: std::net::SocketAddr,
+    sim_addr: SocketAddr,
 ) -> std::io::Result<Started> {
     // Unconfigured: the world's upstream keys (e.g. `concurrency = "auto"`); limit set: its
     // limits (e.g. a fixed window of the backend's slots).
@@ -461,7 +464,7 @@ async fn start_corrals(
     let config = config::load_str("(herd benchmark)", &toml).map_err(std::io::Error::other)?;
     let (mut corrals, mut targets) = (Vec::new(), Vec::new());
     for _ in 0..world.replicas {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let listener = crate::listener::bind(LOCALHOST)?;
         let addr = listener.local_addr()?;
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(crate::server::run(

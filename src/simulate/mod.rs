@@ -128,9 +128,8 @@ pub async fn run(
 ) -> Result<(), SimulateError> {
     let config = args.into_config()?;
     let addr = config.listen;
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| SimulateError::Bind { addr, source })?;
+    let listener =
+        crate::listener::bind(addr).map_err(|source| SimulateError::Bind { addr, source })?;
     let local = listener
         .local_addr()
         .map_err(|source| SimulateError::Bind { addr, source })?;

@@ -8,8 +8,8 @@
 //!   they cannot amplify load. They are bounded by the request's deadline (a wait beyond it,
 //!   or a per-day quota, is given up at once) and by `max_throttle_retries`, the last guard.
 //! - **Failures are budgeted.** 5xx, overloads (529, and 429s read as overload), connection
-//!   failures and per-try timeouts are retried after `hint + U(0, floor_jitter)` when the
-//!   server's hint is at least the jittered backoff, else after the backoff, while
+//!   failures and per-try timeouts are retried after `hint + U(0, min(floor_jitter, hint/10))`
+//!   when the server's hint is at least the jittered backoff, else after the backoff, while
 //!   `max_retries`, the retry budget and the deadline allow.
 //!
 //! Giving up passes the upstream's last answer through, with `x-should-retry: false` when corral
@@ -56,6 +56,9 @@ use crate::sync::lock;
 /// giving up) up to this size; larger ones pass through unretried.
 const MAX_BUFFERED_ERROR: usize = 64 * 1024;
 
+/// The jitter on top of a hint is at most the hint divided by this.
+const HINT_JITTER_SHARE: u32 = 10;
+
 /// State shared by every request to one upstream.
 pub struct RetryShared {
     config: RetryConfig,
@@ -96,14 +99,17 @@ impl RetryShared {
         self.budget.withdraw()
     }
 
-    /// `hint` plus up to `floor_jitter`, so requests told the same wait do not return at once.
+    /// `hint` plus up to `floor_jitter` (at most a tenth of the hint), so requests told the
+    /// same wait do not return at once: a little jitter next to a 30 s hint, and a 1 s hint
+    /// is not stretched by half (an admission control refusing each request three times with
+    /// `retry-after: 1` cost 1.5x the hints).
     fn after_hint(&self, hint: Duration) -> Duration {
-        let floor_jitter = self.config.floor_jitter.0;
-        if floor_jitter.is_zero() {
+        let spread = self.config.floor_jitter.0.min(hint / HINT_JITTER_SHARE);
+        if spread.is_zero() {
             return hint;
         }
-        let spread = lock(&self.rng).random_range(0.0..floor_jitter.as_secs_f64());
-        hint + Duration::from_secs_f64(spread)
+        let share = lock(&self.rng).random_range(0.0..1.0);
+        hint + spread.mul_f64(share)
     }
 
     fn sleep_for(&self, retry: u32, previous: Duration, hint: Option<Duration>) -> Duration {

@@ -114,6 +114,40 @@ fn retry_over_rate_limit<S: crate::stack::layer::Next>(
     retry(config, seed).layer(rate_limit.layer(inner))
 }
 
+/// A short hint gets a jitter of at most a tenth of itself: `retry-after: 1` is waited 1 to
+/// 1.1 s, not up to 1.5 s (`floor_jitter` is 500 ms), and still spread.
+#[tokio::test(start_paused = true)]
+async fn a_short_hint_is_jittered_by_a_tenth_of_itself_at_most() {
+    let mut returns = Vec::new();
+    for seed in 0..40 {
+        let script = Script::new(vec![answer(503, &[("retry-after", "1")], "{}")]);
+        let svc = retry(&config(Jitter::Full), seed).layer(script.service());
+        let start = Instant::now();
+        let response = svc
+            .oneshot(request(Duration::from_secs(600)))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let waited = script.times.lock().unwrap()[1] - start;
+        assert!(
+            waited >= Duration::from_secs(1),
+            "{waited:?}: under the hint"
+        );
+        // tokio timers round up to the millisecond.
+        assert!(
+            waited <= Duration::from_millis(1_101),
+            "{waited:?}: over a tenth on top"
+        );
+        returns.push(waited);
+    }
+    returns.sort();
+    let spread = returns[returns.len() - 1] - returns[0];
+    assert!(
+        spread >= Duration::from_millis(50),
+        "spread only {spread:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn retry_after_is_a_floor_with_jitter_on_top() {
     // 80 requests told "retry-after: 30" must not all return at second 30.

@@ -59,10 +59,14 @@ pub enum Scenario {
     /// The classic bucket with Pareto (alpha 1.5) service times around the usual median,
     /// capped at 20 medians: long answers are many times the median.
     HeavyTail,
+    /// The classic bucket with answers that take an LLM's time, [`LONG_ANSWER`] whatever the
+    /// herd's scale: a success says nothing for seconds, while a 429 comes back at once (as
+    /// OpenAI's and Anthropic's do: the limit is checked on arrival).
+    LongAnswers,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 17] = [
+    pub const ALL: [Scenario; 18] = [
         Scenario::Capacity,
         Scenario::PerMinute,
         Scenario::Quantized,
@@ -80,6 +84,7 @@ impl Scenario {
         Scenario::DailyQuota,
         Scenario::Gemini,
         Scenario::HeavyTail,
+        Scenario::LongAnswers,
     ];
 
     pub fn label(self) -> &'static str {
@@ -101,6 +106,7 @@ impl Scenario {
             Scenario::DailyQuota => "daily-quota",
             Scenario::Gemini => "gemini",
             Scenario::HeavyTail => "heavy-tail",
+            Scenario::LongAnswers => "long-answers",
         }
     }
 }
@@ -151,6 +157,9 @@ pub const FAST_OVER_SLOW: f64 = 5.0;
 pub const DAY_SHARE: f64 = 0.6;
 /// `--scenario heavy-tail`: the Pareto shape of service times.
 pub const TAIL_ALPHA: f64 = 1.5;
+/// `--scenario long-answers`: every answer's service time, not scaled at `--quick` (a
+/// completion of a few hundred tokens).
+pub const LONG_ANSWER: Duration = Duration::from_secs(3);
 
 /// Tokens a herd request costs the simulator: `"task NNNN"` (9 chars / 4) + `max_tokens` 16.
 pub const TOKENS_PER_REQUEST: u64 = 2 + 16;
@@ -201,6 +210,11 @@ pub fn world(
         }
         Some(Scenario::HeavyTail) => {
             w.sim.service_tail = Some(ServiceTail::Pareto { alpha: TAIL_ALPHA });
+        }
+        Some(Scenario::LongAnswers) => {
+            // The last request the bucket lets through is answered that much later.
+            w.sim.service_time = LONG_ANSWER;
+            w.bound += LONG_ANSWER;
         }
     }
     w.patience = (w.bound * 10).max(Duration::from_secs(60).div_f64(scale));
@@ -443,6 +457,7 @@ mod tests {
     fn bounds() {
         let w = |s| world(Some(s), 500, 50, 20.0, 1.0, 1, LimitReport::Capacity, false).bound;
         assert_eq!(w(Scenario::Capacity), Duration::from_secs_f64(22.5));
+        assert_eq!(w(Scenario::LongAnswers), Duration::from_secs_f64(25.5));
         assert_eq!(w(Scenario::Quantized), Duration::from_secs(24));
         // 7.5 s at 20/s (150), then the other 300 at 10/s.
         assert_eq!(w(Scenario::LimitDrops), Duration::from_secs_f64(37.5));

@@ -26,6 +26,10 @@
 //!   probes upward by `GROWTH` per second; a cut one grows faster (it is a guess).
 //! - **Slow start** before anything is known: `initial_burst` requests go, each success lets two
 //!   more go (doubling per round trip), and the first throttle ends it.
+//! - **Silence is consent.** A bucket refuses at once; an answer takes the service time, for an
+//!   LLM seconds. An attempt not refused within `CONSENT` (and twice the slowest refusal seen)
+//!   was admitted, and confirms its units as a success would (its answer then adds nothing).
+//!   So the ramp doubles per `CONSENT` when answers are slower than that, not per answer.
 //! - **No headers** (source `aimd`): the first 429 cuts the measured send rate by `BETA` (AWS's
 //!   adaptive mode); throttle windows then estimate the rate as above.
 //! - **Evidence bounds every cut.** Only 429s read as "the bucket is empty" reach
@@ -76,6 +80,9 @@ const RESYNC_SLACK_TIME: Duration = Duration::from_millis(10);
 const IDLE: Duration = Duration::from_millis(250);
 /// In slow start, one more request goes after this long without an answer.
 const SLOW_START_STALL: Duration = Duration::from_secs(1);
+/// An attempt unanswered this long (and twice the slowest refusal seen) was admitted: a bucket
+/// refuses at once, an answer takes the service time ([`Pacer::consent`]).
+const CONSENT: Duration = Duration::from_millis(500);
 /// Throttle windows are added up until they span this much before they give an estimate.
 const MIN_WINDOW: Duration = Duration::from_secs(1);
 /// The round trip assumed for spreading a ramp's sends before one is measured.
@@ -227,6 +234,10 @@ pub struct Pacer {
     synced_seq: f64,
     /// The fastest answer seen (seconds from send to head).
     min_rtt: Option<f64>,
+    /// Units admitted up to this sequence number were confirmed by silence ([`Pacer::consent`]).
+    consented_seq: f64,
+    /// The slowest refusal seen (seconds from send to a 429 from this bucket).
+    refusal_latency: f64,
     /// While ramping (headroom not yet confirmed), sends are spread over the round trip instead
     /// of leaving in a burst when a batch of answers arrives: the next may go at this instant.
     /// A 429 comes back fast, pauses the partition and stops the rest of the round, so the
@@ -278,6 +289,8 @@ impl Pacer {
             verified: f64::from(initial_burst.max(1)),
             synced_seq: f64::NEG_INFINITY,
             min_rtt: None,
+            consented_seq: 0.0,
+            refusal_latency: 0.0,
             next_send: now,
             unanswered: VecDeque::new(),
             throttle_log: Throttles::default(),
@@ -364,6 +377,7 @@ impl Pacer {
             self.burst = (self.rate * DEMOTED_BURST.as_secs_f64()).max(1.0);
         }
         self.level = (self.level + self.rate * dt).min(self.burst);
+        self.consent(now);
     }
 
     /// Learn from the answer to the attempt admitted with `ticket`.
@@ -398,10 +412,17 @@ impl Pacer {
         if matches!(answer, Answer::RateLimited | Answer::Overloaded) {
             self.throttles += 1;
         }
+        if answer == Answer::RateLimited {
+            let latency = now.saturating_duration_since(ticket.sent_at).as_secs_f64();
+            self.refusal_latency = self.refusal_latency.max(latency);
+        }
         match report {
             Some(r) => self.learn_headers(ticket, answer, r, now),
             None if answer == Answer::Ok && self.source == Source::SlowStart => {
-                self.level += 2.0;
+                // Its slot back and one more, unless its silence already gave them.
+                if !self.consented(ticket) {
+                    self.level += 2.0;
+                }
                 self.burst = self.burst.max(self.level);
                 if self.burst >= SLOW_START_END {
                     // Thousands of answers, no header, no throttle: nothing to learn; stop

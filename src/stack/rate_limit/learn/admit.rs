@@ -6,8 +6,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Admission, Pacer, Source, Ticket, FORGET_UNANSWERED, IDLE, MAX_UNANSWERED, RAMP_CATCH_UP,
-    RAMP_RTT_GUESS, SLOW_START_STALL,
+    Admission, Pacer, Source, Ticket, CONSENT, FORGET_UNANSWERED, IDLE, MAX_UNANSWERED,
+    RAMP_CATCH_UP, RAMP_RTT_GUESS, SLOW_START_STALL,
 };
 use crate::provider::Kind;
 
@@ -89,8 +89,65 @@ impl Pacer {
         }
         match self.time_for(need - self.level) {
             Some(wait) => Err(Some(wait)),
-            None => Err(None),
+            // No pace yet: the next answer, or the next attempt's silence, teaches more.
+            None => Err(self.next_consent(now)),
         }
+    }
+
+    /// Confirm the attempts unanswered for [`CONSENT`] (and twice the slowest refusal seen):
+    /// a bucket refuses at once, so one that has not refused them by then admitted them. Each
+    /// grows the ramp as a success would (in slow start the level and window, with headers the
+    /// confirmed headroom), and its answer later adds nothing.
+    pub(super) fn consent(&mut self, now: Instant) {
+        if !matches!(self.source, Source::SlowStart | Source::Headers) {
+            return;
+        }
+        let wait = self.consent_wait();
+        let from = self
+            .unanswered
+            .partition_point(|t| t.seq <= self.consented_seq);
+        let (mut units, mut last) = (0.0, None);
+        for t in self.unanswered.range(from..) {
+            if now.saturating_duration_since(t.sent_at) < wait {
+                break;
+            }
+            units += t.cost.max(1.0);
+            last = Some(t.seq);
+        }
+        let Some(last) = last else { return };
+        self.consented_seq = last;
+        self.verified += units;
+        if self.source == Source::SlowStart {
+            // As a success: its slot back and one more (the bucket took it; being served
+            // holds no rate).
+            self.level += 2.0 * units;
+            self.burst = self.burst.max(self.level);
+        }
+    }
+
+    /// How long until the oldest attempt not yet confirmed is confirmed by its silence.
+    fn next_consent(&self, now: Instant) -> Option<Duration> {
+        if !matches!(self.source, Source::SlowStart | Source::Headers) {
+            return None;
+        }
+        let wait = self.consent_wait();
+        let from = self
+            .unanswered
+            .partition_point(|t| t.seq <= self.consented_seq);
+        let oldest = self.unanswered.get(from)?;
+        Some((oldest.sent_at + wait).saturating_duration_since(now))
+    }
+
+    /// How long an attempt must go unanswered to count as admitted.
+    pub(super) fn consent_wait(&self) -> Duration {
+        CONSENT.max(Duration::from_secs_f64(
+            2.0 * self.refusal_latency.min(60.0),
+        ))
+    }
+
+    /// Whether the attempt admitted with `ticket` was confirmed by its silence.
+    pub(super) fn consented(&self, ticket: Ticket) -> bool {
+        ticket.cost > 0.0 && ticket.seq <= self.consented_seq
     }
 
     /// Whether `cost` tokens exceed the whole bucket the upstream reports (not the pacer's own

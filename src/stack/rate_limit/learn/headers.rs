@@ -48,6 +48,7 @@ impl Pacer {
         // this bucket's refusal halves it (an overload says nothing about the bucket).
         self.verified = match answer {
             Answer::RateLimited => (self.verified / 2.0).max(1.0),
+            Answer::Ok if self.consented(ticket) => self.verified,
             Answer::Ok => self.verified + ticket.cost.max(1.0),
             Answer::RefusedElsewhere | Answer::OwnWait | Answer::Overloaded => self.verified,
         };

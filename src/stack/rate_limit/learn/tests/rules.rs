@@ -523,3 +523,57 @@ fn an_own_wait_refusal_leaves_the_level_alone() {
     now += Duration::from_millis(20);
     assert!(pacer.try_acquire(1.0, now).is_ok(), "level {}", pacer.level);
 }
+
+/// A bucket refuses at once: an attempt not refused within `CONSENT` was admitted, and grows
+/// the slow start as a success would, so answers that take seconds still let it double per
+/// `CONSENT`. Its answer, when it comes, adds nothing more.
+#[test]
+fn silence_confirms_what_the_bucket_did_not_refuse() {
+    let start = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, start);
+    // What goes over `ms` milliseconds from `from` (a ramp spreads its sends).
+    let sent = |pacer: &mut Pacer, from: Instant, ms: u64| {
+        let mut tickets = Vec::new();
+        for step in 0..ms {
+            let now = from + Duration::from_millis(step);
+            while let Ok(t) = pacer.try_acquire(1.0, now) {
+                tickets.push(t);
+            }
+        }
+        tickets
+    };
+    let first = sent(&mut pacer, start, 200);
+    assert_eq!(first.len(), 10);
+    // Up to the wait: nothing confirmed, nothing more goes.
+    let more = sent(&mut pacer, start + Duration::from_millis(200), 299);
+    assert!(more.is_empty(), "{} more", more.len());
+    // The first ten confirmed (each 500 ms after its send): twenty more go.
+    let second = sent(&mut pacer, start + Duration::from_millis(499), 250);
+    assert_eq!(second.len(), 20, "doubled");
+    // Their answers, seconds later, give nothing the silence did not already give.
+    let late = start + Duration::from_secs(3);
+    let level = {
+        pacer.refill(late);
+        pacer.level
+    };
+    for t in first {
+        pacer.observe(t, Answer::Ok, None, late);
+    }
+    assert!(pacer.level <= level + 1e-9, "{} after {level}", pacer.level);
+}
+
+/// Refusals that take long make silence last longer before it counts: twice the slowest.
+#[test]
+fn slow_refusals_make_silence_wait_longer() {
+    let start = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, start);
+    let t = pacer.try_acquire(1.0, start).unwrap();
+    // A refusal that took 400 ms: silence now counts after 800 ms.
+    pacer.observe(
+        t,
+        Answer::RateLimited,
+        None,
+        start + Duration::from_millis(400),
+    );
+    assert_eq!(pacer.consent_wait(), Duration::from_millis(800));
+}

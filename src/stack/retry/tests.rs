@@ -114,68 +114,69 @@ fn retry_over_rate_limit<S: crate::stack::layer::Next>(
     retry(config, seed).layer(rate_limit.layer(inner))
 }
 
-/// A short hint gets a jitter of at most a tenth of itself: `retry-after: 1` is waited 1 to
-/// 1.1 s, not up to 1.5 s (`floor_jitter` is 500 ms), and still spread.
-#[tokio::test(start_paused = true)]
-async fn a_short_hint_is_jittered_by_a_tenth_of_itself_at_most() {
-    let mut returns = Vec::new();
-    for seed in 0..40 {
-        let script = Script::new(vec![answer(503, &[("retry-after", "1")], "{}")]);
-        let svc = retry(&config(Jitter::Full), seed).layer(script.service());
+/// How long each of `seeds` requests waited before its second attempt, its first answered
+/// `status` with `retry-after: hint` (through the rate limiter for a 429, whose pause holds a
+/// throttled retry), sorted.
+async fn waits_after_hint(status: u16, hint: &str, seeds: u64) -> Vec<Duration> {
+    let mut waits = Vec::new();
+    for seed in 0..seeds {
+        let script = Script::new(vec![answer(status, &[("retry-after", hint)], "{}")]);
+        let config = config(Jitter::Full);
+        let svc = if status == 429 {
+            tower::util::BoxCloneSyncService::new(retry_over_rate_limit(
+                &config,
+                seed,
+                script.service(),
+            ))
+        } else {
+            tower::util::BoxCloneSyncService::new(retry(&config, seed).layer(script.service()))
+        };
         let start = Instant::now();
         let response = svc
             .oneshot(request(Duration::from_secs(600)))
             .await
             .unwrap();
         assert_eq!(response.status(), 200);
-        let waited = script.times.lock().unwrap()[1] - start;
-        assert!(
-            waited >= Duration::from_secs(1),
-            "{waited:?}: under the hint"
-        );
-        // tokio timers round up to the millisecond.
-        assert!(
-            waited <= Duration::from_millis(1_101),
-            "{waited:?}: over a tenth on top"
-        );
-        returns.push(waited);
+        waits.push(script.times.lock().unwrap()[1] - start);
     }
-    returns.sort();
-    let spread = returns[returns.len() - 1] - returns[0];
+    waits.sort();
+    waits
+}
+
+/// A short hint gets a jitter of at most a tenth of itself: `retry-after: 1` is waited 1 to
+/// 1.1 s, not up to 1.5 s (`floor_jitter` is 500 ms), and still spread.
+#[tokio::test(start_paused = true)]
+async fn a_short_hint_is_jittered_by_a_tenth_of_itself_at_most() {
+    let waits = waits_after_hint(503, "1", 40).await;
+    let (first, last) = (waits[0], waits[waits.len() - 1]);
+    assert!(first >= Duration::from_secs(1), "{first:?}: under the hint");
+    // tokio timers round up to the millisecond.
     assert!(
-        spread >= Duration::from_millis(50),
-        "spread only {spread:?}"
+        last <= Duration::from_millis(1_101),
+        "{last:?}: over a tenth on top"
+    );
+    assert!(
+        last - first >= Duration::from_millis(50),
+        "spread only {:?}",
+        last - first
     );
 }
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_is_a_floor_with_jitter_on_top() {
     // 80 requests told "retry-after: 30" must not all return at second 30.
-    let mut returns = Vec::new();
-    for seed in 0..80 {
-        let script = Script::new(vec![answer(429, &[("retry-after", "30")], "{}")]);
-        let svc = retry_over_rate_limit(&config(Jitter::Full), seed, script.service());
-        let start = Instant::now();
-        let response = svc
-            .oneshot(request(Duration::from_secs(600)))
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 200);
-        let times = script.times.lock().unwrap().clone();
-        let waited = times[1] - start;
-        assert!(
-            waited >= Duration::from_secs(30),
-            "sent again after {waited:?}, under the server's floor"
-        );
-        // tokio timers round up to the millisecond.
-        assert!(
-            waited <= Duration::from_millis(30_501),
-            "sent again after {waited:?}, more than floor + floor_jitter"
-        );
-        returns.push(waited);
-    }
-    returns.sort();
-    let spread = returns[returns.len() - 1] - returns[0];
+    let mut returns = waits_after_hint(429, "30", 80).await;
+    let (first, last) = (returns[0], returns[returns.len() - 1]);
+    assert!(
+        first >= Duration::from_secs(30),
+        "sent again after {first:?}, under the server's floor"
+    );
+    // tokio timers round up to the millisecond.
+    assert!(
+        last <= Duration::from_millis(30_501),
+        "sent again after {last:?}, more than floor + floor_jitter"
+    );
+    let spread = last - first;
     returns.dedup();
     // 80 draws over 500 whole milliseconds give about 74 distinct values (a few collide by
     // chance); a synchronized return would give 1.

@@ -12,6 +12,16 @@ use crate::provider::report;
 mod rules;
 mod runs;
 
+/// A report with a reset finer than whole seconds (OpenAI's).
+fn fine_report(limit: f64, remaining: f64, reset: Duration) -> Report {
+    Report {
+        limit,
+        remaining,
+        reset: Some(reset),
+        coarse: false,
+    }
+}
+
 /// How the model's headers describe its bucket.
 #[derive(Clone, Copy, PartialEq)]
 enum Style {

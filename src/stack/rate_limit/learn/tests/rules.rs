@@ -72,12 +72,7 @@ async fn per_minute_reports_learn_their_floor_from_the_first_429() {
     let mut pacer = Pacer::new(Kind::Requests, 10, 0.97, now);
     let ticket = pacer.try_acquire(1.0, now).unwrap();
     // limit 1200 "per minute", but the real bucket is empty at remaining 1150.
-    let r = Report {
-        limit: 1200.0,
-        remaining: 1150.0,
-        reset: Some(Duration::from_millis(2500)),
-        coarse: false,
-    };
+    let r = fine_report(1200.0, 1150.0, Duration::from_millis(2500));
     pacer.observe(ticket, Answer::RateLimited, Some(r), now);
     assert_eq!(pacer.burst(), 50.0, "burst = limit - floor");
     assert!(
@@ -92,12 +87,7 @@ async fn reported_headroom_is_spent_only_as_fast_as_answers_confirm_it() {
     let mut pacer = Pacer::new(Kind::Requests, 10, 0.97, now);
     let ticket = pacer.try_acquire(1.0, now).unwrap();
     // A per-minute style report: 1199 "remaining", nothing yet says the real burst is that big.
-    let r = Report {
-        limit: 1200.0,
-        remaining: 1199.0,
-        reset: Some(Duration::from_millis(50)),
-        coarse: false,
-    };
+    let r = fine_report(1200.0, 1199.0, Duration::from_millis(50));
     pacer.observe(ticket, Answer::Ok, Some(r), now);
     let mut admitted = 0;
     while pacer.try_acquire(1.0, now).is_ok() {
@@ -114,12 +104,7 @@ async fn an_overload_529_does_not_teach_a_floor() {
     let now = Instant::now();
     let mut pacer = Pacer::new(Kind::Requests, 10, 0.97, now);
     let ticket = pacer.try_acquire(1.0, now).unwrap();
-    let r = Report {
-        limit: 1000.0,
-        remaining: 999.0,
-        reset: Some(Duration::from_millis(1)),
-        coarse: false,
-    };
+    let r = fine_report(1000.0, 999.0, Duration::from_millis(1));
     pacer.observe(ticket, Answer::Overloaded, Some(r), now);
     assert_eq!(pacer.burst(), 1000.0, "a 529 says nothing about our bucket");
 }
@@ -135,12 +120,7 @@ async fn whole_second_resets_average_out() {
         pacer.observe(
             ticket,
             Answer::Ok,
-            Some(Report {
-                limit: 1000.0,
-                remaining: 1000.0 - used,
-                reset: Some(reset),
-                coarse: false,
-            }),
+            Some(fine_report(1000.0, 1000.0 - used, reset)),
             now,
         );
     }
@@ -286,12 +266,7 @@ fn a_lone_request_after_a_storm_goes_at_once() {
 fn a_token_request_larger_than_the_bucket_goes_at_once_and_debt_is_bounded() {
     let now = Instant::now();
     let mut pacer = Pacer::new(Kind::Tokens, 10, 1.0, now);
-    let report = Report {
-        limit: 10_000.0,
-        remaining: 9_000.0,
-        reset: Some(Duration::from_secs(6)),
-        coarse: false,
-    };
+    let report = fine_report(10_000.0, 9_000.0, Duration::from_secs(6));
     let t = pacer.try_acquire(100.0, now).unwrap();
     pacer.observe(t, Answer::Ok, Some(report), now);
     assert_eq!(pacer.source(), Source::Headers);
@@ -313,12 +288,7 @@ fn a_token_request_larger_than_the_bucket_goes_at_once_and_debt_is_bounded() {
 fn usage_settles_what_was_charged() {
     let now = Instant::now();
     let mut pacer = Pacer::new(Kind::Tokens, 10, 1.0, now);
-    let report = Report {
-        limit: 10_000.0,
-        remaining: 9_000.0,
-        reset: Some(Duration::from_secs(6)),
-        coarse: false,
-    };
+    let report = fine_report(10_000.0, 9_000.0, Duration::from_secs(6));
     let t = pacer.try_acquire(100.0, now).unwrap();
     pacer.observe(t, Answer::Ok, Some(report), now);
     assert_eq!(pacer.source(), Source::Headers);
@@ -338,12 +308,7 @@ fn usage_settles_what_was_charged() {
 fn an_overload_with_headers_leaves_the_confirmed_window_alone() {
     let mut now = Instant::now();
     let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
-    let report = Report {
-        limit: 1000.0,
-        remaining: 990.0,
-        reset: Some(Duration::from_secs(1)),
-        coarse: false,
-    };
+    let report = fine_report(1000.0, 990.0, Duration::from_secs(1));
     for _ in 0..5 {
         let t = pacer.admit_anyway(1.0, now);
         pacer.observe(t, Answer::Ok, Some(report), now);
@@ -416,12 +381,7 @@ fn a_cancelled_request_is_not_in_flight() {
 fn a_per_day_report_sets_no_pace() {
     let mut now = Instant::now();
     let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
-    let day = Report {
-        limit: 300.0,
-        remaining: 290.0,
-        reset: Some(Duration::from_secs(5 * 3600)),
-        coarse: false,
-    };
+    let day = fine_report(300.0, 290.0, Duration::from_secs(5 * 3600));
     for _ in 0..5 {
         let t = pacer.try_acquire(1.0, now).unwrap();
         pacer.observe(t, Answer::Ok, Some(day), now);
@@ -505,12 +465,7 @@ fn a_resync_from_an_old_report_owes_at_most_one_burst() {
 fn an_own_wait_refusal_leaves_the_level_alone() {
     let mut now = Instant::now();
     let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
-    let refused = Report {
-        limit: 1000.0,
-        remaining: 0.0,
-        reset: Some(Duration::from_secs(1)),
-        coarse: false,
-    };
+    let refused = fine_report(1000.0, 0.0, Duration::from_secs(1));
     // A first wave of 200; the first one's answer: refused, for a wait of its own.
     let tickets: Vec<_> = (0..200).map(|_| pacer.admit_anyway(1.0, now)).collect();
     now += Duration::from_millis(5);

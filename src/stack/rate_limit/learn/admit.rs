@@ -183,6 +183,7 @@ impl Pacer {
 
     pub(super) fn admit(&mut self, cost: f64, now: Instant) -> Ticket {
         self.sent += cost;
+        self.throttle_log.sent(now);
         self.meter.record(now, cost.max(1.0));
         let ticket = Ticket {
             sent_at: now,

@@ -24,6 +24,21 @@ pub(super) struct Throttles {
     /// Saturated windows added up toward an estimate: units admitted, and their span.
     units: f64,
     secs: f64,
+    /// The last send, and the longest gap between two sends since the last event: a window
+    /// with a long silence in it (a pause, the upstream's or a fleet peer's, or no demand)
+    /// saw the bucket refill unasked.
+    last_send: Option<Instant>,
+    idle: Duration,
+}
+
+impl Throttles {
+    /// A send at `now`.
+    pub(super) fn sent(&mut self, now: Instant) {
+        if let Some(last) = self.last_send {
+            self.idle = self.idle.max(now.saturating_duration_since(last));
+        }
+        self.last_send = Some(now);
+    }
 }
 
 /// A cap on the pace from the 429s: this pacer's share of the upstream's rate. It holds for a
@@ -82,8 +97,11 @@ impl Pacer {
                 let between = (ticket.seq - ticket.cost) - last.seq;
                 let secs = span.as_secs_f64();
                 // A window says what the upstream refilled only if corral kept asking
-                // throughout: sparse sends (a bucket that may have filled up) are no estimate.
-                if span <= MAX_GAP && between >= MIN_PRESSURE * secs {
+                // throughout: sparse sends, or a silence of half the window (a named pause of
+                // a whole second for a refill of milliseconds), saw a bucket that may have
+                // filled up, and are no estimate.
+                let asked = between >= MIN_PRESSURE * secs && log.idle * 2 <= span;
+                if span <= MAX_GAP && asked {
                     log.units += (between - (log.refused - ticket.cost)).max(0.0);
                     log.secs += secs;
                     if log.secs >= MIN_WINDOW.as_secs_f64() {
@@ -105,6 +123,7 @@ impl Pacer {
         log.cut_seq = self.sent;
         log.at = Some(now);
         log.refused = 0.0;
+        log.idle = Duration::ZERO;
         let headers_pace =
             matches!(self.source, Source::Headers | Source::Observed) && self.header_rate > 0.0;
         match estimate {

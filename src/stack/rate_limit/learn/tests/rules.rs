@@ -532,3 +532,33 @@ fn slow_refusals_make_silence_wait_longer() {
     );
     assert_eq!(pacer.consent_wait(), Duration::from_millis(800));
 }
+
+/// A throttle window with a long silence in it (a pause of a whole second named for a refill of
+/// milliseconds, or a fleet peer's pause) saw the bucket refill unasked: it estimates nothing,
+/// so no cap is read from it far below the upstream's rate (the cuts it makes instead are
+/// guesses, and recover).
+#[test]
+fn a_window_with_a_long_silence_estimates_nothing() {
+    let mut now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
+    // Headers: a bucket of 50 refilled at 200/s.
+    let t = pacer.try_acquire(1.0, now).unwrap();
+    let ok = fine_report(50.0, 40.0, Duration::from_millis(50));
+    pacer.observe(t, Answer::Ok, Some(ok), now);
+    let empty = fine_report(50.0, 0.0, Duration::from_millis(250));
+    // Rounds of: a 429, a second's silence, twelve sends over 12 ms, the next 429.
+    for _ in 0..5 {
+        let t = pacer.admit_anyway(1.0, now);
+        pacer.observe(t, Answer::RateLimited, Some(empty), now);
+        now += Duration::from_secs(1);
+        for _ in 0..12 {
+            pacer.admit_anyway(1.0, now);
+            now += Duration::from_millis(1);
+        }
+    }
+    let cap = pacer.cap.expect("the repeated 429s cut");
+    assert!(
+        cap.before.is_some(),
+        "an estimate from silent windows: {cap:?}"
+    );
+}

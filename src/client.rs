@@ -8,9 +8,7 @@
 //! their place, and there is no way to turn verification off.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -89,16 +87,13 @@ fn tls_config(extra_roots: &[CertificateDer<'static>]) -> rustls::ClientConfig {
         .with_no_client_auth()
 }
 
-impl tower::Service<ProxyRequest> for UpstreamClient {
-    type Response = Response<Body>;
-    type Error = ProxyError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, ProxyError>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: ProxyRequest) -> Self::Future {
+impl UpstreamClient {
+    /// Send one attempt: the response head, its body still streaming (the innermost step of
+    /// every stack: `stack::layer::Next` for this client).
+    pub fn send(
+        &self,
+        req: ProxyRequest,
+    ) -> impl Future<Output = Result<Response<Body>, ProxyError>> + Send + 'static {
         let mut out = Request::new(Full::new(req.body));
         *out.method_mut() = req.method;
         *out.uri_mut() = req.uri;
@@ -112,7 +107,7 @@ impl tower::Service<ProxyRequest> for UpstreamClient {
             .insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
         let fut = self.client.request(out);
         let upstream = Arc::clone(&self.upstream);
-        Box::pin(async move {
+        async move {
             match fut.await {
                 Ok(response) => {
                     let (mut parts, incoming) = response.into_parts();
@@ -129,7 +124,7 @@ impl tower::Service<ProxyRequest> for UpstreamClient {
                     })
                 }
             }
-        })
+        }
     }
 }
 

@@ -13,20 +13,20 @@
 //! client: the time since the request got its slot (corral's queue excluded), the slots held
 //! then, and whether requests were waiting for one.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
-use tower::ServiceExt;
 
 use crate::body::{Guard, Guarded};
 use crate::config::Priority;
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{BoxFuture, Middleware, Next, SharedLayer};
+use crate::stack::layer::{Answer, Middleware, Next, SharedLayer};
 use crate::stack::priority::PriorityGate;
 use crate::sync::lock;
 
@@ -299,15 +299,19 @@ impl Drop for Slot {
 pub type ConcurrencyLayer = SharedLayer<Window>;
 
 impl Middleware for Window {
-    fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> BoxFuture {
+    fn call<S: Next>(
+        self: Arc<Self>,
+        next: S,
+        req: ProxyRequest,
+    ) -> impl Future<Output = Answer> + Send + 'static {
         let window = self;
-        Box::pin(async move {
+        async move {
             let ctx = Arc::clone(&req.ctx);
             let mut slot = window.acquire(ctx.wait_deadline, ctx.priority).await?;
-            let response = next.oneshot(req).await?;
+            let response = next.send(req).await?;
             slot.learn_from(response.status(), ctx.attempts());
             Ok(response.map(|body| Guarded::wrap(body, slot)))
-        })
+        }
     }
 }
 

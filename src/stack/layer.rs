@@ -24,29 +24,53 @@ use crate::metrics::UpstreamMetrics;
 /// The future every layer returns.
 pub type BoxFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, ProxyError>> + Send>>;
 
-/// The rest of the stack below a layer.
-pub trait Next:
-    tower::Service<ProxyRequest, Response = Response<Body>, Error = ProxyError, Future: Send>
-    + Clone
-    + Send
-    + Sync
-    + 'static
-{
+/// What every layer's call comes to: the response head, or corral's refusal.
+pub type Answer = Result<Response<Body>, ProxyError>;
+
+/// The rest of the stack below a layer. Layers call each other through this, not through
+/// tower's `Service`, so a request's way down the stack is one future, boxed once by the
+/// [`Stack`](crate::stack::Stack) that holds it, not a box per layer.
+pub trait Next: Clone + Send + Sync + 'static {
+    /// Send `req` through the rest of the stack.
+    fn send(self, req: ProxyRequest) -> impl Future<Output = Answer> + Send + 'static;
 }
 
-impl<S> Next for S where
-    S: tower::Service<ProxyRequest, Response = Response<Body>, Error = ProxyError, Future: Send>
+/// Any tower service as the rest of a stack (the tests' fake upstreams).
+#[derive(Clone)]
+pub struct Tower<S>(pub S);
+
+impl<S> Next for Tower<S>
+where
+    S: tower::Service<ProxyRequest, Response = Response<Body>, Error = ProxyError>
         + Clone
         + Send
         + Sync
-        + 'static
+        + 'static,
+    S::Future: Send + 'static,
 {
+    fn send(self, req: ProxyRequest) -> impl Future<Output = Answer> + Send + 'static {
+        tower::ServiceExt::oneshot(self.0, req)
+    }
+}
+
+/// An optional layer (`ServiceBuilder::option_layer`): the layer, or the rest of the stack.
+impl<A: Next, B: Next> Next for tower::util::Either<A, B> {
+    fn send(self, req: ProxyRequest) -> impl Future<Output = Answer> + Send + 'static {
+        match self {
+            Self::Left(a) => futures_util::future::Either::Left(a.send(req)),
+            Self::Right(b) => futures_util::future::Either::Right(b.send(req)),
+        }
+    }
 }
 
 /// What a layer does with one request, `next` being the rest of the stack (a clone of it, to
 /// call once or, for retries, to clone again per attempt).
 pub trait Middleware: Send + Sync + 'static {
-    fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> BoxFuture;
+    fn call<S: Next>(
+        self: Arc<Self>,
+        next: S,
+        req: ProxyRequest,
+    ) -> impl Future<Output = Answer> + Send + 'static;
 }
 
 /// The layer for middleware `M`, sharing one `M` among all its services.
@@ -98,6 +122,13 @@ impl<M, S> Clone for Wrapped<M, S> {
     }
 }
 
+impl<M: Middleware, S: Next> Next for Wrapped<M, S> {
+    fn send(self, req: ProxyRequest) -> impl Future<Output = Answer> + Send + 'static {
+        self.shared.call(S::clone(&self.inner), req)
+    }
+}
+
+/// A layer alone as a tower service (its own tests call it so); its future is boxed.
 impl<M: Middleware, S: Next> tower::Service<ProxyRequest> for Wrapped<M, S> {
     type Response = Response<Body>;
     type Error = ProxyError;
@@ -108,7 +139,7 @@ impl<M: Middleware, S: Next> tower::Service<ProxyRequest> for Wrapped<M, S> {
     }
 
     fn call(&mut self, req: ProxyRequest) -> BoxFuture {
-        Arc::clone(&self.shared).call(S::clone(&self.inner), req)
+        Box::pin(self.clone().send(req))
     }
 }
 
@@ -172,7 +203,12 @@ type Unwrapped<S> = MapRequest<S, fn(Request<ProxyRequest>) -> ProxyRequest>;
 #[derive(Clone)]
 pub struct CatchPanic<S>(tower_http::catch_panic::CatchPanic<Unwrapped<S>, PanicAnswer>);
 
-impl<S: Next> tower::Service<ProxyRequest> for CatchPanic<S> {
+impl<S> tower::Service<ProxyRequest> for CatchPanic<S>
+where
+    S: tower::Service<ProxyRequest, Response = Response<Body>, Error = ProxyError, Future: Send>
+        + Send
+        + 'static,
+{
     type Response = Response<Body>;
     type Error = ProxyError;
     type Future = BoxFuture;

@@ -2,17 +2,17 @@
 //! status, times them to the response head, keeps the in-flight gauge up until the body's last byte, and counts
 //! the bytes sent.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use http::StatusCode;
 use prometheus::{IntCounter, IntGauge};
 use tokio::time::Instant;
-use tower::ServiceExt;
 
 use crate::body::{Guard, Guarded};
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{BoxFuture, Middleware, Next, SharedLayer};
+use crate::stack::layer::{Answer, Middleware, Next, SharedLayer};
 
 /// The metrics layer.
 pub type MetricsLayer = SharedLayer<RecordMetrics>;
@@ -46,7 +46,11 @@ impl Drop for InFlight {
 }
 
 impl Middleware for RecordMetrics {
-    fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> BoxFuture {
+    fn call<S: Next>(
+        self: Arc<Self>,
+        next: S,
+        req: ProxyRequest,
+    ) -> impl Future<Output = Answer> + Send + 'static {
         let m = self.metrics.clone();
         m.in_flight.inc();
         m.request_bytes.inc_by(req.body.len() as u64);
@@ -57,15 +61,16 @@ impl Middleware for RecordMetrics {
         let start = Instant::now();
         // Where the time corral holds the request (`RequestCtx::held_until`) starts.
         req.ctx.entered_stack(start);
-        let fut = next.oneshot(req);
         // Made before the wait, so a request cancelled before its head (client gone) still
         // lowers the gauge when its future is dropped.
         let guard = InFlight {
             gauge: m.in_flight.clone(),
             bytes: m.response_bytes.clone(),
         };
-        Box::pin(async move {
-            let result = fut.await;
+        async move {
+            // The rest of the stack made here, not outside: a future both held by this one
+            // and awaited in it would take its room twice.
+            let result = next.send(req).await;
             m.request_duration.observe(start.elapsed().as_secs_f64());
 
             match result {
@@ -85,7 +90,7 @@ impl Middleware for RecordMetrics {
                     Err(e)
                 }
             }
-        })
+        }
     }
 }
 

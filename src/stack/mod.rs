@@ -38,6 +38,7 @@ pub mod rate_limit;
 pub mod retry;
 pub mod timeout;
 
+use std::future::Future;
 use std::sync::Arc;
 
 use http::Response;
@@ -102,6 +103,12 @@ impl tower::Service<ProxyRequest> for Stack {
 
     fn call(&mut self, req: ProxyRequest) -> BoxFuture {
         self.0.call_cloned(req)
+    }
+}
+
+impl layer::Next for UpstreamClient {
+    fn send(self, req: ProxyRequest) -> impl Future<Output = layer::Answer> + Send + 'static {
+        UpstreamClient::send(&self, req)
     }
 }
 
@@ -247,7 +254,7 @@ mod tests {
     /// `in_call`, else inside its future.
     fn upstream(panic_on: usize, in_call: bool) -> impl layer::Next {
         let calls = Arc::new(AtomicUsize::new(0));
-        tower::service_fn(move |_req: ProxyRequest| {
+        layer::Tower(tower::service_fn(move |_req: ProxyRequest| {
             let n = calls.fetch_add(1, Ordering::SeqCst);
             assert!(!(in_call && n == panic_on), "a bug in call");
             async move {
@@ -255,7 +262,7 @@ mod tests {
                 assert!(n != panic_on, "a bug in the future");
                 Ok::<_, ProxyError>(ok())
             }
-        })
+        }))
     }
 
     async fn send(stack: &Stack, key: &str) -> (StatusCode, http::HeaderMap, String) {
@@ -315,7 +322,7 @@ mod tests {
                 Ok::<_, ProxyError>(ok())
             });
             let metrics = Metrics::new().upstream("t");
-            let (stack, _) = build_on(slow, &config, &metrics, None);
+            let (stack, _) = build_on(layer::Tower(slow), &config, &metrics, None);
             let (first, second) = (request("sk-a"), request("sk-a"));
             let (first_ctx, second_ctx) = (Arc::clone(&first.ctx), Arc::clone(&second.ctx));
             // Each response is dropped at once: a held slot goes back with its body.

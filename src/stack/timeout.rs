@@ -6,13 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower::ServiceExt;
 
 use crate::classify::Outcome;
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{BoxFuture, Middleware, Next, SharedLayer};
+use crate::stack::layer::{Answer, Middleware, Next, SharedLayer};
 
 /// The per-try timeout layer.
 pub type TimeoutLayer = SharedLayer<TryTimeout>;
@@ -29,53 +28,49 @@ pub fn layer(per_try: Duration, metrics: UpstreamMetrics) -> TimeoutLayer {
 }
 
 impl Middleware for TryTimeout {
-    fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> BoxFuture {
-        let remaining = req.ctx.remaining();
-        let per_try = self.per_try;
-        let metrics = self.metrics.clone();
-        let ctx = Arc::clone(&req.ctx);
+    async fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> Answer {
+        let start = Instant::now();
+        let remaining = req.ctx.deadline.saturating_duration_since(start);
         if remaining.is_zero() {
-            return Box::pin(async { Err(ProxyError::DeadlineExceeded) });
+            return Err(ProxyError::DeadlineExceeded);
         }
+        let (per_try, metrics) = (self.per_try, &self.metrics);
+        let ctx = Arc::clone(&req.ctx);
         // The first attempt tells the request when it got past every gate (its `held` time).
-        let first = (ctx.count_attempt() == 1).then_some(Arc::clone(&ctx));
-        let fut = next.oneshot(req);
-        Box::pin(async move {
-            let start = Instant::now();
-            if let Some(ctx) = first {
-                ctx.first_attempt_sent(start);
-            }
-            let result = match tokio::time::timeout(per_try.min(remaining), fut).await {
-                Ok(result) => result,
-                Err(_) if per_try <= remaining => Err(ProxyError::TryTimeout {
-                    upstream: metrics.name().to_owned(),
-                    timeout: per_try,
-                }),
-                Err(_) => Err(ProxyError::DeadlineExceeded),
-            };
-            metrics
-                .upstream_duration
-                .observe(start.elapsed().as_secs_f64());
-            let outcome = Outcome::of(&result);
-            let outcome = if matches!(result, Err(ProxyError::DeadlineExceeded)) {
-                Outcome::Timeout
-            } else {
-                outcome
-            };
-            // Only a connect that failed or a 429 certainly left the upstream's work undone.
-            let unsent = match &result {
-                Ok(response) => response.status() == http::StatusCode::TOO_MANY_REQUESTS,
-                Err(e) => matches!(e, ProxyError::UpstreamConnect { .. }),
-            };
-            if !unsent {
-                ctx.reached_upstream();
-            }
-            metrics.attempt(outcome.label());
-            if let Outcome::Throttled(code) | Outcome::Overloaded(code) = outcome {
-                metrics.upstream_throttle(code);
-            }
-            result
-        })
+        if ctx.count_attempt() == 1 {
+            ctx.first_attempt_sent(start);
+        }
+        let fut = next.send(req);
+        let result = match tokio::time::timeout(per_try.min(remaining), fut).await {
+            Ok(result) => result,
+            Err(_) if per_try <= remaining => Err(ProxyError::TryTimeout {
+                upstream: metrics.name().to_owned(),
+                timeout: per_try,
+            }),
+            Err(_) => Err(ProxyError::DeadlineExceeded),
+        };
+        metrics
+            .upstream_duration
+            .observe(start.elapsed().as_secs_f64());
+        let outcome = Outcome::of(&result);
+        let outcome = if matches!(result, Err(ProxyError::DeadlineExceeded)) {
+            Outcome::Timeout
+        } else {
+            outcome
+        };
+        // Only a connect that failed or a 429 certainly left the upstream's work undone.
+        let unsent = match &result {
+            Ok(response) => response.status() == http::StatusCode::TOO_MANY_REQUESTS,
+            Err(e) => matches!(e, ProxyError::UpstreamConnect { .. }),
+        };
+        if !unsent {
+            ctx.reached_upstream();
+        }
+        metrics.attempt(outcome.label());
+        if let Outcome::Throttled(code) | Outcome::Overloaded(code) = outcome {
+            metrics.upstream_throttle(code);
+        }
+        result
     }
 }
 
@@ -95,7 +90,7 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(60)).await;
             Ok::<_, ProxyError>(http::Response::new(crate::body::full("")))
         });
-        let svc = layer(Duration::from_secs(5), m.clone()).layer(slow);
+        let svc = layer(Duration::from_secs(5), m.clone()).layer(crate::stack::layer::Tower(slow));
         let err = svc
             .clone()
             .oneshot(request(Duration::from_secs(30)))

@@ -38,6 +38,7 @@
 
 pub mod state;
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -46,7 +47,6 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tower::ServiceExt;
 
 use self::state::{Admit, Breaker, Phase, Probe, Ticket};
 use crate::classify::Outcome;
@@ -54,7 +54,7 @@ use crate::config::{BreakerConfig, OnOpen};
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{BoxFuture, Middleware, Next, SharedLayer};
+use crate::stack::layer::{Answer, Middleware, Next, SharedLayer};
 use crate::sync::lock;
 
 /// What one outcome says about the upstream's health: `Some(true)` a failure, `Some(false)` a
@@ -221,19 +221,23 @@ impl Drop for ProbeSlot {
 pub type BreakerLayer = SharedLayer<BreakerShared>;
 
 impl Middleware for BreakerShared {
-    fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> BoxFuture {
+    fn call<S: Next>(
+        self: Arc<Self>,
+        next: S,
+        req: ProxyRequest,
+    ) -> impl Future<Output = Answer> + Send + 'static {
         let shared = self;
-        Box::pin(async move {
+        async move {
             let probe = shared.admit(req.ctx.wait_deadline).await?;
             let mut slot = ProbeSlot {
                 shared: Arc::clone(&shared),
                 probe,
             };
-            let result = next.oneshot(req).await;
+            let result = next.send(req).await;
             slot.probe = None;
             shared.record(Outcome::of(&result), probe);
             result
-        })
+        }
     }
 }
 
@@ -444,7 +448,7 @@ mod tests {
             std::future::pending::<Result<Response<Body>, ProxyError>>()
         });
         let req = ProxyRequest::for_test("http://up/v1", Duration::from_secs(60));
-        let call = Arc::clone(&b).call(never, req);
+        let call = Arc::clone(&b).call(crate::stack::layer::Tower(never), req);
         assert!(tokio::time::timeout(Duration::from_millis(10), call)
             .await
             .is_err());

@@ -10,6 +10,7 @@ use tower::ServiceExt;
 
 use super::*;
 use crate::config::Priority;
+use crate::stack::layer::{BoxFuture, Tower};
 
 fn window(limit: u32, queue: usize, timeout: Duration) -> Arc<Window> {
     Window::new(
@@ -255,7 +256,7 @@ async fn herd_against_queueing_backend(n: usize, slots: usize, service: ServiceT
     // lifetime error.
     let stack = crate::stack::Stack::new(tower::Layer::layer(
         &ConcurrencyLayer::new(Arc::clone(&w)),
-        backend,
+        Tower(backend),
     ));
     let start = Instant::now();
     let peak = Arc::new(AtomicU32::new(0));
@@ -379,7 +380,7 @@ async fn only_first_attempt_successes_teach_the_window() {
     });
     let stack = crate::stack::Stack::new(tower::Layer::layer(
         &ConcurrencyLayer::new(Arc::clone(&w)),
-        backend,
+        Tower(backend),
     ));
     let base = || w.gradient.as_ref().unwrap().lock().unwrap().base_rtt();
     for path in ["/busy", "/retried", "/ok"] {

@@ -35,7 +35,6 @@ use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, Response, StatusCode};
 use tokio::time::Instant;
-use tower::ServiceExt;
 
 use self::estimate::Estimate;
 use self::partition::Partition;
@@ -47,7 +46,7 @@ use crate::error::ProxyError;
 use crate::fleet::Fleet;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{BoxFuture, Middleware, Next, SharedLayer};
+use crate::stack::layer::{Answer, Middleware, Next, SharedLayer};
 use crate::stack::retry::{buffer_error, replay};
 use crate::sync::lock;
 
@@ -393,9 +392,10 @@ impl RateLimitShared {
         let sent_at = Instant::now();
         // Until the answer is observed: a request cancelled meanwhile gives its tickets up.
         let mut unanswered = Unanswered { partition, tickets };
-        let result = match next.oneshot(req).await {
+        let result = match next.send(req).await {
             Ok(response) if response.status() == StatusCode::TOO_MANY_REQUESTS => {
-                Ok(self.read_429(response, deadline).await)
+                // Boxed: only a 429 pays for the room its reading takes.
+                Ok(Box::pin(self.read_429(response, deadline)).await)
             }
             other => other,
         };
@@ -599,16 +599,16 @@ impl RateLimitShared {
 pub type RateLimitLayer = SharedLayer<RateLimitShared>;
 
 impl Middleware for RateLimitShared {
-    fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> BoxFuture {
-        Box::pin(async move {
-            match &self.pool {
-                Some(pool) if pool.applies(&req.headers) => self.pooled(pool, next, req).await,
-                _ => {
-                    let partition = self.partition(&req.headers, &req.body);
-                    self.through(&partition, next, req).await
-                }
+    async fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> Answer {
+        match &self.pool {
+            Some(pool) if pool.applies(&req.headers) => {
+                Box::pin(self.pooled(pool, next, req)).await
             }
-        })
+            _ => {
+                let partition = self.partition(&req.headers, &req.body);
+                self.through(&partition, next, req).await
+            }
+        }
     }
 }
 

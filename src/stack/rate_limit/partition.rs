@@ -23,11 +23,13 @@
 
 mod answers;
 
+use std::future::Future;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use futures_util::future::Either;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
@@ -266,17 +268,30 @@ impl Partition {
             || self.lease.as_ref().is_some_and(|l| l.charges_tokens())
     }
 
-    /// Wait for this request's turn and capacity. Returns the pacers' tickets.
-    pub async fn acquire(
+    /// Wait for this request's turn and capacity. Returns the pacers' tickets. The fast path
+    /// is taken here, before any wait: only the slow path's (large) future is made, and boxed,
+    /// so the future of every attempt through the stack stays small.
+    pub fn acquire<'a>(
+        &'a self,
+        cost: u32,
+        deadline: Instant,
+        priority: Priority,
+        upstream: &'a str,
+    ) -> impl Future<Output = Result<Option<Tickets>, ProxyError>> + Send + 'a {
+        match self.fast_path(cost) {
+            Some(tickets) => Either::Left(std::future::ready(Ok(tickets))),
+            None => Either::Right(Box::pin(self.slow_path(cost, deadline, priority, upstream))),
+        }
+    }
+
+    /// Wait for a turn and for capacity: the way of a request `fast_path` did not admit.
+    async fn slow_path(
         &self,
         cost: u32,
         deadline: Instant,
         priority: Priority,
         upstream: &str,
     ) -> Result<Option<Tickets>, ProxyError> {
-        if let Some(tickets) = self.fast_path(cost) {
-            return Ok(tickets);
-        }
         self.queued.fetch_add(1, Ordering::AcqRel);
         let _queued = Queued(&self.queued);
         if let Some(lease) = &self.lease {

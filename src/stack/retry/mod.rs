@@ -28,6 +28,7 @@ mod body;
 pub(crate) use self::body::replay;
 pub mod policy;
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -38,7 +39,6 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 use tower::retry::budget::{Budget, TpsBudget};
-use tower::ServiceExt;
 
 use self::backoff::Backoff;
 use self::body::Buffered;
@@ -49,7 +49,7 @@ use crate::config::RetryConfig;
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{BoxFuture, Middleware, Next, SharedLayer};
+use crate::stack::layer::{Answer, Middleware, Next, SharedLayer};
 use crate::sync::lock;
 
 /// Retryable answers' bodies are buffered (to read their error code and to replay them on
@@ -127,8 +127,12 @@ impl RetryShared {
 pub type RetryLayer = SharedLayer<RetryShared>;
 
 impl Middleware for RetryShared {
-    fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> BoxFuture {
-        Box::pin(run(next, req, self))
+    fn call<S: Next>(
+        self: Arc<Self>,
+        next: S,
+        req: ProxyRequest,
+    ) -> impl Future<Output = Answer> + Send + 'static {
+        run(next, req, self)
     }
 }
 
@@ -161,14 +165,7 @@ struct GiveUp {
 /// Send the request, then judge the answer (`read_response`, `read_error`), then wait
 /// (`throttle_sleep` for a throttle, `failure_sleep` for a failure) and send it again, until
 /// an answer is final or a bound gives up.
-async fn run<S>(
-    inner: S,
-    req: ProxyRequest,
-    shared: Arc<RetryShared>,
-) -> Result<Response<Body>, ProxyError>
-where
-    S: tower::Service<ProxyRequest, Response = Response<Body>, Error = ProxyError> + Clone,
-{
+async fn run<S: Next>(inner: S, req: ProxyRequest, shared: Arc<RetryShared>) -> Answer {
     let metrics = &shared.metrics;
     shared.budget.deposit();
     // Failures retried (bounded by `max_retries` and the budget) and throttles retried
@@ -179,7 +176,7 @@ where
     let mut previous_answer: Option<Last> = None;
     loop {
         let attempts = retries + throttles;
-        let result = inner.clone().oneshot(req.clone()).await;
+        let result = inner.clone().send(req.clone()).await;
         let Retryable {
             last,
             reason,

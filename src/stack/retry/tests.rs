@@ -14,6 +14,7 @@ use tower::{Layer, ServiceExt};
 
 use super::*;
 use crate::config::{HumanDuration, Jitter};
+use crate::stack::layer::Tower;
 
 /// Answers from a script, recording when each attempt arrived.
 #[derive(Clone)]
@@ -39,18 +40,9 @@ impl Script {
             calls: Arc::default(),
         }
     }
-    fn service(
-        &self,
-    ) -> impl tower::Service<
-        ProxyRequest,
-        Response = Response<Body>,
-        Error = ProxyError,
-        Future = impl Send,
-    > + Clone
-           + Send
-           + 'static {
+    fn service(&self) -> impl crate::stack::layer::Next {
         let s = self.clone();
-        tower::service_fn(move |_req: ProxyRequest| {
+        Tower(tower::service_fn(move |_req: ProxyRequest| {
             let s = s.clone();
             async move {
                 s.calls.fetch_add(1, Ordering::SeqCst);
@@ -58,7 +50,7 @@ impl Script {
                 let next = s.answers.lock().unwrap().pop_front();
                 Ok::<_, ProxyError>(next.unwrap_or_else(|| answer(200, &[], "ok")))
             }
-        })
+        }))
     }
 }
 
@@ -99,7 +91,10 @@ fn retry_over_rate_limit<S: crate::stack::layer::Next>(
     config: &RetryConfig,
     seed: u64,
     inner: S,
-) -> impl crate::stack::layer::Next {
+) -> crate::stack::layer::Wrapped<
+    RetryShared,
+    crate::stack::layer::Wrapped<crate::stack::rate_limit::RateLimitShared, S>,
+> {
     let mut upstream = crate::config::UpstreamConfig::new(
         "t",
         "/v1",
@@ -392,7 +387,7 @@ async fn connection_errors_are_retried() {
             }
         }
     });
-    let svc = retry(&config(Jitter::Full), 7).layer(flaky);
+    let svc = retry(&config(Jitter::Full), 7).layer(Tower(flaky));
     assert_eq!(
         svc.oneshot(request(Duration::from_secs(60)))
             .await
@@ -442,7 +437,7 @@ async fn a_deadline_that_ends_an_attempt_under_way_gives_up_as_deadline() {
         SmallRng::seed_from_u64(3),
     ));
     let response = layer
-        .layer(cut)
+        .layer(Tower(cut))
         .oneshot(request(Duration::from_secs(60)))
         .await
         .unwrap();

@@ -8,6 +8,7 @@
 //! `x-corral-deadline-ms` bounds the streamed response body too ([`time_response`]).
 
 pub mod buffer;
+mod names;
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -19,6 +20,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Uri};
 use tokio::time::Instant;
 
+use self::names::{Name, Present, HOP_BY_HOP};
 use crate::body::{Body, Timed, TimeoutKind};
 use crate::config::HeaderMode;
 
@@ -156,19 +158,6 @@ impl RequestCtx {
     }
 }
 
-/// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus the proxy
-/// credentials meant for corral itself.
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-];
-
 /// The headers that carry a credential to an LLM API: `Authorization` (OpenAI and most others),
 /// `x-api-key` (Anthropic), `api-key` (Azure OpenAI), `x-goog-api-key` (Gemini). The first a
 /// request carries keys its rate-limit partition and its fleet bucket, in this order.
@@ -211,31 +200,42 @@ pub fn withheld(own: &[HeaderName], credential: bool, also: &[HeaderName]) -> Ve
 
 /// Remove hop-by-hop headers, including any the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // One look at the names first: most messages carry none of these, and each removal would
-    // hash its name whether the map holds it or not.
-    let any = headers
-        .keys()
-        .any(|name| HOP_BY_HOP.contains(name) || name == header::UPGRADE);
-    if !any {
+    strip_present(headers, Present::of(headers));
+}
+
+/// [`strip_hop_by_hop`] with the map's names already looked at (`present`): only the headers
+/// it holds are removed, since each removal would hash its name whether the map holds it or not.
+fn strip_present(headers: &mut HeaderMap, present: Present) {
+    if !present.any_hop_by_hop() {
         return;
     }
-    // The `Connection` values are moved out first (no copy, no allocation without one), so the
-    // names they list can be removed by reference: a name that is not a valid header name is in
-    // no map, and removing it does nothing.
-    if let header::Entry::Occupied(connection) = headers.entry(header::CONNECTION) {
-        let values: Vec<HeaderValue> = connection.remove_entry_mult().1.collect();
-        for name in values
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-        {
-            headers.remove(name.trim());
+    // The `Connection` values are moved out first (no copy, no allocation for the usual one
+    // value), so the names they list can be removed by reference: a name that is not a valid
+    // header name is in no map, and removing it does nothing. A hop-by-hop name is left to the
+    // loop below, which removes it if the map holds it (`Connection: keep-alive` alone: nothing).
+    if present.has(Name::Connection) {
+        if let header::Entry::Occupied(connection) = headers.entry(header::CONNECTION) {
+            let mut values = connection.remove_entry_mult().1;
+            let first = values.next();
+            let rest: Vec<HeaderValue> = values.collect();
+            for name in first
+                .iter()
+                .chain(&rest)
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(','))
+                .map(str::trim)
+                .filter(|name| Name::hop_by_hop(name).is_none())
+            {
+                headers.remove(name);
+            }
         }
     }
-    for name in HOP_BY_HOP.iter() {
-        headers.remove(name);
+    // `Connection` itself is gone by now.
+    for (name, header) in HOP_BY_HOP.iter().skip(1) {
+        if present.has(*name) {
+            headers.remove(header);
+        }
     }
-    headers.remove(header::UPGRADE);
 }
 
 /// Rewrite the client's headers for the upstream: `withheld` (see [`withheld`]) removed,
@@ -248,29 +248,44 @@ pub fn upstream_headers(
     withheld: &[HeaderName],
     body_len: usize,
 ) -> HeaderMap {
-    strip_hop_by_hop(&mut headers);
+    // One look at the names: the removals and lookups below skip what the client did not send
+    // (a name removed since, as a `Connection` value, is only removed or looked up for nothing).
+    let present = Present::of(&headers);
+    strip_present(&mut headers, present);
     for name in withheld {
         headers.remove(name);
     }
-    headers.remove(header::HOST);
+    if present.has(Name::Host) {
+        headers.remove(header::HOST);
+    }
     // The client's length stays when it states the bytes corral sends (hyper would otherwise
     // write a new value for every attempt); any other is dropped and hyper writes the body's.
     // Exactly one value, digits only (an HTTP/2 client may repeat the field).
-    let mut lengths = headers.get_all(header::CONTENT_LENGTH).iter();
-    let states_body = match (lengths.next(), lengths.next()) {
-        (Some(v), None) => {
-            v.as_bytes().iter().all(u8::is_ascii_digit)
-                && v.to_str().ok().and_then(|v| v.parse::<usize>().ok()) == Some(body_len)
+    if present.has(Name::ContentLength) {
+        let mut lengths = headers.get_all(header::CONTENT_LENGTH).iter();
+        let states_body = match (lengths.next(), lengths.next()) {
+            (Some(v), None) => {
+                v.as_bytes().iter().all(u8::is_ascii_digit)
+                    && v.to_str().ok().and_then(|v| v.parse::<usize>().ok()) == Some(body_len)
+            }
+            _ => false,
+        };
+        if !states_body {
+            headers.remove(header::CONTENT_LENGTH);
         }
-        _ => false,
-    };
-    if !states_body {
-        headers.remove(header::CONTENT_LENGTH);
     }
-    headers.remove(DEADLINE_HEADER);
-    headers.remove(PRIORITY_HEADER);
+    if present.has(Name::Deadline) {
+        headers.remove(DEADLINE_HEADER);
+    }
+    if present.has(Name::Priority) {
+        headers.remove(PRIORITY_HEADER);
+    }
     const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-    let forwarded = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+    let prior = present
+        .has(Name::ForwardedFor)
+        .then(|| headers.get(X_FORWARDED_FOR))
+        .flatten();
+    let forwarded = match prior.and_then(|v| v.to_str().ok()) {
         Some(prior) if !prior.trim().is_empty() => {
             HeaderValue::try_from(format!("{prior}, {peer}")).ok()
         }
@@ -408,6 +423,21 @@ mod tests {
         }
         assert_eq!(out["authorization"], "Bearer k");
         assert_eq!(out["x-forwarded-for"], "10.0.0.1");
+    }
+
+    #[test]
+    fn a_hop_by_hop_header_connection_names_in_another_case_goes_too() {
+        let mut h = map(&[
+            ("connection", "Keep-Alive, TE"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("x-kept", "1"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, map(&[("x-kept", "1")]));
+        let mut alone = map(&[("connection", "keep-alive"), ("x-kept", "1")]);
+        strip_hop_by_hop(&mut alone);
+        assert_eq!(alone, map(&[("x-kept", "1")]));
     }
 
     #[test]

@@ -1,0 +1,135 @@
+//! The headers corral removes or rewrites on a message's way through, found in one pass over
+//! its names ([`Present::of`]): a lookup or a removal of a header the message does not carry
+//! still hashes the name and probes the map, and most messages carry few of these.
+
+use http::header::{self, HeaderMap, HeaderName};
+
+/// A header corral removes or rewrites.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Name {
+    Connection,
+    KeepAlive,
+    ProxyConnection,
+    ProxyAuthenticate,
+    ProxyAuthorization,
+    Te,
+    Trailer,
+    TransferEncoding,
+    Upgrade,
+    Host,
+    ContentLength,
+    Deadline,
+    Priority,
+    ForwardedFor,
+}
+
+/// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus the proxy
+/// credentials meant for corral itself, and `Upgrade`; `Connection` first.
+pub static HOP_BY_HOP: [(Name, HeaderName); 9] = [
+    (Name::Connection, header::CONNECTION),
+    (Name::KeepAlive, HeaderName::from_static("keep-alive")),
+    (
+        Name::ProxyConnection,
+        HeaderName::from_static("proxy-connection"),
+    ),
+    (Name::ProxyAuthenticate, header::PROXY_AUTHENTICATE),
+    (Name::ProxyAuthorization, header::PROXY_AUTHORIZATION),
+    (Name::Te, header::TE),
+    (Name::Trailer, header::TRAILER),
+    (Name::TransferEncoding, header::TRANSFER_ENCODING),
+    (Name::Upgrade, header::UPGRADE),
+];
+
+impl Name {
+    /// The [`Name`] a lower-case header name (as a map holds it) is, if any.
+    fn of(name: &str) -> Option<Self> {
+        Some(match name {
+            "connection" => Self::Connection,
+            "keep-alive" => Self::KeepAlive,
+            "proxy-connection" => Self::ProxyConnection,
+            "proxy-authenticate" => Self::ProxyAuthenticate,
+            "proxy-authorization" => Self::ProxyAuthorization,
+            "te" => Self::Te,
+            "trailer" => Self::Trailer,
+            "transfer-encoding" => Self::TransferEncoding,
+            "upgrade" => Self::Upgrade,
+            "host" => Self::Host,
+            "content-length" => Self::ContentLength,
+            "x-corral-deadline-ms" => Self::Deadline,
+            "x-corral-priority" => Self::Priority,
+            "x-forwarded-for" => Self::ForwardedFor,
+            _ => return None,
+        })
+    }
+
+    /// The hop-by-hop header a name in any case (a `Connection` value's) is, if any.
+    pub fn hop_by_hop(name: &str) -> Option<Self> {
+        HOP_BY_HOP
+            .iter()
+            .find(|(_, h)| h.as_str().eq_ignore_ascii_case(name))
+            .map(|(n, _)| *n)
+    }
+
+    const fn bit(self) -> u32 {
+        1 << self as u32
+    }
+}
+
+/// The [`Name`]s a map held when it was looked at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Present(u32);
+
+impl Present {
+    /// One pass over the names of `headers`.
+    pub fn of(headers: &HeaderMap) -> Self {
+        let bits = headers
+            .keys()
+            .filter_map(|name| Name::of(name.as_str()))
+            .fold(0, |bits, name| bits | name.bit());
+        Self(bits)
+    }
+
+    pub const fn has(self, name: Name) -> bool {
+        self.0 & name.bit() != 0
+    }
+
+    /// Whether any of [`HOP_BY_HOP`] was there.
+    pub fn any_hop_by_hop(self) -> bool {
+        HOP_BY_HOP.iter().any(|(name, _)| self.has(*name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_is_found_and_only_those() {
+        let names = [
+            (Name::Host, "host"),
+            (Name::ContentLength, "content-length"),
+            (Name::Deadline, "x-corral-deadline-ms"),
+            (Name::Priority, "x-corral-priority"),
+            (Name::ForwardedFor, "x-forwarded-for"),
+        ];
+        let every = HOP_BY_HOP
+            .iter()
+            .map(|(n, h)| (*n, h.as_str()))
+            .chain(names);
+        for (name, header) in every {
+            let mut map = HeaderMap::new();
+            map.insert("x-other", "1".parse().unwrap());
+            map.insert(HeaderName::from_static(header), "1".parse().unwrap());
+            let present = Present::of(&map);
+            assert!(present.has(name), "{header}");
+            assert_eq!(present.0.count_ones(), 1, "{header}");
+            assert_eq!(
+                present.any_hop_by_hop(),
+                Name::hop_by_hop(header) == Some(name)
+            );
+        }
+        assert_eq!(Name::hop_by_hop("Keep-Alive"), Some(Name::KeepAlive));
+        assert_eq!(Name::hop_by_hop("host"), None);
+        assert!(!Present::of(&HeaderMap::new()).any_hop_by_hop());
+    }
+}

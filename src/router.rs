@@ -289,6 +289,34 @@ mod tests {
         );
     }
 
+    /// A base path that is the route sends the client's path and query as they came, put
+    /// together from parts; any other is written out: both give the same URI.
+    #[tokio::test]
+    async fn a_target_from_parts_is_the_target_written_out() {
+        let r = router(&[
+            ("openai", "/v1", "https://api.openai.com/v1/"),
+            ("local", "/local", "http://127.0.0.1:8080/v1"),
+            ("root", "/", "http://127.0.0.1:8081/base"),
+        ]);
+        for (route, path) in [
+            ("/v1", "/v1/chat/completions?a=1&b=%20"),
+            ("/v1", "/v1"),
+            ("/v1", "/v1/"),
+            ("/v1", "/v1/models"),
+            ("/local", "/local/chat?x"),
+            ("/", "/v1/chat"),
+        ] {
+            let Some(Route::Upstream(u)) = r.find(path.split('?').next().unwrap()) else {
+                panic!("no upstream for {path}");
+            };
+            let uri: http::Uri = path.parse().unwrap();
+            let written = u.target_under(route, uri.path(), uri.query()).unwrap();
+            let of = u.target_of(route, &uri).unwrap();
+            assert_eq!(of, written, "{path}");
+            assert_eq!(of.to_string(), written.to_string(), "{path}");
+        }
+    }
+
     #[test]
     fn dot_segments_and_encoded_separators_are_refused() {
         for bad in [

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{HeaderName, HeaderValue};
+use http::uri::{Authority, Scheme};
 use http::{Method, Response, Uri};
 use tokio::time::Instant;
 use tower::ServiceExt;
@@ -57,6 +58,9 @@ pub struct Upstream {
     pub route: String,
     /// `scheme://authority/base-path` without a trailing slash.
     target_prefix: String,
+    /// The base URL's scheme, authority and path (without a trailing slash), for a client path
+    /// that goes upstream as it came ([`Upstream::target_of`]).
+    base: Option<(Scheme, Authority, String)>,
     /// Made once: a request clones them.
     pub inject: Vec<(HeaderName, HeaderValue)>,
     pub header_mode: HeaderMode,
@@ -92,6 +96,7 @@ impl Upstream {
             base.authority().map(|a| a.as_str()).unwrap_or_default(),
             config.base_url.path()
         );
+        let base_parts = base.scheme().cloned().zip(base.authority().cloned());
         let metrics = metrics.upstream(config.name());
         let (stack, state) = stack::build(config, &metrics, fleet);
         let injects: Vec<HeaderName> = config
@@ -111,6 +116,7 @@ impl Upstream {
             name: config.name().to_owned(),
             route: config.route().to_owned(),
             target_prefix,
+            base: base_parts.map(|(s, a)| (s, a, config.base_url.path().to_owned())),
             // A `{key}` template is filled per attempt from the key pool (`stack/rate_limit/pool`).
             inject: config
                 .headers
@@ -137,6 +143,28 @@ impl Upstream {
     /// The upstream URI for a client path (already known to match this route) and query.
     pub fn target(&self, path: &str, query: Option<&str>) -> Option<Uri> {
         self.target_under(&self.route, path, query)
+    }
+
+    /// [`Self::target_under`] for the client's URI `uri`. When the base path is the route
+    /// (`/v1` to `https://api.openai.com/v1`), the path and query go upstream as they came:
+    /// the URI is put together from parts already parsed, not written out and parsed again.
+    pub fn target_of(&self, route: &str, uri: &Uri) -> Option<Uri> {
+        let path = uri.path();
+        if let (Some((scheme, authority, base_path)), Some(pq)) = (&self.base, uri.path_and_query())
+        {
+            let rest = path.get(route.len()..);
+            if route != "/"
+                && base_path == route
+                && rest.is_some_and(|r| r.is_empty() || r.starts_with('/'))
+            {
+                let mut parts = http::uri::Parts::default();
+                parts.scheme = Some(scheme.clone());
+                parts.authority = Some(authority.clone());
+                parts.path_and_query = Some(pq.clone());
+                return Uri::from_parts(parts).ok();
+            }
+        }
+        self.target_under(route, path, uri.query())
     }
 
     /// The upstream URI for a client path that matched `route` (this upstream's, or its group's).

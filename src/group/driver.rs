@@ -251,7 +251,7 @@ impl Group {
         let member = &self.members[i];
         let upstream = &member.upstream;
         let path = req.parts.uri.path();
-        let Some(uri) = upstream.target_under(&self.route, path, req.parts.uri.query()) else {
+        let Some(uri) = upstream.target_of(&self.route, &req.parts.uri) else {
             let e = ProxyError::NoRoute(path.chars().take(256).collect());
             return MemberOutcome {
                 result: Err((e, Tally::default())),

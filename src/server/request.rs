@@ -160,7 +160,7 @@ impl App {
         let (parts, incoming) = req.into_parts();
         let refuse = |e: ProxyError| upstream.refuse(&parts.method, e);
         let uri = upstream
-            .target(parts.uri.path(), parts.uri.query())
+            .target_of(&upstream.route, &parts.uri)
             .ok_or_else(|| {
                 refuse(ProxyError::NoRoute(
                     parts.uri.path().chars().take(256).collect(),

@@ -41,7 +41,9 @@ impl Middleware for TryTimeout {
             ctx.first_attempt_sent(start);
         }
         let fut = next.send(req);
-        let result = match tokio::time::timeout(per_try.min(remaining), fut).await {
+        // Not past the deadline: `remaining` is counted from `start`.
+        let until = start + per_try.min(remaining);
+        let result = match tokio::time::timeout_at(until, fut).await {
             Ok(result) => result,
             Err(_) if per_try <= remaining => Err(ProxyError::TryTimeout {
                 upstream: metrics.name().to_owned(),

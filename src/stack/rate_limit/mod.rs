@@ -382,14 +382,21 @@ impl RateLimitShared {
         let cost = estimate.charge(self.prompt_ratio.get());
         let start = Instant::now();
         let tickets = partition
-            .acquire(cost, req.ctx.wait_deadline, req.ctx.priority, m.name())
+            .acquire_at(
+                start,
+                cost,
+                req.ctx.wait_deadline,
+                req.ctx.priority,
+                m.name(),
+            )
             .await?;
-        m.rate_wait.observe(start.elapsed().as_secs_f64());
+        let sent_at = Instant::now();
+        m.rate_wait
+            .observe(sent_at.saturating_duration_since(start).as_secs_f64());
         if self.config.limits.tpm.is_some() {
             m.tokens_charged.inc_by(u64::from(cost));
         }
         let deadline = req.ctx.deadline;
-        let sent_at = Instant::now();
         // Until the answer is observed: a request cancelled meanwhile gives its tickets up.
         let mut unanswered = Unanswered { partition, tickets };
         let result = match next.send(req).await {

@@ -278,7 +278,19 @@ impl Partition {
         priority: Priority,
         upstream: &'a str,
     ) -> impl Future<Output = Result<Option<Tickets>, ProxyError>> + Send + 'a {
-        match self.fast_path(cost) {
+        self.acquire_at(Instant::now(), cost, deadline, priority, upstream)
+    }
+
+    /// [`Self::acquire`] for a request that arrived at `now` (the caller's clock reading).
+    pub fn acquire_at<'a>(
+        &'a self,
+        now: Instant,
+        cost: u32,
+        deadline: Instant,
+        priority: Priority,
+        upstream: &'a str,
+    ) -> impl Future<Output = Result<Option<Tickets>, ProxyError>> + Send + 'a {
+        match self.fast_path(cost, now) {
             Some(tickets) => Either::Left(std::future::ready(Ok(tickets))),
             None => Either::Right(Box::pin(self.slow_path(cost, deadline, priority, upstream))),
         }
@@ -321,7 +333,7 @@ impl Partition {
 
     /// Admit at once when nothing waits, nothing is paused and the pacers say go now; `None`:
     /// take the slow path.
-    fn fast_path(&self, cost: u32) -> Option<Option<Tickets>> {
+    fn fast_path(&self, cost: u32, now: Instant) -> Option<Option<Tickets>> {
         if self.queued.load(Ordering::Acquire) > 0
             || self.requests.is_some()
             || self.tokens.is_some()
@@ -329,7 +341,6 @@ impl Partition {
         {
             return None;
         }
-        let now = Instant::now();
         if self.is_paused(now) {
             return None;
         }

@@ -76,7 +76,9 @@ impl App {
             Route::Upstream(upstream) => (self.forward(upstream, req, peer, start).await, None),
             Route::Group(group) => {
                 let router = self.router.load_full();
-                group.forward(req, peer, start, router.buffer()).await
+                // Boxed: a group's future is several times an upstream's, and every request's
+                // future would otherwise be as large, and moved whole.
+                Box::pin(group.forward(req, peer, start, router.buffer())).await
             }
         };
         let (mut response, tally, error) = match result {

@@ -94,9 +94,10 @@ impl UpstreamClient {
         &self,
         req: ProxyRequest,
     ) -> impl Future<Output = Result<Response<Body>, ProxyError>> + Send + 'static {
-        let mut out = Request::new(Full::new(req.body));
-        *out.method_mut() = req.method;
-        *out.uri_mut() = req.uri;
+        let target = &*req.target;
+        let mut out = Request::new(Full::new(target.body.clone()));
+        *out.method_mut() = target.method.clone();
+        *out.uri_mut() = target.uri.clone();
         // The one copy of the headers an attempt costs: the retry layer holds them for the next.
         *out.headers_mut() = HeaderMap::clone(&req.headers);
         // Any attempt's answer may be a 429 or a 5xx whose body corral reads (a quota, a named

@@ -221,10 +221,8 @@ impl Upstream {
             body.len(),
         );
         let request = ProxyRequest {
-            method,
-            uri,
+            target: Arc::new(forward::Target { method, uri, body }),
             headers: Arc::new(headers),
-            body,
             ctx: Arc::clone(&ctx),
         };
         let result = self.stack.clone().oneshot(request).await;

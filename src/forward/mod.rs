@@ -45,15 +45,24 @@ pub fn proxied_method(method: &Method) -> Option<&'static str> {
     })
 }
 
-/// A request on its way upstream; cheap to clone for each attempt (the body and the headers
-/// are shared: the client copies the headers once into the request it sends).
+/// A request on its way upstream; three pointers, cheap to clone for each attempt and to move
+/// down the stack (everything is shared: the client copies the headers once into the request
+/// it sends).
 #[derive(Clone, Debug)]
 pub struct ProxyRequest {
+    /// What every attempt sends alike.
+    pub target: Arc<Target>,
+    /// Apart from the rest: a key pool changes them per attempt.
+    pub headers: Arc<HeaderMap>,
+    pub ctx: Arc<RequestCtx>,
+}
+
+/// The method, upstream URI and body of a [`ProxyRequest`].
+#[derive(Debug)]
+pub struct Target {
     pub method: Method,
     pub uri: Uri,
-    pub headers: Arc<HeaderMap>,
     pub body: Bytes,
-    pub ctx: Arc<RequestCtx>,
 }
 
 #[cfg(test)]
@@ -62,10 +71,12 @@ impl ProxyRequest {
     pub fn for_test(uri: &str, deadline: Duration) -> Self {
         let now = Instant::now();
         Self {
-            method: Method::POST,
-            uri: uri.parse().expect("a test URI"),
+            target: Arc::new(Target {
+                method: Method::POST,
+                uri: uri.parse().expect("a test URI"),
+                body: Bytes::new(),
+            }),
             headers: Arc::default(),
-            body: Bytes::new(),
             ctx: Arc::new(RequestCtx::new(now, now + deadline)),
         }
     }

@@ -53,11 +53,11 @@ impl Middleware for RecordMetrics {
     ) -> impl Future<Output = Answer> + Send + 'static {
         let m = self.metrics.clone();
         m.in_flight.inc();
-        m.request_bytes.inc_by(req.body.len() as u64);
+        m.request_bytes.inc_by(req.target.body.len() as u64);
         if client_retry_count(&req) > 0 {
             m.client_retries.inc();
         }
-        let method = req.method.clone();
+        let method = req.target.method.clone();
         let start = Instant::now();
         // Where the time corral holds the request (`RequestCtx::held_until`) starts.
         req.ctx.entered_stack(start);

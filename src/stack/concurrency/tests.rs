@@ -361,7 +361,7 @@ async fn only_first_attempt_successes_teach_the_window() {
     );
     let backend = tower::service_fn(|req: ProxyRequest| {
         let answer: BoxFuture = Box::pin(async move {
-            let status = match req.uri.path() {
+            let status = match req.target.uri.path() {
                 "/busy" => 503,
                 "/retried" => {
                     req.ctx.count_attempt();

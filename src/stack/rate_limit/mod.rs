@@ -375,7 +375,7 @@ impl RateLimitShared {
         let m = &self.metrics;
         // The JSON estimate only where a token bucket will be charged.
         let estimate = if partition.charges_tokens() {
-            estimate::estimate(&req.body, self.config.limits.default_max_tokens)
+            estimate::estimate(&req.target.body, self.config.limits.default_max_tokens)
         } else {
             Estimate::default()
         };
@@ -486,7 +486,7 @@ impl RateLimitShared {
         let mut refused: Option<(&'static str, Arc<pool::PoolKey>)> = None;
         // With a model in the scope, each key has a partition per model (providers limit per
         // key and model): keys are chosen by that model's partitions, never made just to look.
-        let model = self.model(&req.body);
+        let model = self.model(&req.target.body);
         let of_model = |key: &pool::PoolKey, make: bool| match &model {
             Some(m) => self.keyed(Some(key.credential()), Some(m), make),
             None => Some(Arc::clone(&key.partition)),
@@ -612,7 +612,7 @@ impl Middleware for RateLimitShared {
                 Box::pin(self.pooled(pool, next, req)).await
             }
             _ => {
-                let partition = self.partition(&req.headers, &req.body);
+                let partition = self.partition(&req.headers, &req.target.body);
                 self.through(&partition, next, req).await
             }
         }

@@ -32,6 +32,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -302,15 +303,37 @@ impl Connection {
         };
         let conn = self.builder.serve_connection(TokioIo::new(stream), service);
         let mut conn = std::pin::pin!(conn);
+        let limits = self.limits;
+        // The watchers in a `FuturesUnordered`, which polls one only when its own timer or
+        // the drain woke it: beside the connection in one `select!`, all three would be polled
+        // at every wakeup of the connection (several per request).
+        let mut watchers: FuturesUnordered<Pin<Box<dyn Future<Output = Watch> + Send + '_>>> =
+            FuturesUnordered::new();
+        watchers.push(Box::pin(async {
+            activity.idle_for(limits.idle_timeout).await;
+            Watch::Idle
+        }));
+        let drain = &mut self.drain;
+        watchers.push(Box::pin(async {
+            drained(drain).await;
+            Watch::Drained
+        }));
+        watchers.push(Box::pin(async {
+            activity.stalled_for(limits.write_timeout).await;
+            Watch::Stalled
+        }));
         let idle = tokio::select! {
             result = conn.as_mut() => return log_end(peer, result),
-            () = activity.idle_for(self.limits.idle_timeout) => true,
-            () = drained(&mut self.drain) => false,
-            () = activity.stalled_for(self.limits.write_timeout) => {
-                tracing::warn!(%peer, timeout = ?self.limits.write_timeout, "closing a connection whose client stopped reading its response");
-                return;
-            }
+            Some(watch) = watchers.next() => match watch {
+                Watch::Idle => true,
+                Watch::Drained => false,
+                Watch::Stalled => {
+                    tracing::warn!(%peer, timeout = ?limits.write_timeout, "closing a connection whose client stopped reading its response");
+                    return;
+                }
+            },
         };
+        drop(watchers);
         conn.as_mut().graceful_shutdown();
         if !idle {
             // The drain's deadline bounds this wait.
@@ -322,6 +345,16 @@ impl Connection {
             Err(_) => tracing::debug!(%peer, "idle connection did not close in time; dropped"),
         }
     }
+}
+
+/// Which of a connection's watchers ended its service.
+enum Watch {
+    /// No request in progress for `idle_timeout`.
+    Idle,
+    /// The drain has begun.
+    Drained,
+    /// A response frame waited `write_timeout` for its client.
+    Stalled,
 }
 
 /// Resolves once the drain has begun (or the acceptor is gone).

@@ -232,6 +232,8 @@ fn strip_present(headers: &mut HeaderMap, present: Present) {
             for name in first
                 .iter()
                 .chain(&rest)
+                // The usual value names only a hop-by-hop header: nothing to split.
+                .filter(|v| !v.as_bytes().eq_ignore_ascii_case(b"keep-alive"))
                 .filter_map(|v| v.to_str().ok())
                 .flat_map(|v| v.split(','))
                 .map(str::trim)

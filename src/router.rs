@@ -263,6 +263,10 @@ mod tests {
         assert!(r.find("/").is_none());
     }
 
+    fn uri(s: &str) -> http::Uri {
+        s.parse().unwrap()
+    }
+
     #[tokio::test]
     async fn targets_replace_the_route_with_the_base_path() {
         let r = router(&[
@@ -275,16 +279,16 @@ mod tests {
         };
         let openai = upstream("/v1/chat/completions");
         assert_eq!(
-            openai.target("/v1/chat/completions", Some("a=1")).unwrap(),
+            openai.target(&uri("/v1/chat/completions?a=1")).unwrap(),
             "https://api.openai.com/v1/chat/completions?a=1"
         );
         let anthropic = upstream("/anthropic/v1/messages");
         assert_eq!(
-            anthropic.target("/anthropic/v1/messages", None).unwrap(),
+            anthropic.target(&uri("/anthropic/v1/messages")).unwrap(),
             "https://api.anthropic.com/v1/messages"
         );
         assert_eq!(
-            anthropic.target("/anthropic", None).unwrap(),
+            anthropic.target(&uri("/anthropic")).unwrap(),
             "https://api.anthropic.com/"
         );
     }
@@ -309,7 +313,7 @@ mod tests {
             let Some(Route::Upstream(u)) = r.find(path.split('?').next().unwrap()) else {
                 panic!("no upstream for {path}");
             };
-            let uri: http::Uri = path.parse().unwrap();
+            let uri = uri(path);
             let written = u.target_under(route, uri.path(), uri.query()).unwrap();
             let of = u.target_of(route, &uri).unwrap();
             assert_eq!(of, written, "{path}");

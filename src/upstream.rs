@@ -140,9 +140,9 @@ impl Upstream {
         }
     }
 
-    /// The upstream URI for a client path (already known to match this route) and query.
-    pub fn target(&self, path: &str, query: Option<&str>) -> Option<Uri> {
-        self.target_under(&self.route, path, query)
+    /// The upstream URI for a client URI (its path already known to match this route).
+    pub fn target(&self, uri: &Uri) -> Option<Uri> {
+        self.target_of(&self.route, uri)
     }
 
     /// [`Self::target_under`] for the client's URI `uri`. When the base path is the route

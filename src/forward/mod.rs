@@ -163,10 +163,6 @@ impl RequestCtx {
     pub fn may_have_reached(&self) -> bool {
         self.reached.load(Ordering::Relaxed)
     }
-    /// Time left before the deadline (zero once it has passed).
-    pub fn remaining(&self) -> Duration {
-        self.deadline.saturating_duration_since(Instant::now())
-    }
 }
 
 /// The headers that carry a credential to an LLM API: `Authorization` (OpenAI and most others),

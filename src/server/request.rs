@@ -161,13 +161,11 @@ impl App {
     ) -> SendResult {
         let (parts, incoming) = req.into_parts();
         let refuse = |e: ProxyError| upstream.refuse(&parts.method, e);
-        let uri = upstream
-            .target_of(&upstream.route, &parts.uri)
-            .ok_or_else(|| {
-                refuse(ProxyError::NoRoute(
-                    parts.uri.path().chars().take(256).collect(),
-                ))
-            })?;
+        let uri = upstream.target(&parts.uri).ok_or_else(|| {
+            refuse(ProxyError::NoRoute(
+                parts.uri.path().chars().take(256).collect(),
+            ))
+        })?;
         let deadlines = forward::deadline(start, upstream.deadline, &parts.headers);
         let priority =
             forward::priority(&parts.headers, upstream.config.priority).map_err(&refuse)?;

@@ -350,17 +350,51 @@ pub struct Deadlines {
     pub exchange: Option<Instant>,
 }
 
-/// The deadlines for a request that arrived at `start`.
-pub fn deadline(start: Instant, configured: Duration, headers: &HeaderMap) -> Deadlines {
-    let asked = headers
-        .get(DEADLINE_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(Duration::from_millis);
-    Deadlines {
-        head: start + asked.map_or(configured, |a| a.min(configured)),
-        // A deadline beyond what an `Instant` can hold is no deadline.
-        exchange: asked.and_then(|a| start.checked_add(a)),
+/// What a client asks of corral in its request's headers (its deadline, its priority), found
+/// with one look at their names: most requests send neither, and a lookup of each would hash
+/// its name for nothing.
+pub struct Asks<'a> {
+    deadline: Option<&'a HeaderValue>,
+    priority: Option<&'a HeaderValue>,
+}
+
+impl<'a> Asks<'a> {
+    pub fn of(headers: &'a HeaderMap) -> Self {
+        let present = Present::of(headers);
+        let get = |name: Name, header: HeaderName| {
+            present.has(name).then(|| headers.get(header)).flatten()
+        };
+        Self {
+            deadline: get(Name::Deadline, DEADLINE_HEADER),
+            priority: get(Name::Priority, PRIORITY_HEADER),
+        }
+    }
+
+    /// The deadlines for a request that arrived at `start`.
+    pub fn deadlines(&self, start: Instant, configured: Duration) -> Deadlines {
+        let asked = self
+            .deadline
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_millis);
+        Deadlines {
+            head: start + asked.map_or(configured, |a| a.min(configured)),
+            // A deadline beyond what an `Instant` can hold is no deadline.
+            exchange: asked.and_then(|a| start.checked_add(a)),
+        }
+    }
+
+    /// The request's priority: its `x-corral-priority`, else `default`; a value that is
+    /// neither `interactive` nor `batch` is refused.
+    pub fn priority(
+        &self,
+        default: crate::config::Priority,
+    ) -> Result<crate::config::Priority, crate::error::ProxyError> {
+        match self.priority {
+            None => Ok(default),
+            Some(v) => crate::config::Priority::parse(v.as_bytes())
+                .ok_or(crate::error::ProxyError::BadPriority),
+        }
     }
 }
 
@@ -373,19 +407,6 @@ pub fn time_response(
     on_timeout: impl FnOnce(TimeoutKind) + Send + 'static,
 ) -> Body {
     crate::body::boxed(Timed::new(body, idle, deadlines.exchange, on_timeout))
-}
-
-/// The request's priority: its `x-corral-priority`, else `default`; a value that is neither
-/// `interactive` nor `batch` is refused.
-pub fn priority(
-    headers: &HeaderMap,
-    default: crate::config::Priority,
-) -> Result<crate::config::Priority, crate::error::ProxyError> {
-    match headers.get(PRIORITY_HEADER) {
-        None => Ok(default),
-        Some(v) => crate::config::Priority::parse(v.as_bytes())
-            .ok_or(crate::error::ProxyError::BadPriority),
-    }
 }
 
 #[cfg(test)]
@@ -615,9 +636,27 @@ mod tests {
     }
 
     #[test]
+    fn the_clients_priority_is_read_when_sent_and_refused_when_unknown() {
+        use crate::config::Priority;
+        let asks = |pairs: &[(&str, &str)]| Asks::of(&map(pairs)).priority(Priority::Interactive);
+        assert_eq!(asks(&[("x-other", "1")]).ok(), Some(Priority::Interactive));
+        let batch = asks(&[(PRIORITY_HEADER.as_str(), "batch"), ("x-other", "1")]);
+        assert_eq!(batch.ok(), Some(Priority::Batch));
+        assert!(asks(&[(PRIORITY_HEADER.as_str(), "urgent")]).is_err());
+    }
+
+    #[test]
     fn client_deadline_only_shortens_the_head_and_alone_bounds_the_exchange() {
         let start = Instant::now();
         let ten = Duration::from_secs(10);
+        let deadline = |start, ten, headers: &HeaderMap| Asks::of(headers).deadlines(start, ten);
+        assert_eq!(
+            deadline(start, ten, &map(&[("x-other", "1")])),
+            Deadlines {
+                head: start + ten,
+                exchange: None
+            }
+        );
         let two = start + Duration::from_secs(2);
         assert_eq!(
             deadline(start, ten, &map(&[(DEADLINE_HEADER.as_str(), "2000")])),

@@ -108,9 +108,10 @@ impl Group {
         self.arrived();
         let first = &self.members[0].upstream;
         let (parts, incoming) = req.into_parts();
-        let deadlines = forward::deadline(start, first.deadline, &parts.headers);
+        let asks = forward::Asks::of(&parts.headers);
+        let deadlines = asks.deadlines(start, first.deadline);
         let default = self.priority.unwrap_or(first.config.priority);
-        let priority = match forward::priority(&parts.headers, default) {
+        let priority = match asks.priority(default) {
             Ok(p) => p,
             Err(e) => return (Err(first.refuse(&parts.method, e)), Some(&first.name)),
         };

@@ -166,9 +166,9 @@ impl App {
                 parts.uri.path().chars().take(256).collect(),
             ))
         })?;
-        let deadlines = forward::deadline(start, upstream.deadline, &parts.headers);
-        let priority =
-            forward::priority(&parts.headers, upstream.config.priority).map_err(&refuse)?;
+        let asks = forward::Asks::of(&parts.headers);
+        let deadlines = asks.deadlines(start, upstream.deadline);
+        let priority = asks.priority(upstream.config.priority).map_err(&refuse)?;
         let bounds = BodyBounds {
             limit: upstream.body_limit,
             idle: upstream.body_idle_timeout,

@@ -27,7 +27,7 @@
 //! - **Slow start** before anything is known: `initial_burst` requests go, each success lets two
 //!   more go (doubling per round trip), and the first throttle ends it.
 //! - **Silence is consent.** A bucket refuses at once; an answer takes the service time, for an
-//!   LLM seconds. An attempt not refused within `CONSENT` (and twice the slowest refusal seen)
+//!   LLM seconds. An attempt not refused within `CONSENT` (and twice the slowest recent refusal)
 //!   was admitted, and confirms its units as a success would (its answer then adds nothing).
 //!   So the ramp doubles per `CONSENT` when answers are slower than that, not per answer.
 //! - **No headers** (source `aimd`): the first 429 cuts the measured send rate by `BETA` (AWS's
@@ -80,7 +80,7 @@ const RESYNC_SLACK_TIME: Duration = Duration::from_millis(10);
 const IDLE: Duration = Duration::from_millis(250);
 /// In slow start, one more request goes after this long without an answer.
 const SLOW_START_STALL: Duration = Duration::from_secs(1);
-/// An attempt unanswered this long (and twice the slowest refusal seen) was admitted: a bucket
+/// An attempt unanswered this long (and twice the slowest recent refusal) was admitted: a bucket
 /// refuses at once, an answer takes the service time ([`Pacer::consent`]).
 const CONSENT: Duration = Duration::from_millis(500);
 /// Throttle windows are added up until they span this much before they give an estimate.
@@ -236,7 +236,8 @@ pub struct Pacer {
     min_rtt: Option<f64>,
     /// Units admitted up to this sequence number were confirmed by silence ([`Pacer::consent`]).
     consented_seq: f64,
-    /// The slowest refusal seen (seconds from send to a 429 from this bucket).
+    /// The slowest recent refusal (seconds from send to a 429 from this bucket; each refusal
+    /// halves the older ones' weight).
     refusal_latency: f64,
     /// While ramping (headroom not yet confirmed), sends are spread over the round trip instead
     /// of leaving in a burst when a batch of answers arrives: the next may go at this instant.
@@ -414,7 +415,9 @@ impl Pacer {
         }
         if answer == Answer::RateLimited {
             let latency = now.saturating_duration_since(ticket.sent_at).as_secs_f64();
-            self.refusal_latency = self.refusal_latency.max(latency);
+            // Each refusal halves what older ones weigh: one slow 429 (a cold connection, a
+            // body that trickled) does not hold consent off for good.
+            self.refusal_latency = latency.max(self.refusal_latency * 0.5);
         }
         match report {
             Some(r) => self.learn_headers(ticket, answer, r, now),

@@ -94,7 +94,7 @@ impl Pacer {
         }
     }
 
-    /// Confirm the attempts unanswered for [`CONSENT`] (and twice the slowest refusal seen):
+    /// Confirm the attempts unanswered for [`CONSENT`] (and twice the slowest recent refusal):
     /// a bucket refuses at once, so one that has not refused them by then admitted them. Each
     /// grows the ramp as a success would (in slow start the level and window, with headers the
     /// confirmed headroom), and its answer later adds nothing.

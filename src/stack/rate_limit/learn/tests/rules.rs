@@ -562,3 +562,21 @@ fn a_window_with_a_long_silence_estimates_nothing() {
         "an estimate from silent windows: {cap:?}"
     );
 }
+
+/// One slow refusal does not hold consent off for good: each later refusal halves its weight.
+#[test]
+fn a_slow_refusal_is_forgotten_as_fast_ones_come() {
+    let start = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, start);
+    let t = pacer.try_acquire(1.0, start).unwrap();
+    pacer.observe(t, Answer::RateLimited, None, start + Duration::from_secs(5));
+    assert_eq!(pacer.consent_wait(), Duration::from_secs(10));
+    let mut now = start + Duration::from_secs(5);
+    for _ in 0..6 {
+        let t = pacer.admit_anyway(1.0, now);
+        now += Duration::from_millis(2);
+        pacer.observe(t, Answer::RateLimited, None, now);
+    }
+    // 5 s halved six times is 78 ms: the wait is back to `CONSENT`.
+    assert_eq!(pacer.consent_wait(), CONSENT);
+}

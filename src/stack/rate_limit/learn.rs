@@ -164,10 +164,6 @@ pub enum Answer {
     RateLimited,
     /// 429 from another bucket (the report still describes this one).
     RefusedElsewhere,
-    /// 429 from this bucket with a wait that is the request's own (`Throttle::own_wait`: an
-    /// admission control's queue): the report's rate and size stand, but its `remaining`
-    /// describes the refusal, not the level other requests may spend.
-    OwnWait,
     /// 529 and the like: the service is overloaded.
     Overloaded,
 }

@@ -50,7 +50,7 @@ impl Pacer {
             Answer::RateLimited => (self.verified / 2.0).max(1.0),
             Answer::Ok if self.consented(ticket) => self.verified,
             Answer::Ok => self.verified + ticket.cost.max(1.0),
-            Answer::RefusedElsewhere | Answer::OwnWait | Answer::Overloaded => self.verified,
+            Answer::RefusedElsewhere | Answer::Overloaded => self.verified,
         };
         if let Some(reset) = r.reset.filter(|d| !d.is_zero()) {
             if r.limit > r.remaining {
@@ -89,11 +89,6 @@ impl Pacer {
         self.source = Source::Headers;
         let floor = self.floor.unwrap_or(0.0);
         self.burst = (r.limit - floor).max(1.0);
-        if answer == Answer::OwnWait {
-            // The empty bucket this refusal reports is full again by the end of its wait: it
-            // is the request's own, and leaves the level to the answers that describe it.
-            return;
-        }
         let sent_after = (self.sent - ticket.seq).max(0.0) + self.unanswered_before(ticket);
         // The upstream counted `remaining` when the attempt arrived, somewhere between the send
         // and now. Credit refill for at most the fastest round trip seen (none before one is

@@ -140,7 +140,7 @@ impl Partition {
             (&mut for_tokens, full_after.1),
         ] {
             if own {
-                *answer = Answer::OwnWait;
+                *answer = Answer::RefusedElsewhere;
             }
         }
         let own_wait_kept = full_after.0 || full_after.1;

@@ -301,51 +301,6 @@ async fn one_429_pauses_the_partition_until_its_hint_passes() {
     assert!(err.retry_after().unwrap() >= Duration::from_millis(1400));
 }
 
-/// An admission control refuses a request for a wait of its own (`retry-after: 1`, and its
-/// bucket reported full again by then): read after the nine requests sent behind it, its report
-/// (`remaining: 0`) does not set the level the others spend, so the next request goes within a
-/// unit of the reported refill, not after the refill of those nine.
-#[tokio::test(start_paused = true)]
-async fn an_own_wait_refusal_does_not_hold_the_others() {
-    let partition = Partition::new(&config(), None);
-    let metrics = crate::metrics::Metrics::new().upstream("t");
-    let far = Instant::now() + Duration::from_secs(60);
-    let mut tickets = Vec::new();
-    for _ in 0..10 {
-        tickets.push(
-            partition
-                .acquire(1, far, Priority::Interactive, "t")
-                .await
-                .unwrap(),
-        );
-    }
-    let h = provider::header_map(&[
-        ("retry-after", "1"),
-        ("x-ratelimit-limit-requests", "100"),
-        ("x-ratelimit-remaining-requests", "0"),
-        ("x-ratelimit-reset-requests", "1s"),
-    ]);
-    let t = read(&h);
-    assert!(t.own_wait, "{t:?}");
-    partition.observe(
-        tickets.swap_remove(0),
-        Outcome::Throttled(429),
-        Some(&t),
-        Some(&h),
-        None,
-        &metrics,
-    );
-    let start = Instant::now();
-    partition
-        .acquire(1, far, Priority::Interactive, "t")
-        .await
-        .unwrap();
-    // One unit at 97/s is about 10 ms; read as the level, the report would owe the nine sent
-    // behind the refused one and the slack: about 110 ms.
-    let waited = start.elapsed();
-    assert!(waited < Duration::from_millis(50), "held {waited:?}");
-}
-
 #[test]
 fn a_429_is_blamed_on_the_bucket_its_reports_show_empty() {
     let r = |remaining: f64| {

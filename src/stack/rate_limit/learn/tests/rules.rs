@@ -458,27 +458,6 @@ fn a_resync_from_an_old_report_owes_at_most_one_burst() {
     );
 }
 
-/// A refusal whose wait is the request's own (an admission control's queue) reports an empty
-/// bucket that is full again by the end of that wait: the level stays the other requests' to
-/// spend, however many were sent after the refused one.
-#[test]
-fn an_own_wait_refusal_leaves_the_level_alone() {
-    let mut now = Instant::now();
-    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
-    let refused = fine_report(1000.0, 0.0, Duration::from_secs(1));
-    // A first wave of 200; the first one's answer: refused, for a wait of its own.
-    let tickets: Vec<_> = (0..200).map(|_| pacer.admit_anyway(1.0, now)).collect();
-    now += Duration::from_millis(5);
-    pacer.observe(tickets[0], Answer::OwnWait, Some(refused), now);
-    pacer.full_after();
-    assert_eq!(pacer.source(), Source::Headers);
-    assert!(pacer.cap.is_none(), "no cut");
-    // 20 ms of the reported refill (1000/s) pay the slow start's debt of 10 and let the next
-    // request go; read as the level, the reports would owe the 199 sent after the first.
-    now += Duration::from_millis(20);
-    assert!(pacer.try_acquire(1.0, now).is_ok(), "level {}", pacer.level);
-}
-
 /// A bucket refuses at once: an attempt not refused within `CONSENT` was admitted, and grows
 /// the slow start as a success would, so answers that take seconds still let it double per
 /// `CONSENT`. Its answer, when it comes, adds nothing more.

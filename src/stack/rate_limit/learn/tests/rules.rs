@@ -324,24 +324,31 @@ fn an_overload_with_headers_leaves_the_confirmed_window_alone() {
     assert!(pacer.cap.is_none(), "no cut");
 }
 
-/// A demoted tokens pacer keeps a burst of half a second of pace, but a request is oversize
-/// (sent uncharged) only against the bucket the reports describe.
-#[test]
-fn a_demoted_tokens_pacer_still_charges_requests_that_fit_the_reported_bucket() {
-    let mut now = Instant::now();
-    let mut pacer = Pacer::new(Kind::Tokens, 10, 1.0, now);
+/// A tokens pacer on a report of 30,000 refilled at 500/s, demoted by a second 429 that still
+/// shows 20,000 left (`now` is moved past it).
+fn demoted_tokens_pacer(now: &mut Instant) -> Pacer {
+    let mut pacer = Pacer::new(Kind::Tokens, 10, 1.0, *now);
     let report = |remaining: f64| Report {
         limit: 30_000.0,
         remaining,
         reset: Some(Duration::from_secs_f64((30_000.0 - remaining) / 500.0)),
         coarse: false,
     };
-    let t = pacer.admit_anyway(100.0, now);
-    pacer.observe(t, Answer::RateLimited, Some(report(1_000.0)), now);
-    now += Duration::from_secs(2);
-    let t = pacer.admit_anyway(100.0, now);
-    pacer.observe(t, Answer::RateLimited, Some(report(20_000.0)), now);
+    let t = pacer.admit_anyway(100.0, *now);
+    pacer.observe(t, Answer::RateLimited, Some(report(1_000.0)), *now);
+    *now += Duration::from_secs(2);
+    let t = pacer.admit_anyway(100.0, *now);
+    pacer.observe(t, Answer::RateLimited, Some(report(20_000.0)), *now);
     assert_eq!(pacer.source(), Source::Observed);
+    pacer
+}
+
+/// A demoted tokens pacer keeps a burst of half a second of pace, but a request is oversize
+/// (sent uncharged) only against the bucket the reports describe.
+#[test]
+fn a_demoted_tokens_pacer_still_charges_requests_that_fit_the_reported_bucket() {
+    let mut now = Instant::now();
+    let mut pacer = demoted_tokens_pacer(&mut now);
     pacer.refill(now);
     assert!(pacer.burst() < 1_500.0, "burst {}", pacer.burst());
     let t = pacer.admit_anyway(1_500.0, now);
@@ -404,19 +411,7 @@ fn a_per_day_report_sets_no_pace() {
 #[test]
 fn a_request_beyond_a_demoted_burst_owes_at_most_one_burst() {
     let mut now = Instant::now();
-    let mut pacer = Pacer::new(Kind::Tokens, 10, 1.0, now);
-    let report = |remaining: f64| Report {
-        limit: 30_000.0,
-        remaining,
-        reset: Some(Duration::from_secs_f64((30_000.0 - remaining) / 500.0)),
-        coarse: false,
-    };
-    let t = pacer.admit_anyway(100.0, now);
-    pacer.observe(t, Answer::RateLimited, Some(report(1_000.0)), now);
-    now += Duration::from_secs(2);
-    let t = pacer.admit_anyway(100.0, now);
-    pacer.observe(t, Answer::RateLimited, Some(report(20_000.0)), now);
-    assert_eq!(pacer.source(), Source::Observed);
+    let mut pacer = demoted_tokens_pacer(&mut now);
     now += Duration::from_secs(10); // the level refills to the (small) burst
     let t = pacer
         .try_acquire(20_000.0, now)

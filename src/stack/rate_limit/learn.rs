@@ -27,9 +27,11 @@
 //! - **Slow start** before anything is known: `initial_burst` requests go, each success lets two
 //!   more go (doubling per round trip), and the first throttle ends it.
 //! - **Silence is consent.** A bucket refuses at once; an answer takes the service time, for an
-//!   LLM seconds. An attempt not refused within `CONSENT` (and twice the slowest recent refusal)
-//!   was admitted, and confirms its units as a success would (its answer then adds nothing).
-//!   So the ramp doubles per `CONSENT` when answers are slower than that, not per answer.
+//!   LLM seconds. An attempt not refused within twice the slowest recent refusal (any 429 or
+//!   overload: each shows how long this upstream takes to refuse; `CONSENT` before one is seen,
+//!   `MIN_CONSENT` at least) was admitted, and confirms its units as a success would (its answer
+//!   then adds nothing). So the ramp doubles per refusal round trip when answers are slower
+//!   than that, not per answer.
 //! - **No headers** (source `aimd`): the first 429 cuts the measured send rate by `BETA` (AWS's
 //!   adaptive mode); throttle windows then estimate the rate as above.
 //! - **Evidence bounds every cut.** Only 429s read as "the bucket is empty" reach
@@ -80,9 +82,11 @@ const RESYNC_SLACK_TIME: Duration = Duration::from_millis(10);
 const IDLE: Duration = Duration::from_millis(250);
 /// In slow start, one more request goes after this long without an answer.
 const SLOW_START_STALL: Duration = Duration::from_secs(1);
-/// An attempt unanswered this long (and twice the slowest recent refusal) was admitted: a bucket
-/// refuses at once, an answer takes the service time ([`Pacer::consent`]).
+/// Before any refusal is seen, an attempt unanswered this long was admitted: a bucket refuses
+/// at once, an answer takes the service time ([`Pacer::consent`]). Once refusals are seen, twice
+/// the slowest recent one, but at least `MIN_CONSENT` (a timer's tick and a busy scheduler).
 const CONSENT: Duration = Duration::from_millis(500);
+const MIN_CONSENT: Duration = Duration::from_millis(10);
 /// Throttle windows are added up until they span this much before they give an estimate.
 const MIN_WINDOW: Duration = Duration::from_secs(1);
 /// The round trip assumed for spreading a ramp's sends before one is measured.
@@ -232,9 +236,9 @@ pub struct Pacer {
     min_rtt: Option<f64>,
     /// Units admitted up to this sequence number were confirmed by silence ([`Pacer::consent`]).
     consented_seq: f64,
-    /// The slowest recent refusal (seconds from send to a 429 from this bucket; each refusal
-    /// halves the older ones' weight).
-    refusal_latency: f64,
+    /// The slowest recent refusal (seconds from send to a 429 or an overload; each refusal
+    /// halves the older ones' weight); `None` before the first.
+    refusal_latency: Option<f64>,
     /// While ramping (headroom not yet confirmed), sends are spread over the round trip instead
     /// of leaving in a burst when a batch of answers arrives: the next may go at this instant.
     /// A 429 comes back fast, pauses the partition and stops the rest of the round, so the
@@ -287,7 +291,7 @@ impl Pacer {
             synced_seq: f64::NEG_INFINITY,
             min_rtt: None,
             consented_seq: 0.0,
-            refusal_latency: 0.0,
+            refusal_latency: None,
             next_send: now,
             unanswered: VecDeque::new(),
             throttle_log: Throttles::default(),
@@ -409,11 +413,14 @@ impl Pacer {
         if matches!(answer, Answer::RateLimited | Answer::Overloaded) {
             self.throttles += 1;
         }
-        if answer == Answer::RateLimited {
-            let latency = now.saturating_duration_since(ticket.sent_at).as_secs_f64();
+        if answer != Answer::Ok {
+            // Any refusal shows how long this upstream takes to refuse (an overload too: it
+            // comes from the same front door, and a slow one only makes silence wait longer).
             // Each refusal halves what older ones weigh: one slow 429 (a cold connection, a
             // body that trickled) does not hold consent off for good.
-            self.refusal_latency = latency.max(self.refusal_latency * 0.5);
+            let latency = now.saturating_duration_since(ticket.sent_at).as_secs_f64();
+            let older = self.refusal_latency.map_or(0.0, |l| l * 0.5);
+            self.refusal_latency = Some(latency.max(older));
         }
         match report {
             Some(r) => self.learn_headers(ticket, answer, r, now),

@@ -7,20 +7,28 @@ use tokio::time::Instant;
 
 use super::{
     Admission, Pacer, Source, Ticket, CONSENT, FORGET_UNANSWERED, IDLE, MAX_UNANSWERED,
-    RAMP_CATCH_UP, RAMP_RTT_GUESS, SLOW_START_STALL,
+    MIN_CONSENT, RAMP_CATCH_UP, RAMP_RTT_GUESS, SLOW_START_STALL,
 };
 use crate::provider::Kind;
 
 impl Pacer {
     /// The spacing of sends while headroom is unconfirmed (slow start, or reported headroom
     /// beyond what answers have confirmed): one round trip over the confirmed window.
-    fn ramp_gap(&self) -> Option<Duration> {
+    pub(super) fn ramp_gap(&self) -> Option<Duration> {
         let window = match self.source {
             Source::SlowStart => self.burst,
             Source::Headers if self.verified < self.burst => self.verified,
             _ => return None,
         };
-        let rtt = self.min_rtt.unwrap_or(RAMP_RTT_GUESS);
+        // The ramp's round trip is the time to learn whether the bucket took a send: an
+        // answer's, or sooner the silence that counts as consent once refusals are seen. Only
+        // until the bucket's edge is found (the first rate 429 sets the floor; slow start ends
+        // at it): past it the ramp re-grows per answer, so one corral among others on a key
+        // does not outrun its share after each cut.
+        let mut rtt = self.min_rtt.unwrap_or(RAMP_RTT_GUESS);
+        if self.refusal_latency.is_some() && self.floor.is_none() {
+            rtt = rtt.min(self.consent_wait().as_secs_f64());
+        }
         Some(Duration::from_secs_f64(rtt / window.max(1.0)))
     }
 
@@ -94,10 +102,10 @@ impl Pacer {
         }
     }
 
-    /// Confirm the attempts unanswered for [`CONSENT`] (and twice the slowest recent refusal):
-    /// a bucket refuses at once, so one that has not refused them by then admitted them. Each
-    /// grows the ramp as a success would (in slow start the level and window, with headers the
-    /// confirmed headroom), and its answer later adds nothing.
+    /// Confirm the attempts unanswered for twice the slowest recent refusal ([`CONSENT`] before
+    /// one is seen): a bucket refuses at once, so one that has not refused them by then
+    /// admitted them. Each grows the ramp as a success would (in slow start the level and
+    /// window, with headers the confirmed headroom), and its answer later adds nothing.
     pub(super) fn consent(&mut self, now: Instant) {
         if !matches!(self.source, Source::SlowStart | Source::Headers) {
             return;
@@ -138,11 +146,14 @@ impl Pacer {
         Some((oldest.sent_at + wait).saturating_duration_since(now))
     }
 
-    /// How long an attempt must go unanswered to count as admitted.
+    /// How long an attempt must go unanswered to count as admitted: twice the slowest recent
+    /// refusal (this upstream's own time to refuse, network included), [`CONSENT`] before one
+    /// is seen.
     pub(super) fn consent_wait(&self) -> Duration {
-        CONSENT.max(Duration::from_secs_f64(
-            2.0 * self.refusal_latency.min(60.0),
-        ))
+        match self.refusal_latency {
+            None => CONSENT,
+            Some(l) => Duration::from_secs_f64(2.0 * l.min(60.0)).max(MIN_CONSENT),
+        }
     }
 
     /// Whether the attempt admitted with `ticket` was confirmed by its silence.

@@ -551,6 +551,71 @@ fn a_slow_refusal_is_forgotten_as_fast_ones_come() {
         now += Duration::from_millis(2);
         pacer.observe(t, Answer::RateLimited, None, now);
     }
-    // 5 s halved six times is 78 ms: the wait is back to `CONSENT`.
-    assert_eq!(pacer.consent_wait(), CONSENT);
+    // 5 s halved six times is 78 ms: the wait is back to twice that.
+    let wait = pacer.consent_wait();
+    assert!(wait < Duration::from_millis(200), "{wait:?}");
+}
+
+/// Refusals that come back fast (an overload's too) make silence count after twice their time,
+/// not after the half second assumed before any is seen: a ramp behind answers that take
+/// seconds doubles per refusal round trip.
+#[test]
+fn fast_refusals_make_silence_count_sooner() {
+    let start = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, start);
+    assert_eq!(pacer.consent_wait(), CONSENT, "nothing refused yet");
+    let t = pacer.try_acquire(1.0, start).unwrap();
+    pacer.observe(
+        t,
+        Answer::Overloaded,
+        None,
+        start + Duration::from_millis(20),
+    );
+    assert_eq!(pacer.consent_wait(), Duration::from_millis(40));
+    // Refusals of a millisecond: the 20 ms one halves away, down to the floor.
+    for _ in 0..6 {
+        let t = pacer.admit_anyway(1.0, start);
+        pacer.observe(
+            t,
+            Answer::RateLimited,
+            None,
+            start + Duration::from_millis(1),
+        );
+    }
+    assert_eq!(pacer.consent_wait(), MIN_CONSENT, "never below a floor");
+}
+
+/// Until the bucket's edge is found, a ramp spreads its sends over the time silence takes to
+/// count (refusals seen: an engine's overloads), not over a slow answer's round trip; past the
+/// first rate 429 it spreads them over the round trip again.
+#[test]
+fn the_ramp_spreads_over_the_refusal_time_until_the_edge() {
+    let start = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, start);
+    let plenty = fine_report(1_000_000.0, 999_990.0, Duration::from_millis(10));
+    // Answers take 200 ms: the ramp's round trip.
+    let t = pacer.try_acquire(1.0, start).unwrap();
+    let now = start + Duration::from_millis(200);
+    pacer.observe(t, Answer::Ok, Some(plenty), now);
+    let round = |p: &Pacer| p.ramp_gap().unwrap().as_secs_f64() * p.verified;
+    assert!((round(&pacer) - 0.2).abs() < 1e-6, "{}", round(&pacer));
+    // An overload refused in 2 ms: silence counts after 10 ms, and the ramp spreads over that.
+    let t = pacer.admit_anyway(1.0, now);
+    pacer.observe(
+        t,
+        Answer::Overloaded,
+        Some(plenty),
+        now + Duration::from_millis(2),
+    );
+    assert!((round(&pacer) - 0.01).abs() < 1e-6, "{}", round(&pacer));
+    // A rate 429 finds the edge: the round trip again.
+    let empty = fine_report(1_000_000.0, 0.0, Duration::from_secs(1));
+    let t = pacer.admit_anyway(1.0, now);
+    pacer.observe(
+        t,
+        Answer::RateLimited,
+        Some(empty),
+        now + Duration::from_millis(2),
+    );
+    assert!((round(&pacer) - 0.2).abs() < 1e-6, "{}", round(&pacer));
 }

@@ -11,6 +11,12 @@
 //!   failures and per-try timeouts are retried after `hint + U(0, min(floor_jitter, hint/10))`
 //!   when the server's hint is at least the jittered backoff, else after the backoff, while
 //!   `max_retries`, the retry budget and the deadline allow.
+//! - **Backoff escalates while nobody is served.** The backoff's exponent counts a request's
+//!   failures in a row during which the upstream served no request well. When others were
+//!   served meanwhile (an engine refusing one arrival in five, a bad replica behind a balancer)
+//!   the failure was that attempt's luck, not an outage: the next retry waits `U(0, base)`
+//!   again, not twice as long as the last. An outage (nothing served) escalates as before,
+//!   and what retries add is bounded by the budget and the breaker either way.
 //!
 //! Giving up passes the upstream's last answer through, with `x-should-retry: false` when corral
 //! did retry, when the budget refused a retry, or when a throttle's wait is beyond the deadline
@@ -29,6 +35,7 @@ pub(crate) use self::body::replay;
 pub mod policy;
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -66,6 +73,9 @@ pub struct RetryShared {
     budget: TpsBudget,
     rng: Mutex<SmallRng>,
     metrics: UpstreamMetrics,
+    /// Final answers that were not failures (below 500), across every request: a request that
+    /// failed while this moved was unlucky, not facing an outage (backoff does not escalate).
+    served: AtomicU64,
 }
 
 impl RetryShared {
@@ -90,6 +100,7 @@ impl RetryShared {
             rng: Mutex::new(rng),
             config: config.clone(),
             metrics,
+            served: AtomicU64::new(0),
         })
     }
 
@@ -172,6 +183,10 @@ async fn run<S: Next>(inner: S, req: ProxyRequest, shared: Arc<RetryShared>) -> 
     // (bounded by the deadline and `max_throttle_retries`).
     let mut retries = 0u32;
     let mut throttles = 0u32;
+    // The backoff's exponent: failures in a row while no other request was served, and the
+    // count of requests served when the last one was judged.
+    let mut rung = 0u32;
+    let mut served = shared.served.load(Ordering::Relaxed);
     let mut previous = Duration::ZERO;
     let mut previous_answer: Option<Last> = None;
     loop {
@@ -185,7 +200,12 @@ async fn run<S: Next>(inner: S, req: ProxyRequest, shared: Arc<RetryShared>) -> 
         } = match result {
             Ok(response) => match read_response(response, &req, &shared).await {
                 Ok(retryable) => retryable,
-                Err(done) => return Ok(done),
+                Err(done) => {
+                    if !done.status().is_server_error() {
+                        shared.served.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Ok(done);
+                }
             },
             Err(e) => match read_error(e) {
                 Ok(retryable) => retryable,
@@ -205,9 +225,15 @@ async fn run<S: Next>(inner: S, req: ProxyRequest, shared: Arc<RetryShared>) -> 
                 }
             },
         };
+        let now_served = shared.served.load(Ordering::Relaxed);
+        if now_served != served {
+            // Others were served since this request's last failure: this one was its own luck.
+            rung = 0;
+            served = now_served;
+        }
         let sleep = match &throttle {
             Some(t) => throttle_sleep(t, hint, throttles, attempts, &req, &shared),
-            None => failure_sleep(hint, retries, previous, attempts, &shared),
+            None => failure_sleep(hint, retries, rung, previous, attempts, &shared),
         };
         let sleep = match sleep {
             Ok(sleep) => sleep,
@@ -238,6 +264,7 @@ async fn run<S: Next>(inner: S, req: ProxyRequest, shared: Arc<RetryShared>) -> 
             throttles += 1;
         } else {
             retries += 1;
+            rung += 1;
         }
         previous = sleep;
     }
@@ -358,10 +385,11 @@ fn throttle_sleep(
 
 /// The wait before retrying a failure, or how to give up on it. A failure, an overload (529,
 /// or a 429 read as overload) among them: the whole service is unwell, no bucket to wait
-/// for: back off within the failure budget.
+/// for: back off (`rung`: the backoff's exponent) within the failure budget.
 fn failure_sleep(
     hint: Option<Duration>,
     retries: u32,
+    rung: u32,
     previous: Duration,
     attempts: u32,
     shared: &RetryShared,
@@ -383,7 +411,7 @@ fn failure_sleep(
             retry_after: None,
         });
     }
-    Ok(shared.sleep_for(retries, previous, hint))
+    Ok(shared.sleep_for(rung, previous, hint))
 }
 
 /// Whether a 429 is permanent (no wait cures it: see [`policy::judge_response`]), judged from

@@ -448,3 +448,54 @@ async fn a_deadline_that_ends_an_attempt_under_way_gives_up_as_deadline() {
     let line = r#"corral_retry_gave_up_total{upstream="t",why="deadline"} 1"#;
     assert!(text.contains(line), "no `{line}` in\n{text}");
 }
+
+/// A request's failures escalate its backoff only while the upstream serves nobody: with other
+/// requests served between them (one arrival in five refused, say), each retry waits `base`
+/// again (jitter off, so the waits are exact); in an outage they double as before.
+#[tokio::test(start_paused = true)]
+async fn backoff_escalates_only_while_nobody_is_served() {
+    let cfg = RetryConfig {
+        max_retries: 6,
+        ..config(Jitter::None)
+    };
+    let gaps = |times: &[Instant]| -> Vec<u64> {
+        times
+            .windows(2)
+            .map(|w| (w[1] - w[0]).as_millis() as u64)
+            .collect()
+    };
+    let refusals = || Script::new((0..3).map(|_| answer(503, &[], "busy")).collect());
+
+    // An outage: nothing else is served, the waits double.
+    let alone = refusals();
+    let layer = retry(&cfg, 1);
+    let response = layer
+        .layer(alone.service())
+        .oneshot(request(Duration::from_secs(600)))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(gaps(&alone.times.lock().unwrap()), [500, 1000, 2000]);
+
+    // The same refusals while another request is served every 400 ms: base each time.
+    let unlucky = refusals();
+    let layer = retry(&cfg, 1);
+    let task = tokio::spawn(
+        layer
+            .layer(unlucky.service())
+            .oneshot(request(Duration::from_secs(600))),
+    );
+    let others = Script::new(Vec::new());
+    let served = layer.layer(others.service());
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let ok = served
+            .clone()
+            .oneshot(request(Duration::from_secs(600)))
+            .await
+            .unwrap();
+        assert_eq!(ok.status(), 200);
+    }
+    assert_eq!(task.await.unwrap().unwrap().status(), 200);
+    assert_eq!(gaps(&unlucky.times.lock().unwrap()), [500, 500, 500]);
+}

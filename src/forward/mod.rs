@@ -400,12 +400,16 @@ impl<'a> Asks<'a> {
 
 /// The response body on its way to the client, cut (abruptly) when the upstream pauses longer
 /// than `idle` or the client's deadline passes; `on_timeout` counts it.
-pub fn time_response(
-    body: Body,
+pub fn time_response<B>(
+    body: B,
     idle: Duration,
     deadlines: Deadlines,
     on_timeout: impl FnOnce(TimeoutKind) + Send + 'static,
-) -> Body {
+) -> Body
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<crate::body::BoxError>,
+{
     crate::body::boxed(Timed::new(body, idle, deadlines.exchange, on_timeout))
 }
 

@@ -27,6 +27,14 @@ pub type BoxFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, ProxyErr
 /// What every layer's call comes to: the response head, or corral's refusal.
 pub type Answer = Result<Response<Body>, ProxyError>;
 
+/// The body of a stack's answer: tower-http's catch-panic boxes every body it passes, in its
+/// own wrapper type, which goes on as it is (one box, not a second one around it).
+pub type StackBody = tower_http::body::UnsyncBoxBody<bytes::Bytes, body::BoxError>;
+
+/// The future of a whole stack (its [`CatchPanic`], outermost).
+pub type StackFuture =
+    Pin<Box<dyn Future<Output = Result<Response<StackBody>, ProxyError>> + Send>>;
+
 /// The rest of the stack below a layer. Layers call each other through this, not through
 /// tower's `Service`, so a request's way down the stack is one future, boxed once by the
 /// [`Stack`](crate::stack::Stack) that holds it, not a box per layer.
@@ -174,7 +182,7 @@ impl ResponseForPanic for PanicAnswer {
 /// future below it (not in a response body already streaming: the client has its head, and
 /// the connection is cut) is answered by [`PanicAnswer`] instead of closing the connection
 /// with no reply. tower-http's service takes an `http::Request`, so a [`ProxyRequest`] rides in
-/// one as its body, and its answer's body is boxed back into [`Body`].
+/// one as its body, and its answer's body is tower-http's box of it ([`StackBody`]).
 #[derive(Clone)]
 pub struct CatchPanicLayer(PanicAnswer);
 
@@ -209,16 +217,15 @@ where
         + Send
         + 'static,
 {
-    type Response = Response<Body>;
+    type Response = Response<StackBody>;
     type Error = ProxyError;
-    type Future = BoxFuture;
+    type Future = StackFuture;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
         self.0.poll_ready(cx)
     }
 
-    fn call(&mut self, req: ProxyRequest) -> BoxFuture {
-        let answer = self.0.call(Request::new(req));
-        Box::pin(async move { answer.await.map(|response| response.map(body::boxed)) })
+    fn call(&mut self, req: ProxyRequest) -> StackFuture {
+        Box::pin(self.0.call(Request::new(req)))
     }
 }

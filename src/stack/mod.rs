@@ -44,14 +44,13 @@ use std::sync::Arc;
 use http::Response;
 use tower::ServiceBuilder;
 
-use crate::body::Body;
 use crate::client::UpstreamClient;
 use crate::config::{ConcurrencyMode, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::fleet::Fleet;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{BoxFuture, CatchPanicLayer};
+use crate::stack::layer::{CatchPanicLayer, StackBody, StackFuture};
 
 /// A built stack: clone it per request (clones share all state, and a clone is one reference
 /// count). Every layer is always ready, so it is called without waiting for readiness.
@@ -70,29 +69,29 @@ impl Stack {
 
 /// A service called through a shared reference: a clone of it takes the request.
 pub(crate) trait Call: Send + Sync {
-    fn call_cloned(&self, req: ProxyRequest) -> BoxFuture;
+    fn call_cloned(&self, req: ProxyRequest) -> StackFuture;
 }
 
 impl<S> Call for S
 where
     S: tower::Service<
             ProxyRequest,
-            Response = Response<Body>,
+            Response = Response<StackBody>,
             Error = ProxyError,
-            Future = BoxFuture,
+            Future = StackFuture,
         > + Clone
         + Send
         + Sync,
 {
-    fn call_cloned(&self, req: ProxyRequest) -> BoxFuture {
+    fn call_cloned(&self, req: ProxyRequest) -> StackFuture {
         self.clone().call(req)
     }
 }
 
 impl tower::Service<ProxyRequest> for Stack {
-    type Response = Response<Body>;
+    type Response = Response<StackBody>;
     type Error = ProxyError;
-    type Future = BoxFuture;
+    type Future = StackFuture;
 
     fn poll_ready(
         &mut self,
@@ -101,7 +100,7 @@ impl tower::Service<ProxyRequest> for Stack {
         std::task::Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: ProxyRequest) -> BoxFuture {
+    fn call(&mut self, req: ProxyRequest) -> StackFuture {
         self.0.call_cloned(req)
     }
 }
@@ -231,6 +230,7 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
+    use crate::body::Body;
     use crate::config::types::parse_base_url;
     use crate::config::PartitionScope;
     use crate::metrics::Metrics;

@@ -10,7 +10,7 @@ use tower::ServiceExt;
 
 use super::*;
 use crate::config::Priority;
-use crate::stack::layer::{BoxFuture, Tower};
+use crate::stack::layer::{BoxFuture, CatchPanicLayer, Tower};
 
 fn window(limit: u32, queue: usize, timeout: Duration) -> Arc<Window> {
     Window::new(
@@ -252,11 +252,11 @@ async fn herd_against_queueing_backend(n: usize, slots: usize, service: ServiceT
             answer
         })
     };
-    // Behind the stack's own type: spawning the bare layered service trips a higher-ranked
-    // lifetime error.
+    // Behind the stack's own type, catch-panic outermost as in every stack: spawning the bare
+    // layered service trips a higher-ranked lifetime error.
     let stack = crate::stack::Stack::new(tower::Layer::layer(
-        &ConcurrencyLayer::new(Arc::clone(&w)),
-        Tower(backend),
+        &CatchPanicLayer::new(crate::metrics::Metrics::new().upstream("t")),
+        tower::Layer::layer(&ConcurrencyLayer::new(Arc::clone(&w)), Tower(backend)),
     ));
     let start = Instant::now();
     let peak = Arc::new(AtomicU32::new(0));
@@ -379,8 +379,8 @@ async fn only_first_attempt_successes_teach_the_window() {
         answer
     });
     let stack = crate::stack::Stack::new(tower::Layer::layer(
-        &ConcurrencyLayer::new(Arc::clone(&w)),
-        Tower(backend),
+        &CatchPanicLayer::new(crate::metrics::Metrics::new().upstream("t")),
+        tower::Layer::layer(&ConcurrencyLayer::new(Arc::clone(&w)), Tower(backend)),
     ));
     let base = || w.gradient.as_ref().unwrap().lock().unwrap().base_rtt();
     for path in ["/busy", "/retried", "/ok"] {

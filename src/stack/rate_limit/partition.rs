@@ -352,8 +352,8 @@ impl Partition {
         if !(p.requests.can_acquire(1.0, now) && p.tokens.can_acquire(units, now)) {
             return None;
         }
-        let requests = p.requests.try_acquire(1.0, now).ok()?;
-        let tokens = p.tokens.try_acquire(units, now).ok()?;
+        let requests = p.requests.acquire_ready(1.0, now).ok()?;
+        let tokens = p.tokens.acquire_ready(units, now).ok()?;
         Some(Some(Tickets { requests, tokens }))
     }
 

@@ -44,8 +44,22 @@ impl Pacer {
 
     /// Admit `cost` units now, or say how long to wait (`None`: until an answer arrives).
     pub fn try_acquire(&mut self, cost: f64, now: Instant) -> Result<Ticket, Option<Duration>> {
-        match self.admits(cost, now)? {
-            Admission::Free => Ok(self.admit(0.0, now)),
+        let admission = self.admits(cost, now)?;
+        Ok(self.take(admission, cost, now))
+    }
+
+    /// [`try_acquire`](Self::try_acquire) right after [`can_acquire`](Self::can_acquire) said
+    /// yes at the same `now`: the refill is not done again (a second one at the same instant
+    /// changes nothing), so the fast path refills each pacer once.
+    pub fn acquire_ready(&mut self, cost: f64, now: Instant) -> Result<Ticket, Option<Duration>> {
+        let admission = self.admits_refilled(cost, now)?;
+        Ok(self.take(admission, cost, now))
+    }
+
+    /// Admit `cost` units as `admission` says.
+    fn take(&mut self, admission: Admission, cost: f64, now: Instant) -> Ticket {
+        match admission {
+            Admission::Free => self.admit(0.0, now),
             Admission::Paced => {
                 // Larger than a demoted burst (but within the reported bucket): charged down
                 // to one burst owed, not the whole of it.
@@ -59,11 +73,11 @@ impl Pacer {
                     let from = now.checked_sub(RAMP_CATCH_UP).unwrap_or(now);
                     self.next_send = self.next_send.max(from) + gap;
                 }
-                Ok(self.admit(charge, now))
+                self.admit(charge, now)
             }
             Admission::Anyway => {
                 self.quiet_since = now;
-                Ok(self.admit_anyway(cost, now))
+                self.admit_anyway(cost, now)
             }
         }
     }
@@ -71,10 +85,17 @@ impl Pacer {
     /// How [`try_acquire`](Self::try_acquire) would admit `cost` units now, taking nothing
     /// (but the refill up to `now`); `Err` as there.
     pub fn admits(&mut self, cost: f64, now: Instant) -> Result<Admission, Option<Duration>> {
+        if self.source != Source::None {
+            self.refill(now);
+        }
+        self.admits_refilled(cost, now)
+    }
+
+    /// [`admits`](Self::admits) with the pacer already refilled up to `now`.
+    fn admits_refilled(&mut self, cost: f64, now: Instant) -> Result<Admission, Option<Duration>> {
         if self.source == Source::None {
             return Ok(Admission::Free);
         }
-        self.refill(now);
         if self.oversize(cost) {
             // Larger than the bucket: no wait here can make room for it. It goes now, charged
             // nothing; the upstream's answer (its report) settles what it cost.

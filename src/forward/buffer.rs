@@ -67,7 +67,7 @@ impl BufferBudget {
     /// [`BUFFER_WAIT`] from now or `deadline`, whichever is sooner.
     pub async fn hold(&self, bytes: usize, deadline: Instant) -> Result<Held, ProxyError> {
         let mut held = self.none();
-        let until = (Instant::now() + BUFFER_WAIT).min(deadline);
+        let until = || (Instant::now() + BUFFER_WAIT).min(deadline);
         self.cover(&mut held, bytes, until).await?;
         Ok(held)
     }
@@ -81,8 +81,14 @@ impl BufferBudget {
         }
     }
 
-    /// Grow what `held` holds to cover `total` bytes, waiting until `until` at most.
-    async fn cover(&self, held: &mut Held, total: usize, until: Instant) -> Result<(), ProxyError> {
+    /// Grow what `held` holds to cover `total` bytes, waiting until `until()` at most (the clock
+    /// is read only when there is no room at once).
+    async fn cover(
+        &self,
+        held: &mut Held,
+        total: usize,
+        until: impl FnOnce() -> Instant,
+    ) -> Result<(), ProxyError> {
         let want = total.div_ceil(GRANULE);
         let Some(more) = want.checked_sub(held.granules).filter(|&m| m > 0) else {
             return Ok(());
@@ -95,7 +101,8 @@ impl BufferBudget {
         let semaphore = Arc::clone(&self.semaphore);
         let permit = match Arc::clone(&semaphore).try_acquire_many_owned(n) {
             Ok(permit) => permit,
-            Err(_) => match tokio::time::timeout_at(until, semaphore.acquire_many_owned(n)).await {
+            Err(_) => match tokio::time::timeout_at(until(), semaphore.acquire_many_owned(n)).await
+            {
                 Ok(Ok(permit)) => permit,
                 _ => return Err(full()),
             },
@@ -166,7 +173,7 @@ where
     let mut buf = Vec::new();
     if let Some(len) = hint.exact() {
         let len = len as usize;
-        budget.cover(&mut held, len, wait_until()).await?;
+        budget.cover(&mut held, len, wait_until).await?;
         buf.reserve_exact(len);
     }
     let mut body = std::pin::pin!(Timed::new(body, bounds.idle, Some(bounds.deadline), |_| {}));
@@ -187,7 +194,7 @@ where
                 .max(buf.capacity() * 2)
                 .max(FIRST_CHUNKED)
                 .min(bounds.limit);
-            budget.cover(&mut held, target, wait_until()).await?;
+            budget.cover(&mut held, target, wait_until).await?;
             buf.reserve_exact(target - buf.len());
         }
         buf.extend_from_slice(&data);

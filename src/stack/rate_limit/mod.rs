@@ -381,16 +381,18 @@ impl RateLimitShared {
         };
         let cost = estimate.charge(self.prompt_ratio.get());
         let start = Instant::now();
-        let tickets = partition
-            .acquire_at(
-                start,
-                cost,
-                req.ctx.wait_deadline,
-                req.ctx.priority,
-                m.name(),
-            )
-            .await?;
-        let sent_at = Instant::now();
+        // Admitted at once, it is sent at the instant the clock was read for admission: the
+        // clock is read again only after a wait.
+        let (tickets, sent_at) = match partition.fast_path(cost, start) {
+            Some(tickets) => (tickets, start),
+            None => {
+                let (deadline, priority) = (req.ctx.wait_deadline, req.ctx.priority);
+                let tickets = partition
+                    .wait_for(cost, deadline, priority, m.name())
+                    .await?;
+                (tickets, Instant::now())
+            }
+        };
         m.rate_wait
             .observe(sent_at.saturating_duration_since(start).as_secs_f64());
         if self.config.limits.tpm.is_some() {

@@ -25,6 +25,7 @@ mod answers;
 
 use std::future::Future;
 use std::num::NonZeroU32;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -292,8 +293,20 @@ impl Partition {
     ) -> impl Future<Output = Result<Option<Tickets>, ProxyError>> + Send + 'a {
         match self.fast_path(cost, now) {
             Some(tickets) => Either::Left(std::future::ready(Ok(tickets))),
-            None => Either::Right(Box::pin(self.slow_path(cost, deadline, priority, upstream))),
+            None => Either::Right(self.wait_for(cost, deadline, priority, upstream)),
         }
+    }
+
+    /// The slow path of [`Self::acquire_at`] alone, for a caller that took the fast path
+    /// ([`Self::fast_path`]) itself and was not admitted; boxed.
+    pub fn wait_for<'a>(
+        &'a self,
+        cost: u32,
+        deadline: Instant,
+        priority: Priority,
+        upstream: &'a str,
+    ) -> Pin<Box<dyn Future<Output = Result<Option<Tickets>, ProxyError>> + Send + 'a>> {
+        Box::pin(self.slow_path(cost, deadline, priority, upstream))
     }
 
     /// Wait for a turn and for capacity: the way of a request `fast_path` did not admit.
@@ -333,7 +346,7 @@ impl Partition {
 
     /// Admit at once when nothing waits, nothing is paused and the pacers say go now; `None`:
     /// take the slow path.
-    fn fast_path(&self, cost: u32, now: Instant) -> Option<Option<Tickets>> {
+    pub fn fast_path(&self, cost: u32, now: Instant) -> Option<Option<Tickets>> {
         if self.queued.load(Ordering::Acquire) > 0
             || self.requests.is_some()
             || self.tokens.is_some()

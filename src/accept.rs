@@ -114,15 +114,27 @@ pub fn http_builder(limits: &ConnLimits) -> auto::Builder<TokioExecutor> {
     builder
 }
 
-/// Serves one request from a client at the given address.
-pub type Handler = Arc<
-    dyn Fn(Request<Incoming>, SocketAddr) -> Pin<Box<dyn Future<Output = Response<Body>> + Send>>
-        + Send
-        + Sync,
->;
+/// Serves one request from a client at the given address: any such closure. Its future is
+/// not boxed: hyper keeps a connection's request future in one slot it reuses, where a boxed
+/// one would cost every request an allocation and one more copy of the future.
+pub trait Handler: Send + Sync + 'static {
+    type Future: Future<Output = Response<Body>> + Send + 'static;
+    fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Self::Future;
+}
 
-/// One listener and the connections it accepted.
-pub struct Acceptor {
+impl<F, R> Handler for F
+where
+    F: Fn(Request<Incoming>, SocketAddr) -> R + Send + Sync + 'static,
+    R: Future<Output = Response<Body>> + Send + 'static,
+{
+    type Future = R;
+    fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> R {
+        self(req, peer)
+    }
+}
+
+/// One listener and the connections it accepted, served by `H`.
+pub struct Acceptor<H> {
     /// `proxy` or `admin`, for logs.
     name: &'static str,
     /// `None` once closed.
@@ -130,7 +142,7 @@ pub struct Acceptor {
     conns: JoinSet<()>,
     limits: ConnLimits,
     builder: Arc<auto::Builder<TokioExecutor>>,
-    handler: Handler,
+    handler: Arc<H>,
     /// `true` asks every connection to finish.
     drain: watch::Sender<bool>,
     /// Open connections, for `/status`.
@@ -138,13 +150,13 @@ pub struct Acceptor {
     last_cap_warning: Option<Instant>,
 }
 
-impl Acceptor {
+impl<H: Handler> Acceptor<H> {
     pub fn new(
         name: &'static str,
         listener: TcpListener,
         limits: ConnLimits,
         builder: Arc<auto::Builder<TokioExecutor>>,
-        handler: Handler,
+        handler: H,
         open: Arc<AtomicUsize>,
     ) -> Self {
         Self {
@@ -153,7 +165,7 @@ impl Acceptor {
             conns: JoinSet::new(),
             limits,
             builder,
-            handler,
+            handler: Arc::new(handler),
             drain: watch::Sender::new(false),
             open,
             last_cap_warning: None,
@@ -258,15 +270,15 @@ async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(TcpStream, S
 }
 
 /// One accepted connection and what it needs.
-struct Connection {
+struct Connection<H> {
     peer: SocketAddr,
     limits: ConnLimits,
     builder: Arc<auto::Builder<TokioExecutor>>,
-    handler: Handler,
+    handler: Arc<H>,
     drain: watch::Receiver<bool>,
 }
 
-impl Connection {
+impl<H: Handler> Connection<H> {
     async fn serve(mut self, stream: TcpStream) {
         let peer = self.peer;
         // 1. The first byte (peeked: hyper reads it again).
@@ -294,7 +306,7 @@ impl Connection {
             let (activity, handler) = (Arc::clone(&activity), Arc::clone(&self.handler));
             service_fn(move |req| {
                 let in_flight = activity.begin();
-                let response = handler(req, peer);
+                let response = handler.handle(req, peer);
                 async move {
                     let response = response.await;
                     Ok::<_, Infallible>(response.map(|body| Guarded::wrap(body, in_flight)))

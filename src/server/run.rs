@@ -39,9 +39,9 @@ pub async fn run<S: Into<Signal>>(
 ) -> std::io::Result<()> {
     let builder = Arc::new(accept::http_builder(&app.limits));
     let addr = listener.local_addr()?;
-    let proxy_handler: Handler = {
+    let proxy_handler = {
         let app = Arc::clone(&app);
-        Arc::new(move |req, peer| Box::pin(Arc::clone(&app).handle_caught(req, peer)))
+        move |req, peer| Arc::clone(&app).handle_caught(req, peer)
     };
     let mut proxy = Acceptor::new(
         "proxy",
@@ -59,12 +59,12 @@ pub async fn run<S: Into<Signal>>(
                 ..app.limits
             };
             let app = Arc::clone(&app);
-            let handler: Handler = Arc::new(move |req: Request<Incoming>, _| {
+            let handler = move |req: Request<Incoming>, _| {
                 let response = app.admin(&req).unwrap_or_else(|| {
                     ProxyError::NoRoute(req.uri().path().to_owned()).into_response()
                 });
-                Box::pin(std::future::ready(response))
-            });
+                std::future::ready(response)
+            };
             let open = Arc::default();
             Some(Acceptor::new(
                 "admin", listener, limits, builder, handler, open,
@@ -120,8 +120,8 @@ pub async fn run<S: Into<Signal>>(
 
 /// Serve both listeners until `until` resolves.
 async fn serve_until<T>(
-    proxy: &mut Acceptor,
-    mut admin: Option<&mut Acceptor>,
+    proxy: &mut Acceptor<impl Handler>,
+    mut admin: Option<&mut Acceptor<impl Handler>>,
     until: impl Future<Output = T>,
 ) -> T {
     let mut until = std::pin::pin!(until);
@@ -135,7 +135,7 @@ async fn serve_until<T>(
 }
 
 /// One step of the admin listener; never resolves when there is none.
-async fn serve_admin(admin: Option<&mut Acceptor>) {
+async fn serve_admin(admin: Option<&mut Acceptor<impl Handler>>) {
     match admin {
         Some(admin) => admin.step().await,
         None => std::future::pending().await,
@@ -143,7 +143,7 @@ async fn serve_admin(admin: Option<&mut Acceptor>) {
 }
 
 /// The admin listener, if any, until the caller stops polling.
-async fn serve_admin_forever(mut admin: Option<&mut Acceptor>) {
+async fn serve_admin_forever(mut admin: Option<&mut Acceptor<impl Handler>>) {
     loop {
         serve_admin(admin.as_deref_mut()).await;
     }

@@ -222,7 +222,7 @@ impl Throttle {
 
 /// Whether the buckets the headers report empty are all full again by `wait` (and one is).
 fn refills_by(headers: &HeaderMap, wait: Duration, now: SystemTime) -> bool {
-    let reports = crate::provider::reports(headers, now);
+    let reports = crate::provider::reports(headers, || now);
     let mut empty = reports
         .into_iter()
         .flatten()
@@ -235,7 +235,7 @@ fn refills_by(headers: &HeaderMap, wait: Duration, now: SystemTime) -> bool {
 /// Whether the rate-limit headers report clear headroom in every bucket they describe; `None`
 /// when they describe none.
 fn headroom(headers: &HeaderMap, now: SystemTime) -> Option<bool> {
-    let reports = crate::provider::reports(headers, now);
+    let reports = crate::provider::reports(headers, || now);
     let mut any = false;
     for r in reports.into_iter().flatten() {
         any = true;

@@ -26,8 +26,9 @@ pub struct Report {
 
 /// The reports of both kinds (requests, then tokens). Most answers of an upstream that
 /// reports nothing carry a few short names: one pass over them is cheaper than hashing the
-/// twelve names [`report`] would look up.
-pub fn reports(headers: &HeaderMap, now_wall: SystemTime) -> [Option<Report>; 2] {
+/// twelve names [`report`] would look up. The wall clock (`now_wall`) is read only for
+/// answers that carry a report.
+pub fn reports(headers: &HeaderMap, now_wall: impl FnOnce() -> SystemTime) -> [Option<Report>; 2] {
     let any = headers.keys().any(|name| {
         let name = name.as_str();
         name.starts_with("x-ratelimit-") || name.starts_with("anthropic-ratelimit-")
@@ -35,6 +36,7 @@ pub fn reports(headers: &HeaderMap, now_wall: SystemTime) -> [Option<Report>; 2]
     if !any {
         return [None, None];
     }
+    let now_wall = now_wall();
     [Kind::Requests, Kind::Tokens].map(|kind| report(headers, kind, now_wall))
 }
 

@@ -25,7 +25,6 @@ struct Reading<'a> {
     own_wait: bool,
     /// The 429 says a bucket is empty.
     rate_limited: bool,
-    wall: SystemTime,
     now: Instant,
 }
 
@@ -57,7 +56,6 @@ impl Partition {
         sent_at: Option<Instant>,
         metrics: &UpstreamMetrics,
     ) {
-        let wall = SystemTime::now();
         let now = Instant::now();
         let reason = match outcome {
             Outcome::Throttled(429) => Some(throttle.map_or(Reason::Unknown, |t| t.reason)),
@@ -75,7 +73,6 @@ impl Partition {
             sent_at,
             own_wait,
             rate_limited,
-            wall,
             now,
         };
         let mut learned = Learned {
@@ -112,12 +109,11 @@ impl Partition {
             headers,
             own_wait,
             rate_limited,
-            wall,
             now,
             ..
         } = *reading;
         let [requests_report, tokens_report] =
-            headers.map_or([None, None], |h| provider::reports(h, wall));
+            headers.map_or([None, None], |h| provider::reports(h, SystemTime::now));
         let named_wait = throttle
             .filter(|t| rate_limited && t.named)
             .and_then(|t| t.hint);

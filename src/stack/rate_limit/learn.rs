@@ -75,7 +75,8 @@ const FORGET_UNANSWERED: Duration = Duration::from_secs(600);
 /// At most this many unanswered tickets are remembered (the oldest go first).
 const MAX_UNANSWERED: usize = 16_384;
 /// Held back when resynchronising the level from a report: the refill of this long (the
-/// uncertainty in when the upstream counted), and at least one token.
+/// uncertainty in when the upstream counted), at most the refill credited, and at least one
+/// token.
 const RESYNC_SLACK_TIME: Duration = Duration::from_millis(10);
 /// With nothing in flight and no answer for this long, one request goes whatever the level:
 /// a storm's cuts never hold a lone request.

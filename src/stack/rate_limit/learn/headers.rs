@@ -95,7 +95,12 @@ impl Pacer {
         // known): a slow connect or a busy machine must not inflate the level. The slack covers
         // the rest.
         let credit = self.min_rtt.map_or(0.0, |m| since.min(m));
-        let slack = (self.header_rate * RESYNC_SLACK_TIME.as_secs_f64()).max(1.0);
+        // The slack covers what the credit may have over-counted, so it is never more than the
+        // credit: with none (no answer's round trip known yet) there is nothing to cover, and a
+        // flood of refusals reporting `remaining: 0` each holding back 10 ms of a fast refill
+        // would pin the level below zero for as long as they keep coming.
+        let slack_time = RESYNC_SLACK_TIME.as_secs_f64().min(credit);
+        let slack = (self.header_rate * slack_time).max(1.0);
         // With a cap below the headers' rate (others draw on the key too), only this pacer's
         // share of the reported headroom is ours: every corral on the key sees the same report.
         let share = match self.cap {

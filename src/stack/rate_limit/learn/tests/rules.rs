@@ -619,3 +619,17 @@ fn the_ramp_spreads_over_the_refusal_time_until_the_edge() {
     );
     assert!((round(&pacer) - 0.2).abs() < 1e-6, "{}", round(&pacer));
 }
+
+/// A report credited no refill (no answer's round trip known yet) holds back no slack for one:
+/// a stream of refusals reporting `remaining: 0` from a bucket refilling a million a second (an
+/// admission control's, each naming its own wait) does not pin the level 10 ms below zero.
+#[test]
+fn a_report_credited_no_refill_holds_back_no_slack() {
+    let now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
+    let refused = fine_report(1_000_000.0, 0.0, Duration::from_secs(1));
+    let t = pacer.admit_anyway(1.0, now);
+    let later = now + Duration::from_millis(2);
+    pacer.observe(t, Answer::RefusedElsewhere, Some(refused), later);
+    assert!(pacer.level >= -1.0, "{}", pacer.level);
+}

@@ -491,22 +491,6 @@ fn silence_confirms_what_the_bucket_did_not_refuse() {
     assert!(pacer.level <= level + 1e-9, "{} after {level}", pacer.level);
 }
 
-/// Refusals that take long make silence last longer before it counts: twice the slowest.
-#[test]
-fn slow_refusals_make_silence_wait_longer() {
-    let start = Instant::now();
-    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, start);
-    let t = pacer.try_acquire(1.0, start).unwrap();
-    // A refusal that took 400 ms: silence now counts after 800 ms.
-    pacer.observe(
-        t,
-        Answer::RateLimited,
-        None,
-        start + Duration::from_millis(400),
-    );
-    assert_eq!(pacer.consent_wait(), Duration::from_millis(800));
-}
-
 /// A throttle window with a long silence in it (a pause of a whole second named for a refill of
 /// milliseconds, or a fleet peer's pause) saw the bucket refill unasked: it estimates nothing,
 /// so no cap is read from it far below the upstream's rate (the cuts it makes instead are
@@ -556,11 +540,11 @@ fn a_slow_refusal_is_forgotten_as_fast_ones_come() {
     assert!(wait < Duration::from_millis(200), "{wait:?}");
 }
 
-/// Refusals that come back fast (an overload's too) make silence count after twice their time,
-/// not after the half second assumed before any is seen: a ramp behind answers that take
-/// seconds doubles per refusal round trip.
+/// Silence counts after twice the slowest recent refusal of any kind (an overload's too), not
+/// after the half second assumed before any is seen: a ramp behind answers that take seconds
+/// doubles per refusal round trip, and slow refusals make it wait longer.
 #[test]
-fn fast_refusals_make_silence_count_sooner() {
+fn silence_counts_after_twice_the_slowest_refusal() {
     let start = Instant::now();
     let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, start);
     assert_eq!(pacer.consent_wait(), CONSENT, "nothing refused yet");
@@ -583,6 +567,15 @@ fn fast_refusals_make_silence_count_sooner() {
         );
     }
     assert_eq!(pacer.consent_wait(), MIN_CONSENT, "never below a floor");
+    // A refusal that took 400 ms: silence now counts after 800 ms.
+    let t = pacer.admit_anyway(1.0, start);
+    pacer.observe(
+        t,
+        Answer::RateLimited,
+        None,
+        start + Duration::from_millis(400),
+    );
+    assert_eq!(pacer.consent_wait(), Duration::from_millis(800));
 }
 
 /// Until the bucket's edge is found, a ramp spreads its sends over the time silence takes to

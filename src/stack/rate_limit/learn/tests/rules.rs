@@ -592,25 +592,19 @@ fn the_ramp_spreads_over_the_refusal_time_until_the_edge() {
     pacer.observe(t, Answer::Ok, Some(plenty), now);
     let round = |p: &Pacer| p.ramp_gap().unwrap().as_secs_f64() * p.verified;
     assert!((round(&pacer) - 0.2).abs() < 1e-6, "{}", round(&pacer));
-    // An overload refused in 2 ms: silence counts after 10 ms, and the ramp spreads over that.
-    let t = pacer.admit_anyway(1.0, now);
-    pacer.observe(
-        t,
-        Answer::Overloaded,
-        Some(plenty),
-        now + Duration::from_millis(2),
-    );
-    assert!((round(&pacer) - 0.01).abs() < 1e-6, "{}", round(&pacer));
+    // A refusal 2 ms after its send, with `report`: the ramp's round trip after it.
+    let refused = |p: &mut Pacer, answer: Answer, report: Report| {
+        let t = p.admit_anyway(1.0, now);
+        p.observe(t, answer, Some(report), now + Duration::from_millis(2));
+        round(p)
+    };
+    // An overload: silence counts after 10 ms, and the ramp spreads over that.
+    let after = refused(&mut pacer, Answer::Overloaded, plenty);
+    assert!((after - 0.01).abs() < 1e-6, "{after}");
     // A rate 429 finds the edge: the round trip again.
     let empty = fine_report(1_000_000.0, 0.0, Duration::from_secs(1));
-    let t = pacer.admit_anyway(1.0, now);
-    pacer.observe(
-        t,
-        Answer::RateLimited,
-        Some(empty),
-        now + Duration::from_millis(2),
-    );
-    assert!((round(&pacer) - 0.2).abs() < 1e-6, "{}", round(&pacer));
+    let after = refused(&mut pacer, Answer::RateLimited, empty);
+    assert!((after - 0.2).abs() < 1e-6, "{after}");
 }
 
 /// A report credited no refill (no answer's round trip known yet) holds back no slack for one:

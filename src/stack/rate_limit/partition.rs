@@ -30,7 +30,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use futures_util::future::Either;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
@@ -269,36 +268,24 @@ impl Partition {
             || self.lease.as_ref().is_some_and(|l| l.charges_tokens())
     }
 
-    /// Wait for this request's turn and capacity. Returns the pacers' tickets. The fast path
-    /// is taken here, before any wait: only the slow path's (large) future is made, and boxed,
-    /// so the future of every attempt through the stack stays small.
-    pub fn acquire<'a>(
-        &'a self,
+    /// Wait for this request's turn and capacity: the fast path, else the slow one, as
+    /// `RateLimitShared::through` takes them (it keeps the fast path's clock reading as the
+    /// send time). Returns the pacers' tickets.
+    pub async fn acquire(
+        &self,
         cost: u32,
         deadline: Instant,
         priority: Priority,
-        upstream: &'a str,
-    ) -> impl Future<Output = Result<Option<Tickets>, ProxyError>> + Send + 'a {
-        self.acquire_at(Instant::now(), cost, deadline, priority, upstream)
-    }
-
-    /// [`Self::acquire`] for a request that arrived at `now` (the caller's clock reading).
-    pub fn acquire_at<'a>(
-        &'a self,
-        now: Instant,
-        cost: u32,
-        deadline: Instant,
-        priority: Priority,
-        upstream: &'a str,
-    ) -> impl Future<Output = Result<Option<Tickets>, ProxyError>> + Send + 'a {
-        match self.fast_path(cost, now) {
-            Some(tickets) => Either::Left(std::future::ready(Ok(tickets))),
-            None => Either::Right(self.wait_for(cost, deadline, priority, upstream)),
+        upstream: &str,
+    ) -> Result<Option<Tickets>, ProxyError> {
+        match self.fast_path(cost, Instant::now()) {
+            Some(tickets) => Ok(tickets),
+            None => self.wait_for(cost, deadline, priority, upstream).await,
         }
     }
 
-    /// The slow path of [`Self::acquire_at`] alone, for a caller that took the fast path
-    /// ([`Self::fast_path`]) itself and was not admitted; boxed.
+    /// The slow path, for a request [`Self::fast_path`] did not admit; boxed, so the future
+    /// of every attempt through the stack stays small.
     pub fn wait_for<'a>(
         &'a self,
         cost: u32,

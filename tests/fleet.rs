@@ -397,6 +397,55 @@ async fn what_one_learns_all_know() {
     );
 }
 
+/// Without rate-limit headers, a 429 that one replica meets ends the others' throttle windows
+/// too: B, never refused itself, stops its ramp (its pace now comes from the 429s: `aimd`)
+/// when A is refused, as it would on a 429 of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peers_429_teaches_a_replica_that_met_none() {
+    let Some(server) = redis() else { return };
+    let refuse_next = Arc::new(AtomicBool::new(false));
+    let r2 = Arc::clone(&refuse_next);
+    let upstream = MockUpstream::start(move |_| {
+        let refuse = r2.swap(false, Ordering::SeqCst);
+        async move {
+            if refuse {
+                let body = serde_json::json!({"error": {
+                    "message": "Rate limit reached for requests",
+                    "type": "requests",
+                    "code": "rate_limit_exceeded"}});
+                json(429, body)
+            } else {
+                json(200, serde_json::json!({"ok": true}))
+            }
+        }
+    })
+    .await;
+    let toml = fleet_config(&upstream, &server.url(), "", "");
+    let a = Corral::start(&toml).await;
+    let b = Corral::start(&toml).await;
+    subscribed(&server, 2).await;
+    let learned = |v: &serde_json::Value| model_m(v)["learned"][0].clone();
+    assert_eq!(burst(&b, 3, 1).await, [200, 200, 200]);
+    assert_eq!(
+        learned(&get_json(&b, "/status").await)["source"],
+        "slow_start"
+    );
+    // A's first attempt is refused (its retry is answered).
+    refuse_next.store(true, Ordering::SeqCst);
+    assert_eq!(burst(&a, 1, 1).await, [200]);
+    assert_eq!(learned(&get_json(&a, "/status").await)["throttles_seen"], 1);
+    let mut seen = serde_json::Value::Null;
+    for _ in 0..100 {
+        seen = learned(&get_json(&b, "/status").await);
+        if seen["source"] == "aimd" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(seen["source"], "aimd", "B learned of A's 429: {seen}");
+    assert_eq!(seen["throttles_seen"], 0, "B met no 429 itself");
+}
+
 /// Units leased and never used go back to the shared bucket (after a lull, or at shutdown),
 /// and a corral that stops leaves the live set.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

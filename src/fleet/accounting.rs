@@ -48,6 +48,9 @@ const IDLE_RETURN_MIN: Duration = Duration::from_millis(250);
 const IDLE_GAPS: f64 = 3.0;
 /// Refill calls are at least this far apart.
 const MIN_SPACING: Duration = Duration::from_millis(5);
+/// A refusal at a bucket's edge is published to the peers only this soon after it was seen:
+/// they take the moment they hear of it as the end of a throttle window.
+const EDGE_NEWS: Duration = Duration::from_millis(100);
 
 /// Which bucket.
 pub(super) const REQUESTS: usize = 0;
@@ -222,6 +225,12 @@ pub(super) struct Account {
     /// goes, not its length: a call that waits for Redis must not lengthen it).
     pub(super) pause_until: Option<Instant>,
     pub(super) refused: u8,
+    /// When this replica's latest refusal at a bucket's edge was seen, to publish to the peers
+    /// while it is news ([`EDGE_NEWS`]).
+    pub(super) edge_at: Option<Instant>,
+    /// This replica's estimate of its share of the key's request rate and its demand, to
+    /// publish with the next call.
+    pub(super) estimate: Option<(f64, f64)>,
     pub(super) live: u64,
     pub(super) share: Option<Arc<Share>>,
     /// After a call granted less than it asked (the shared bucket queued far ahead), no
@@ -237,6 +246,48 @@ pub(super) struct Account {
     shortfall: [f64; 2],
     /// Fell back since the last answer: a bucket Redis no longer has starts empty.
     resync: bool,
+}
+
+/// Shares heard this long before the newest one are from an earlier round of 429s: their
+/// replica closed no window in the newest (it was not asking for more), and what it uses is
+/// not part of the rate the others split.
+const SHARE_ROUND: Duration = Duration::from_secs(1);
+/// At most this many replicas' shares are kept (the oldest go first).
+const MAX_SHARES: usize = 1024;
+
+/// The replicas' latest shares of the key's request rate, each estimated from the throttle
+/// windows every replica closes at every refusal in the fleet: added up they are the key's
+/// rate, which the replicas then split by their demand.
+#[derive(Debug, Default)]
+pub(super) struct Shares {
+    /// Per replica: its share (units/s), its demand (units it would send in the next second),
+    /// when it was heard.
+    latest: Vec<(String, f64, f64, Instant)>,
+}
+
+impl Shares {
+    /// `replica`'s share and demand, heard at `now`. Returns `me`'s part of the key's rate as
+    /// the shares of this round add up, split by demand; `None` until `me` has a share in it.
+    pub(super) fn heard(
+        &mut self,
+        replica: &str,
+        rate: f64,
+        demand: f64,
+        me: &str,
+        now: Instant,
+    ) -> Option<f64> {
+        self.latest.retain(|(r, _, _, at)| {
+            r != replica && now.saturating_duration_since(*at) <= SHARE_ROUND
+        });
+        if self.latest.len() >= MAX_SHARES {
+            self.latest.remove(0);
+        }
+        self.latest.push((replica.to_owned(), rate, demand, now));
+        let mine = self.latest.iter().find(|(r, ..)| r == me)?.2;
+        let rate: f64 = self.latest.iter().map(|s| s.1).sum();
+        let demand: f64 = self.latest.iter().map(|s| s.2).sum();
+        (demand > 0.0).then(|| rate * mine / demand)
+    }
 }
 
 /// Whether a request may go, and if not, how long it waits.
@@ -282,6 +333,8 @@ impl Account {
             urgent: true,
             pause_until: None,
             refused: 0,
+            edge_at: None,
+            estimate: None,
             live: 1,
             share: None,
             not_before: None,
@@ -517,14 +570,20 @@ impl Account {
             .pause_until
             .take()
             .map_or(0, |u| u.saturating_duration_since(now).as_millis() as u64);
-        // A refusal whose pause has passed is old news.
+        // A refusal whose pause has passed, or an edge seen a while ago, is old news.
         let refused = std::mem::take(&mut self.refused);
+        let edge = self
+            .edge_at
+            .take()
+            .is_some_and(|at| now.saturating_duration_since(at) < EDGE_NEWS);
         CallArgs {
             keys: keys.clone(),
             resync: self.resync,
             leaving,
             pause_ms,
-            refused: if pause_ms > 0 { refused } else { 0 },
+            refused: if pause_ms > 0 || edge { refused } else { 0 },
+            edge,
+            estimate: self.estimate.take(),
             kinds,
         }
     }
@@ -590,6 +649,12 @@ impl Account {
         if args.pause_ms > 0 {
             let until = sent + Duration::from_millis(args.pause_ms);
             self.pause_until = Some(self.pause_until.map_or(until, |u| u.max(until)));
+            self.refused |= args.refused;
+            self.urgent = true;
+        }
+        if args.edge {
+            // Its age still counts from `sent`: a late edge is no window's end.
+            self.edge_at = Some(self.edge_at.map_or(sent, |at| at.max(sent)));
             self.refused |= args.refused;
             self.urgent = true;
         }

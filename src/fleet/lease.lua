@@ -14,7 +14,14 @@
 -- learned bucket it creates ("PAUSE-KEY learned"), so every replica leases from it; ARGV[21] "1" when
 -- the replica fell back since its last answer (Redis may have lost the buckets); ARGV[22] and
 -- ARGV[23] the requests and tokens buckets' epochs the returned units came from: units of
--- another epoch (a bucket Redis lost) are not taken back.
+-- another epoch (a bucket Redis lost) are not taken back. ARGV[24] "1" when the refusals of
+-- ARGV[5] are a bucket's edge (the upstream's bucket was empty when it refused): they are
+-- published ("PAUSE-KEY throttled BUCKETS REPLICA"), so every replica takes the moment as the
+-- end of a throttle window (what it sent since the last one is its share of the refill).
+-- ARGV[25] "RATE DEMAND" ("-": none): the caller's estimate of its share of the key's request
+-- rate (from those windows, when the upstream reports no limit) and its demand, published
+-- ("PAUSE-KEY share RATE DEMAND REPLICA"): the replicas add the shares up to the key's rate
+-- and split it by demand.
 --
 -- Returns, per bucket (requests, then tokens): units granted, the level before the grant, the
 -- rate, the burst (rate "0": nothing known, the bucket does not gate) and its epoch (set when
@@ -109,6 +116,12 @@ if pause_ms > 0 and now + pause_ms > until_ms then
 end
 if created then
   redis.call('PUBLISH', ARGV[20], KEYS[3] .. ' learned')
+end
+if throttled > 0 and ARGV[24] == '1' then
+  redis.call('PUBLISH', ARGV[20], KEYS[3] .. ' throttled ' .. throttled .. ' ' .. ARGV[1])
+end
+if ARGV[25] and ARGV[25] ~= '-' then
+  redis.call('PUBLISH', ARGV[20], KEYS[3] .. ' share ' .. ARGV[25] .. ' ' .. ARGV[1])
 end
 
 if ARGV[3] == '1' then

@@ -19,13 +19,23 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::accounting::{Account, Admission, Holding, KINDS, REQUESTS, TOKENS};
+use super::accounting::{Account, Admission, Holding, Shares, KINDS, REQUESTS, TOKENS};
 pub use super::accounting::{IDLE_RETURN, MIN_BLOCK};
 use super::script::{pause_end, CallArgs};
 use super::{CallError, Fleet};
 use crate::config::UpstreamConfig;
 use crate::metrics::FleetMode;
 use crate::sync::lock;
+
+/// What a lease tells its partition of its peers' 429s.
+pub struct Peers {
+    /// The end of a pause Redis reports (a peer's 429 named it).
+    pub pause: Box<dyn Fn(Instant) + Send + Sync>,
+    /// A peer was refused at the edge of these buckets (requests, tokens): they were empty now.
+    pub edge: Box<dyn Fn(bool, bool) + Send + Sync>,
+    /// This replica's part of the key's request rate, as the fleet's shares add up.
+    pub share: Box<dyn Fn(f64) + Send + Sync>,
+}
 
 /// One partition's lease.
 pub struct Lease {
@@ -39,8 +49,10 @@ pub struct Lease {
     /// Wakes waiting requests: a grant arrived, or the mode changed.
     granted: Notify,
     started: Once,
-    /// Called with the end of a pause Redis reports.
-    on_pause: Box<dyn Fn(Instant) + Send + Sync>,
+    /// What the partition is told of its peers.
+    peers: Peers,
+    /// The replicas' latest shares of the key's request rate.
+    shares: Mutex<Shares>,
     /// Requests waiting on the partition (the demand).
     queued: Arc<AtomicUsize>,
 }
@@ -58,7 +70,7 @@ impl Lease {
         fleet: Arc<Fleet>,
         key: String,
         upstream: &UpstreamConfig,
-        on_pause: Box<dyn Fn(Instant) + Send + Sync>,
+        peers: Peers,
         queued: Arc<AtomicUsize>,
     ) -> Arc<Self> {
         let l = &upstream.limits;
@@ -82,7 +94,8 @@ impl Lease {
             wake: Notify::new(),
             granted: Notify::new(),
             started: Once::new(),
-            on_pause,
+            peers,
+            shares: Mutex::new(Shares::default()),
             queued,
         })
     }
@@ -94,7 +107,32 @@ impl Lease {
 
     /// Another replica's 429 paused the partition until then.
     pub(super) fn pause_until(&self, until: Instant) {
-        (self.on_pause)(until);
+        (self.peers.pause)(until);
+    }
+
+    /// This replica estimated its share of the key's request rate (`rate`, from throttle
+    /// windows) with `demand` (requests it would send in the next second): publish both, so
+    /// that the replicas split the key's rate by demand.
+    pub fn estimated(&self, rate: f64, demand: f64) {
+        let mut s = lock(&self.account);
+        s.estimate = Some((rate, demand));
+        s.urgent = true;
+        drop(s);
+        self.wake.notify_one();
+    }
+
+    /// `replica` (this one too: the fleet's channel echoes it) published its share and demand.
+    pub(super) fn peer_share(&self, replica: &str, rate: f64, demand: f64) {
+        let me = &self.fleet.replica;
+        let part = lock(&self.shares).heard(replica, rate, demand, me, Instant::now());
+        if let Some(part) = part {
+            (self.peers.share)(part);
+        }
+    }
+
+    /// A peer was refused at the edge of the `refused` buckets (1 requests, 2 tokens).
+    pub(super) fn peer_edge(&self, refused: u8) {
+        (self.peers.edge)(refused & 1 != 0, refused & 2 != 0);
     }
 
     /// Call Redis now (another replica created the shared bucket).
@@ -191,11 +229,19 @@ impl Lease {
         }
     }
 
-    /// A 429: share its pause (and which buckets refused) with the fleet now.
-    pub fn throttled(&self, pause: Duration, requests: bool, tokens: bool) {
+    /// A 429: share its pause (`None`: the upstream named none, and corral's own guess stays
+    /// its own), which buckets refused, and whether they refused at their edge (`edge`: the
+    /// bucket was empty; the peers end a throttle window there), with the fleet now.
+    pub fn throttled(&self, pause: Option<Duration>, requests: bool, tokens: bool, edge: bool) {
         let mut s = lock(&self.account);
-        let until = Instant::now() + pause;
-        s.pause_until = Some(s.pause_until.map_or(until, |u| u.max(until)));
+        let now = Instant::now();
+        if let Some(pause) = pause {
+            let until = now + pause;
+            s.pause_until = Some(s.pause_until.map_or(until, |u| u.max(until)));
+        }
+        if edge {
+            s.edge_at = Some(now);
+        }
         s.refused |= u8::from(requests) | (u8::from(tokens) << 1);
         s.urgent = true;
         drop(s);
@@ -322,7 +368,7 @@ impl Lease {
         self.fleet.metrics.live_replicas.set(reply.live as i64);
         drop(s);
         if reply.pause_ms > 0 {
-            (self.on_pause)(pause_end(now, reply.pause_ms));
+            (self.peers.pause)(pause_end(now, reply.pause_ms));
         }
         self.granted.notify_waiters();
     }

@@ -6,7 +6,9 @@
 //! the background before it runs dry, and gives back what it did not use when it stops; so at
 //! steady state it makes one round trip per block, not one per request. The same call carries
 //! what the replica learned from the provider's headers and the pause of its 429s, and counts the
-//! live replicas by heartbeat.
+//! live replicas by heartbeat. Without headers the 429s themselves are shared: each is
+//! published, every replica ends a throttle window there, and the shares those windows estimate
+//! are published and split by demand.
 //!
 //! Redis is never on the startup path and never a reason for a client request to fail: a lease
 //! slower than `lease_timeout`, or `max_failures` failures in a row, and the replica falls back
@@ -36,7 +38,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-pub use self::lease::Lease;
+pub use self::lease::{Lease, Peers};
 use self::script::{pause_end, CallArgs, Message, Reply, SCRIPT};
 use crate::config::{FleetConfig, RedisUrl, UpstreamConfig};
 use crate::metrics::{FleetMetrics, FleetMode};
@@ -171,36 +173,50 @@ impl Fleet {
     }
 
     /// A message on the fleet's channel: "PAUSE-KEY pause MS" (another replica's 429 paused
-    /// the partition) or "PAUSE-KEY learned" (a shared bucket now paces it: lease from it).
+    /// the partition), "PAUSE-KEY learned" (a shared bucket now paces it: lease from it) or
+    /// "PAUSE-KEY throttled BUCKETS REPLICA" (a replica met an empty bucket).
     fn on_message(&self, message: &str) {
-        let (key, pause) = match Message::parse(message) {
-            Some(Message::Pause { key, ms }) => (key, Some(pause_end(Instant::now(), ms))),
-            Some(Message::Learned { key }) => (key, None),
-            None => return,
+        let Some(message) = Message::parse(message) else {
+            return;
+        };
+        let key = match message {
+            Message::Pause { key, .. } | Message::Learned { key } | Message::Share { key, .. } => {
+                key
+            }
+            // This replica's own refusal taught its pacers already.
+            Message::Throttled { replica, .. } if replica == self.replica => return,
+            Message::Throttled { key, .. } => key,
         };
         for lease in self.live_leases() {
             if lease.pause_key() == key {
-                match pause {
-                    Some(until) => lease.pause_until(until),
-                    None => lease.refresh(),
+                match message {
+                    Message::Pause { ms, .. } => lease.pause_until(pause_end(Instant::now(), ms)),
+                    Message::Learned { .. } => lease.refresh(),
+                    Message::Throttled { refused, .. } => lease.peer_edge(refused),
+                    Message::Share {
+                        rate,
+                        demand,
+                        replica,
+                        ..
+                    } => lease.peer_share(replica, rate, demand),
                 }
             }
         }
     }
 
     /// A lease for one partition of `upstream`: `credential` is the partition's credential
-    /// (`None`: the upstream's own, from its configured headers). `on_pause` is given the end
-    /// of each pause another replica shared; `queued` counts the partition's waiting requests
-    /// (the demand).
+    /// (`None`: the upstream's own, from its configured headers). `peers` is told of each
+    /// pause another replica shared and each refusal at a bucket's edge; `queued` counts the
+    /// partition's waiting requests (the demand).
     pub fn lease(
         self: &Arc<Self>,
         upstream: &UpstreamConfig,
         credential: Option<&[u8]>,
-        on_pause: Box<dyn Fn(Instant) + Send + Sync>,
+        peers: Peers,
         queued: Arc<AtomicUsize>,
     ) -> Arc<Lease> {
         let key = self.bucket_key(upstream, credential);
-        let lease = Lease::new(Arc::clone(self), key, upstream, on_pause, queued);
+        let lease = Lease::new(Arc::clone(self), key, upstream, peers, queued);
         if tokio::runtime::Handle::try_current().is_ok() {
             // At once: a partition whose requests take the fast path still heartbeats, learns
             // the shared bucket and shares its 429s.
@@ -527,7 +543,11 @@ mod tests {
         let lease = fleet.lease(
             &upstream,
             None,
-            Box::new(move |until| record.lock().unwrap().push(until)),
+            Peers {
+                pause: Box::new(move |until| record.lock().unwrap().push(until)),
+                edge: Box::new(|_, _| {}),
+                share: Box::new(|_| {}),
+            },
             Arc::default(),
         );
         let key = lease.pause_key().to_owned();
@@ -548,6 +568,44 @@ mod tests {
             MAX_HINT,
             "a lease's answer is capped the same way"
         );
+    }
+
+    /// A peer's refusal at a bucket's edge reaches this replica's pacers; its own (echoed by
+    /// the channel) does not, having taught them already. Shares, its own among them, are
+    /// added up and split by demand.
+    #[tokio::test]
+    async fn peers_refusals_and_shares_reach_the_partition() {
+        use crate::config::types::parse_base_url;
+        let config = FleetConfig {
+            redis: Some(RedisUrl("redis://127.0.0.1:1/0".into())),
+            ..FleetConfig::default()
+        };
+        let fleet = Fleet::new(&config, crate::metrics::Metrics::new().fleet()).unwrap();
+        let base = parse_base_url("https://api.openai.com/v1").unwrap();
+        let upstream = UpstreamConfig::new("openai", "/v1", base);
+        let edges = Arc::new(Mutex::new(Vec::new()));
+        let parts = Arc::new(Mutex::new(Vec::new()));
+        let (e, p) = (Arc::clone(&edges), Arc::clone(&parts));
+        let lease = fleet.lease(
+            &upstream,
+            None,
+            Peers {
+                pause: Box::new(|_| {}),
+                edge: Box::new(move |r, t| e.lock().unwrap().push((r, t))),
+                share: Box::new(move |part| p.lock().unwrap().push(part)),
+            },
+            Arc::default(),
+        );
+        let key = lease.pause_key().to_owned();
+        let me = fleet.replica.clone();
+        fleet.on_message(&format!("{key} throttled 1 {me}"));
+        fleet.on_message(&format!("{key} throttled 3 peer"));
+        fleet.on_message("other-key throttled 1 peer");
+        assert_eq!(*edges.lock().unwrap(), [(true, true)]);
+        fleet.on_message(&format!("{key} share 6 10 peer"));
+        assert!(parts.lock().unwrap().is_empty(), "no share of its own yet");
+        fleet.on_message(&format!("{key} share 2 30 {me}"));
+        assert_eq!(*parts.lock().unwrap(), [6.0]);
     }
 
     #[test]

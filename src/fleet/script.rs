@@ -26,6 +26,10 @@ pub(super) struct CallArgs {
     pub leaving: bool,
     pub pause_ms: u64,
     pub refused: u8,
+    /// The refusals are a bucket's edge: the script publishes them to the peers.
+    pub edge: bool,
+    /// This replica's estimate of its share of the key's rate, and its demand, to publish.
+    pub estimate: Option<(f64, f64)>,
     pub kinds: [KindArgs; 2],
 }
 
@@ -74,6 +78,11 @@ impl CallArgs {
         for kind in &self.kinds {
             invocation.arg(kind.epoch.as_deref().unwrap_or("-"));
         }
+        invocation.arg(if self.edge { "1" } else { "0" });
+        invocation.arg(match self.estimate {
+            Some((rate, demand)) => format!("{rate:.3} {demand:.3}"),
+            None => "-".to_owned(),
+        });
         invocation
     }
 }
@@ -111,6 +120,21 @@ pub(super) enum Message<'a> {
     Pause { key: &'a str, ms: u64 },
     /// "PAUSE-KEY learned": a shared bucket now paces the partition: lease from it.
     Learned { key: &'a str },
+    /// "PAUSE-KEY throttled BUCKETS REPLICA": the upstream refused `replica` because a bucket
+    /// was empty (`refused`: 1 requests, 2 tokens, 3 both).
+    Throttled {
+        key: &'a str,
+        refused: u8,
+        replica: &'a str,
+    },
+    /// "PAUSE-KEY share RATE DEMAND REPLICA": `replica`'s estimate of its share of the key's
+    /// request rate, and its demand (requests it would send in the next second).
+    Share {
+        key: &'a str,
+        rate: f64,
+        demand: f64,
+        replica: &'a str,
+    },
 }
 
 impl<'a> Message<'a> {
@@ -120,9 +144,28 @@ impl<'a> Message<'a> {
         let (Some(key), Some(what)) = (words.next(), words.next()) else {
             return None;
         };
-        match (what, words.next().map(str::parse::<u64>)) {
-            ("pause", Some(Ok(ms))) => Some(Self::Pause { key, ms }),
-            ("learned", None) => Some(Self::Learned { key }),
+        let number = |w: Option<&str>| {
+            w?.parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite() && *x >= 0.0)
+        };
+        match what {
+            "pause" => Some(Self::Pause {
+                key,
+                ms: words.next()?.parse().ok()?,
+            }),
+            "learned" => words.next().is_none().then_some(Self::Learned { key }),
+            "throttled" => Some(Self::Throttled {
+                key,
+                refused: words.next()?.parse().ok().filter(|r| (1..=3).contains(r))?,
+                replica: words.next()?,
+            }),
+            "share" => Some(Self::Share {
+                key,
+                rate: number(words.next())?,
+                demand: number(words.next())?,
+                replica: words.next()?,
+            }),
             _ => None,
         }
     }
@@ -152,5 +195,46 @@ mod tests {
         assert_eq!((reply.pause_ms, reply.live), (1500, 4));
         assert!(parse(&r[..11]).is_none());
         assert!(parse(&vec!["x".to_string(); 12]).is_none());
+    }
+
+    #[test]
+    fn messages_parse_or_are_refused() {
+        assert!(matches!(
+            Message::parse("k pause 1500"),
+            Some(Message::Pause { key: "k", ms: 1500 })
+        ));
+        assert!(matches!(
+            Message::parse("k learned"),
+            Some(Message::Learned { key: "k" })
+        ));
+        assert!(matches!(
+            Message::parse("k throttled 3 host:1"),
+            Some(Message::Throttled {
+                key: "k",
+                refused: 3,
+                replica: "host:1"
+            })
+        ));
+        assert!(matches!(
+            Message::parse("k share 4.5 110 host:1"),
+            Some(Message::Share {
+                key: "k",
+                demand: 110.0,
+                replica: "host:1",
+                ..
+            })
+        ));
+        for bad in [
+            "k throttled 0 r",
+            "k throttled 4 r",
+            "k throttled 1",
+            "k throttled x r",
+            "k share NaN 1 r",
+            "k share -1 1 r",
+            "k share 1 1",
+            "k pause x",
+        ] {
+            assert!(Message::parse(bad).is_none(), "{bad}");
+        }
     }
 }

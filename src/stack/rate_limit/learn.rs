@@ -23,7 +23,9 @@
 //!   even though each sees the whole key's headers). A second event within `REPEAT` of the last
 //!   one that completes no estimate cuts the pace by `BETA` (so an estimated cap under steady
 //!   contention alternates with cuts, as AIMD does). An estimated cap holds for `HOLD`, then
-//!   probes upward by `GROWTH` per second; a cut one grows faster (it is a guess).
+//!   probes upward by `GROWTH` per second; a cut one grows faster (it is a guess). In a fleet
+//!   without headers, a peer's 429 ends a window too ([`Pacer::peer_throttled`]), and the
+//!   replicas' estimates add up to the key's rate, split by demand ([`Pacer::fleet_share`]).
 //! - **Slow start** before anything is known: `initial_burst` requests go, each success lets two
 //!   more go (doubling per round trip), and the first throttle ends it.
 //! - **Silence is consent.** A bucket refuses at once; an answer takes the service time, for an

@@ -27,7 +27,7 @@ use std::future::Future;
 use std::num::NonZeroU32;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
@@ -39,7 +39,7 @@ use super::bucket::{ready_all, take_ready, Bucket};
 use super::learn::{Pacer, Ticket};
 use crate::config::{LearnMode, Priority, UpstreamConfig};
 use crate::error::ProxyError;
-use crate::fleet::{Fleet, Lease};
+use crate::fleet::{Fleet, Lease, Peers};
 use crate::metrics::PacingGauges;
 use crate::provider::Kind;
 use crate::stack::priority::PriorityGate;
@@ -124,8 +124,9 @@ pub struct Partition {
     requests: Option<Bucket>,
     /// The configured tokens-per-minute ceiling.
     tokens: Option<Bucket>,
-    /// The learned pacers (`rate_limit = "auto"`).
-    pacers: Option<Mutex<Pacers>>,
+    /// The learned pacers (`rate_limit = "auto"`); the fleet lease tells them of its peers'
+    /// refusals.
+    pacers: Option<Arc<Mutex<Pacers>>>,
     /// Notified on every answer: slow start waits for answers, not for time.
     answered: Notify,
     /// Requests on the slow path (waiting for their turn or for capacity); shared with the
@@ -182,14 +183,57 @@ impl Partition {
         let l = &config.limits;
         let pause = Arc::new(Pause::new());
         let queued = Arc::new(AtomicUsize::new(0));
+        let a = &config.adaptive;
+        let now = Instant::now();
+        // A configured burst is the user's word on the upstream's: slow start may spend it.
+        let initial = l.burst.map_or(a.initial_burst, NonZeroU32::get);
+        let pacers = (config.rate_limit == LearnMode::Auto).then(|| {
+            Arc::new(Mutex::new(Pacers {
+                requests: Pacer::new(Kind::Requests, initial, a.rate_margin, now),
+                tokens: Pacer::new(Kind::Tokens, a.initial_burst, a.rate_margin, now),
+            }))
+        });
         let lease = fleet.map(|(fleet, credential)| {
             let shared = Arc::clone(&pause);
-            fleet.lease(
-                config,
-                credential,
-                Box::new(move |until| shared.extend(until)),
-                Arc::clone(&queued),
-            )
+            let learners = pacers.as_ref().map(Arc::downgrade);
+            let sharers = learners.clone();
+            let waiting = Arc::clone(&queued);
+            // The lease is built here, so the peers' refusals reach its estimate through a
+            // cell it fills once built.
+            let own: Arc<OnceLock<Weak<Lease>>> = Arc::default();
+            let lease_cell = Arc::clone(&own);
+            let edge = move |requests: bool, tokens: bool| {
+                let Some(pacers) = learners.as_ref().and_then(Weak::upgrade) else {
+                    return;
+                };
+                let mut p = lock(&pacers);
+                let now = Instant::now();
+                if requests {
+                    p.requests.peer_throttled(now);
+                }
+                if tokens {
+                    p.tokens.peer_throttled(now);
+                }
+                let estimate = p.requests.take_estimate();
+                drop(p);
+                if let (Some(e), Some(lease)) = (estimate, lease_cell.get().and_then(Weak::upgrade))
+                {
+                    lease.estimated(e, demand(e, &waiting));
+                }
+            };
+            let share = move |rate: f64| {
+                if let Some(pacers) = sharers.as_ref().and_then(Weak::upgrade) {
+                    lock(&pacers).requests.fleet_share(rate, Instant::now());
+                }
+            };
+            let peers = Peers {
+                pause: Box::new(move |until| shared.extend(until)),
+                edge: Box::new(edge),
+                share: Box::new(share),
+            };
+            let lease = fleet.lease(config, credential, peers, Arc::clone(&queued));
+            let _ = own.set(Arc::downgrade(&lease));
+            lease
         });
         let l_local = lease.is_none().then_some(l);
         let requests = l_local.and_then(|l| l.rpm).map(|rpm| {
@@ -203,16 +247,6 @@ impl Partition {
                 .token_burst
                 .unwrap_or_else(|| NonZeroU32::new((tpm.get() / 6).max(1)).expect("non-zero"));
             Bucket::per_minute(tpm, burst)
-        });
-        let a = &config.adaptive;
-        let now = Instant::now();
-        // A configured burst is the user's word on the upstream's: slow start may spend it.
-        let initial = l.burst.map_or(a.initial_burst, NonZeroU32::get);
-        let pacers = (config.rate_limit == LearnMode::Auto).then(|| {
-            Mutex::new(Pacers {
-                requests: Pacer::new(Kind::Requests, initial, a.rate_margin, now),
-                tokens: Pacer::new(Kind::Tokens, a.initial_burst, a.rate_margin, now),
-            })
         });
         Self {
             turn: tokio::sync::Mutex::new(()),
@@ -493,6 +527,12 @@ impl Partition {
             "fleet": self.lease.as_ref().map(|l| l.status()),
         })
     }
+}
+
+/// A replica's demand on the key's request rate, for the fleet to split it by: what it sends
+/// at `rate` in the next second, plus the requests `waiting` on it.
+pub(super) fn demand(rate: f64, waiting: &AtomicUsize) -> f64 {
+    rate + waiting.load(Ordering::Acquire) as f64
 }
 
 /// Until when a request of `units` tokens must wait for both pacers at `now`; `None`: both

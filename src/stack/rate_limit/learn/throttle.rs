@@ -29,6 +29,8 @@ pub(super) struct Throttles {
     /// saw the bucket refill unasked.
     last_send: Option<Instant>,
     idle: Duration,
+    /// The latest estimate, until the fleet lease takes it to share ([`Pacer::take_estimate`]).
+    estimated: Option<f64>,
 }
 
 impl Throttles {
@@ -90,6 +92,65 @@ impl Pacer {
         if ticket.seq <= log.cut_seq {
             return; // sent before the last event was taken in: part of it
         }
+        self.event(ticket, now);
+    }
+
+    /// A peer on the key (a fleet replica) met this bucket empty `now`: the moment ends a
+    /// throttle window as this pacer's own 429s do, since what this pacer sent since the last
+    /// one is its share of what the upstream refilled, whoever was refused. So every replica
+    /// learns its share from every refusal in the fleet, not only from its own, and the shares
+    /// add up to the key's rate. It cuts nothing (the refused replica does), but it ends a
+    /// ramp: the fleet has found the bucket's edge.
+    pub fn peer_throttled(&mut self, now: Instant) {
+        if matches!(self.source, Source::Headers | Source::Observed) {
+            return;
+        }
+        self.refill(now);
+        self.level = self.level.min(0.0);
+        if self.sent <= self.throttle_log.cut_seq {
+            return; // nothing sent since the last event: the window is empty
+        }
+        let edge = Ticket {
+            sent_at: now,
+            seq: self.sent,
+            cost: 0.0,
+        };
+        self.event(edge, now);
+        self.rate = self.pace(now);
+    }
+
+    /// This pacer's newest share of the key's rate from the 429s (a throttle window's
+    /// estimate), once, to share with the fleet; `None` when the provider's headers pace it
+    /// (the fleet shares the headers' bucket instead).
+    pub fn take_estimate(&mut self) -> Option<f64> {
+        let e = self.throttle_log.estimated.take();
+        e.filter(|_| !matches!(self.source, Source::Headers | Source::Observed))
+    }
+
+    /// The fleet's share for this pacer: the key's rate as the replicas' estimates add up, split
+    /// by their demand. Evidence as an estimate is: it caps the pace as one would, holding
+    /// before it probes upward. Ignored under the provider's headers.
+    pub fn fleet_share(&mut self, rate: f64, now: Instant) {
+        if matches!(self.source, Source::Headers | Source::Observed) {
+            return;
+        }
+        self.refill(now);
+        let rate = rate.max(MIN_RATE);
+        self.cap = Some(Cap {
+            rate,
+            since: now,
+            hold: HOLD,
+            slope: GROWTH * rate,
+            before: None,
+            recovering: false,
+        });
+        self.rate = self.pace(now);
+    }
+
+    /// A throttle event marked by `ticket` (its own or a peer's): close the window since the last
+    /// one, and cap or cut the pace.
+    fn event(&mut self, ticket: Ticket, now: Instant) {
+        let log = &mut self.throttle_log;
         let mut estimate = None;
         match log.last {
             Some(last) if ticket.sent_at > last.sent_at => {
@@ -129,6 +190,7 @@ impl Pacer {
         match estimate {
             Some(e) => {
                 let e = e.max(MIN_RATE).max(self.admitted.rate(now));
+                self.throttle_log.estimated = Some(e);
                 let alone = !headers_pace || e >= ALONE * self.header_rate;
                 self.cap = Some(if alone {
                     Cap {

@@ -151,6 +151,9 @@ impl Partition {
         if let Some(lease) = &self.lease {
             lease.learned(0, p.requests.upstream_model());
             lease.learned(1, p.tokens.upstream_model());
+            if let Some(e) = p.requests.take_estimate() {
+                lease.estimated(e, super::demand(e, &self.queued));
+            }
         }
         if full_after.0 {
             p.requests.full_after();
@@ -240,9 +243,14 @@ impl Partition {
             (Some(r), Some(sent)) if r.empties_bucket() => target.extend_for(now + wait, sent, now),
             _ => target.extend(now + wait),
         }
-        // Peers extend their named pause with it: only the upstream's word is shared.
-        if let Some(lease) = self.lease.as_ref().filter(|_| hinted) {
-            lease.throttled(wait, refused.0, refused.1);
+        // Peers extend their named pause with it: only the upstream's word is shared. A
+        // refusal at a bucket's edge is shared even without one: each peer ends a throttle
+        // window there (what it sent since its last is its share of the refill).
+        if let Some(lease) = &self.lease {
+            let edge = reading.rate_limited;
+            if hinted || edge {
+                lease.throttled(hinted.then_some(wait), refused.0, refused.1, edge);
+            }
         }
     }
 

@@ -142,6 +142,20 @@ async fn drive_fleet(
     secs: u64,
     change: Option<(u64, f64)>,
 ) -> Run {
+    drive_peers(model, replicas, secs, change, false).await
+}
+
+/// [`drive_fleet`], and with `peers` the pacers are a fleet's: each 429 is also told to the
+/// other pacers (`Pacer::peer_throttled`), and the shares their windows estimate are added up
+/// and split evenly among those that estimated (`Pacer::fleet_share`; the clients of each are
+/// always busy, so their demands are alike).
+async fn drive_peers(
+    model: &mut Model,
+    replicas: usize,
+    secs: u64,
+    change: Option<(u64, f64)>,
+    peers: bool,
+) -> Run {
     let start = Instant::now();
     let mut pacers: Vec<Pacer> = (0..replicas)
         .map(|_| Pacer::new(Kind::Requests, 10, 0.97, start))
@@ -170,6 +184,20 @@ async fn drive_fleet(
             if !ok {
                 let pause = hint.or_else(|| pacers[i].time_for(1.0)).unwrap_or_default();
                 paused[i] = paused[i].max(now + pause);
+                if peers {
+                    for (_, p) in pacers.iter_mut().enumerate().filter(|(j, _)| *j != i) {
+                        p.peer_throttled(now);
+                    }
+                }
+            }
+            if peers {
+                let shares: Vec<(usize, f64)> = (0..replicas)
+                    .filter_map(|j| pacers[j].take_estimate().map(|e| (j, e)))
+                    .collect();
+                let total: f64 = shares.iter().map(|(_, e)| e).sum();
+                for (j, _) in &shares {
+                    pacers[*j].fleet_share(total / shares.len() as f64, now);
+                }
             }
         }
         // Send whatever each pacer admits (the clients always have work).

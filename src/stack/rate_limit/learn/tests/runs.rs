@@ -129,6 +129,36 @@ async fn four_pacers_on_one_key_share_it() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn four_pacers_without_headers_share_the_key_from_each_others_429s() {
+    // Alone, each corral learns from its own 429s only: they compete as AIMD flows do.
+    let mut model = Model::styled(50.0, 20.0, Style::None);
+    let alone = drive_peers(&mut model, 4, 30, None, false).await;
+    // A fleet's: every refusal ends every replica's throttle window, and their shares add up.
+    let mut model = Model::styled(50.0, 20.0, Style::None);
+    let fleet = drive_peers(&mut model, 4, 30, None, true).await;
+    let rate = rate_after(&fleet, 2);
+    assert!(
+        (18.0..=20.5).contains(&rate),
+        "{rate}/s ({:?})",
+        fleet.per_second
+    );
+    // The paces end up even, adding up to the key's rate (times the margin).
+    let paces: Vec<f64> = fleet.pacers.iter().map(Pacer::rate).collect();
+    let sum: f64 = paces.iter().sum();
+    assert!((17.0..=21.0).contains(&sum), "paces {paces:?}");
+    let (low, high) = paces
+        .iter()
+        .fold((f64::MAX, 0.0f64), |(l, h), p| (l.min(*p), h.max(*p)));
+    assert!(high <= 1.25 * low, "paces {paces:?}");
+    assert!(
+        fleet.throttles * 3 <= alone.throttles * 2,
+        "{} throttles as a fleet against {} alone",
+        fleet.throttles,
+        alone.throttles
+    );
+}
+
+#[tokio::test(start_paused = true)]
 #[ignore = "diagnostic: prints each scenario's series"]
 async fn print_scenarios() {
     for (name, style, replicas, change) in [

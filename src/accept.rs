@@ -309,7 +309,8 @@ impl<H: Handler> Connection<H> {
                 let response = handler.handle(req, peer);
                 async move {
                     let response = response.await;
-                    Ok::<_, Infallible>(response.map(|body| Guarded::wrap(body, in_flight)))
+                    // Unboxed: hyper takes any body type, and this wrapper is the last.
+                    Ok::<_, Infallible>(response.map(|body| Guarded::new(body, in_flight)))
                 }
             })
         };

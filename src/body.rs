@@ -58,9 +58,15 @@ pin_project! {
 }
 
 impl<G: Guard> Guarded<G> {
-    /// Wrap `inner` so that `guard` lives as long as the stream.
+    /// `inner` with `guard` living as long as the stream, as a body of its own type: for the
+    /// last wrapper, which hyper takes as it is.
+    pub fn new(inner: Body, guard: G) -> Self {
+        Guarded { inner, guard }
+    }
+
+    /// [`Self::new`], boxed into [`Body`].
     pub fn wrap(inner: Body, guard: G) -> Body {
-        Guarded { inner, guard }.boxed_unsync()
+        Self::new(inner, guard).boxed_unsync()
     }
 }
 

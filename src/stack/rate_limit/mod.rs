@@ -208,8 +208,9 @@ impl RateLimitShared {
     }
 
     /// The partition of a request with the `headers` it goes upstream with (its credential is
-    /// the first of [`crate::forward::CREDENTIAL_HEADERS`] it carries) and `body`.
-    fn partition(&self, headers: &HeaderMap, body: &[u8]) -> Arc<Partition> {
+    /// the first of [`crate::forward::CREDENTIAL_HEADERS`] it carries) and `body`, taken at
+    /// `now`.
+    fn partition(&self, headers: &HeaderMap, body: &[u8], now: Instant) -> Arc<Partition> {
         if self.by_key.is_none() {
             return Arc::clone(&self.default);
         }
@@ -221,7 +222,7 @@ impl RateLimitShared {
             .filter(|_| self.scope.by_key())
             .map(|v| v.as_bytes());
         let model = self.model(body);
-        self.keyed(credential, model.as_deref(), true)
+        self.keyed(credential, model.as_deref(), true, now)
             .unwrap_or_else(|| Arc::clone(&self.default))
     }
 
@@ -239,13 +240,15 @@ impl RateLimitShared {
             })
     }
 
-    /// The partition of `credential` and `model`, made if `make` and there is room; `None`
-    /// when neither names one (the default partition's), or it is not there (and not made).
+    /// The partition of `credential` and `model`, made if `make` and there is room (taken at
+    /// `now`); `None` when neither names one (the default partition's), or it is not there (and
+    /// not made).
     fn keyed(
         &self,
         credential: Option<&[u8]>,
         model: Option<&str>,
         make: bool,
+        now: Instant,
     ) -> Option<Arc<Partition>> {
         let (map, hasher) = self.by_key.as_ref()?;
         if credential.is_none() && model.is_none() {
@@ -270,7 +273,6 @@ impl RateLimitShared {
             }
             h.finish()
         };
-        let now = Instant::now();
         let mut map = lock(map);
         if let Some(keyed) = map.by_hash.get_mut(&key) {
             if make {
@@ -364,13 +366,14 @@ impl RateLimitShared {
         v
     }
 
-    /// One attempt through `partition`: wait for its turn and capacity, send, and learn from
-    /// the answer.
+    /// One attempt through `partition` from `start` (the clock read when it was chosen): wait
+    /// for its turn and capacity, send, and learn from the answer.
     async fn through<S: Next>(
         &self,
         partition: &Arc<Partition>,
         next: S,
         req: ProxyRequest,
+        start: Instant,
     ) -> Result<Response<Body>, ProxyError> {
         let m = &self.metrics;
         // The JSON estimate only where a token bucket will be charged.
@@ -380,7 +383,6 @@ impl RateLimitShared {
             Estimate::default()
         };
         let cost = estimate.charge(self.prompt_ratio.get());
-        let start = Instant::now();
         // Admitted at once, it is sent at the instant the clock was read for admission: the
         // clock is read again only after a wait.
         let (tickets, sent_at) = match partition.fast_path(cost, start) {
@@ -490,7 +492,7 @@ impl RateLimitShared {
         // key and model): keys are chosen by that model's partitions, never made just to look.
         let model = self.model(&req.target.body);
         let of_model = |key: &pool::PoolKey, make: bool| match &model {
-            Some(m) => self.keyed(Some(key.credential()), Some(m), make),
+            Some(m) => self.keyed(Some(key.credential()), Some(m), make, Instant::now()),
             None => Some(Arc::clone(&key.partition)),
         };
         for _ in 0..pool.keys() {
@@ -503,7 +505,9 @@ impl RateLimitShared {
             let mut headers = HeaderMap::clone(&attempt.headers);
             let _in_flight = pool.use_key(&key, &mut headers);
             attempt.headers = Arc::new(headers);
-            let response = self.through(&partition, next.clone(), attempt).await?;
+            let response = self
+                .through(&partition, next.clone(), attempt, Instant::now())
+                .await?;
             let (why, response) = refusal(response, &self.config, req.ctx.deadline).await;
             let Some(why) = why else {
                 return Ok(response);
@@ -614,8 +618,10 @@ impl Middleware for RateLimitShared {
                 Box::pin(self.pooled(pool, next, req)).await
             }
             _ => {
-                let partition = self.partition(&req.headers, &req.target.body);
-                self.through(&partition, next, req).await
+                // One clock reading for the partition's use and the attempt's admission.
+                let now = Instant::now();
+                let partition = self.partition(&req.headers, &req.target.body, now);
+                self.through(&partition, next, req, now).await
             }
         }
     }

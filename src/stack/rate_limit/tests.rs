@@ -62,18 +62,18 @@ fn the_prompt_ratio_follows_what_the_upstream_counted_within_bounds() {
 #[tokio::test(start_paused = true)]
 async fn a_full_map_evicts_idle_partitions_for_new_keys() {
     let shared = per_key();
-    let first = Arc::downgrade(&shared.partition(&key(0), b""));
+    let first = Arc::downgrade(&shared.partition(&key(0), b"", Instant::now()));
     for n in 1..MAX_PARTITIONS {
-        shared.partition(&key(n), b"");
+        shared.partition(&key(n), b"", Instant::now());
     }
     assert_eq!(partitions(&shared), MAX_PARTITIONS);
     // Nothing idle yet: a new key shares the default partition.
-    let newcomer = shared.partition(&key(MAX_PARTITIONS), b"");
+    let newcomer = shared.partition(&key(MAX_PARTITIONS), b"", Instant::now());
     assert!(Arc::ptr_eq(&newcomer, &shared.default));
 
     // Key 1 is held by a request, key 2 is paused by a 429, key 3 was used recently.
-    let held = shared.partition(&key(1), b"");
-    let paused = shared.partition(&key(2), b"");
+    let held = shared.partition(&key(1), b"", Instant::now());
+    let paused = shared.partition(&key(2), b"", Instant::now());
     let mut hint = HeaderMap::new();
     hint.insert("retry-after", HeaderValue::from_static("3600"));
     let m = Metrics::new().upstream("t");
@@ -93,10 +93,10 @@ async fn a_full_map_evicts_idle_partitions_for_new_keys() {
     );
     let paused = Arc::downgrade(&paused);
     tokio::time::advance(PARTITION_IDLE - Duration::from_secs(1)).await;
-    let recent = Arc::downgrade(&shared.partition(&key(3), b""));
+    let recent = Arc::downgrade(&shared.partition(&key(3), b"", Instant::now()));
     tokio::time::advance(Duration::from_secs(1)).await;
 
-    let newcomer = shared.partition(&key(MAX_PARTITIONS), b"");
+    let newcomer = shared.partition(&key(MAX_PARTITIONS), b"", Instant::now());
     assert!(
         !Arc::ptr_eq(&newcomer, &shared.default),
         "a new key got its own partition"
@@ -109,16 +109,19 @@ async fn a_full_map_evicts_idle_partitions_for_new_keys() {
     assert!(first.upgrade().is_none(), "an idle partition was freed");
     let same = |key_n: usize, before: &Weak<Partition>| {
         Arc::ptr_eq(
-            &shared.partition(&key(key_n), b""),
+            &shared.partition(&key(key_n), b"", Instant::now()),
             &before.upgrade().unwrap(),
         )
     };
-    assert!(Arc::ptr_eq(&shared.partition(&key(1), b""), &held));
+    assert!(Arc::ptr_eq(
+        &shared.partition(&key(1), b"", Instant::now()),
+        &held
+    ));
     assert!(same(2, &paused), "a paused partition keeps its pause");
     assert!(same(3, &recent));
     // An evicted key comes back as a new partition of its own.
     assert!(!Arc::ptr_eq(
-        &shared.partition(&key(0), b""),
+        &shared.partition(&key(0), b"", Instant::now()),
         &shared.default
     ));
     assert_eq!(partitions(&shared), 5);
@@ -128,22 +131,22 @@ async fn a_full_map_evicts_idle_partitions_for_new_keys() {
 async fn a_full_map_of_busy_partitions_is_swept_at_most_once_a_second() {
     let shared = per_key();
     let held: Vec<_> = (0..MAX_PARTITIONS)
-        .map(|n| shared.partition(&key(n), b""))
+        .map(|n| shared.partition(&key(n), b"", Instant::now()))
         .collect();
     tokio::time::advance(PARTITION_IDLE).await;
-    let newcomer = shared.partition(&key(MAX_PARTITIONS), b"");
+    let newcomer = shared.partition(&key(MAX_PARTITIONS), b"", Instant::now());
     assert!(
         Arc::ptr_eq(&newcomer, &shared.default),
         "every partition is held"
     );
     drop(held);
-    let again = shared.partition(&key(MAX_PARTITIONS), b"");
+    let again = shared.partition(&key(MAX_PARTITIONS), b"", Instant::now());
     assert!(
         Arc::ptr_eq(&again, &shared.default),
         "no second sweep within a second"
     );
     tokio::time::advance(SWEEP_EVERY).await;
-    let later = shared.partition(&key(MAX_PARTITIONS), b"");
+    let later = shared.partition(&key(MAX_PARTITIONS), b"", Instant::now());
     assert!(!Arc::ptr_eq(&later, &shared.default));
     assert_eq!(partitions(&shared), 1);
 }

@@ -329,7 +329,11 @@ fn is_permanent(
 /// The upstream's `x-should-retry: true|false`, which overrides the status rule.
 pub fn should_retry_header(headers: &HeaderMap) -> Option<bool> {
     const SHOULD_RETRY: http::HeaderName = http::HeaderName::from_static("x-should-retry");
-    match headers.get(SHOULD_RETRY)?.to_str().ok()?.trim() {
+    match crate::forward::scan(headers, &SHOULD_RETRY)?
+        .to_str()
+        .ok()?
+        .trim()
+    {
         "true" => Some(true),
         "false" => Some(false),
         _ => None,

@@ -20,6 +20,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Uri};
 use tokio::time::Instant;
 
+pub use self::names::{credential, scan};
 use self::names::{Name, Present, HOP_BY_HOP};
 use crate::body::{Body, Timed, TimeoutKind};
 use crate::config::HeaderMode;

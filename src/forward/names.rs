@@ -1,8 +1,12 @@
 //! The headers corral removes or rewrites on a message's way through, found in one pass over
 //! its names ([`Present::of`]): a lookup or a removal of a header the message does not carry
-//! still hashes the name and probes the map, and most messages carry few of these.
+//! still hashes the name and probes the map, and most messages carry few of these. Headers
+//! corral only reads, found the same way: [`scan`] for one, [`credential`] for the first
+//! credential.
 
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+use super::CREDENTIAL_HEADERS;
 
 /// A header corral removes or rewrites.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +103,28 @@ impl Present {
     }
 }
 
+/// The first value of `name` in `headers`, found by a look at each name. For a header most
+/// messages do not carry this is cheaper than a lookup, which hashes the name byte by byte
+/// whether the map holds it or not, where a message carries a handful of names.
+pub fn scan<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a HeaderValue> {
+    headers.iter().find_map(|(n, v)| (n == name).then_some(v))
+}
+
+/// The value of the first of [`CREDENTIAL_HEADERS`] (in their order) that `headers` carry, in
+/// one look at each name (see [`scan`]).
+pub fn credential(headers: &HeaderMap) -> Option<&HeaderValue> {
+    headers
+        .iter()
+        .filter_map(|(n, v)| {
+            CREDENTIAL_HEADERS
+                .iter()
+                .position(|c| c == n)
+                .map(|i| (i, v))
+        })
+        .min_by_key(|(i, _)| *i)
+        .map(|(_, v)| v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,5 +157,39 @@ mod tests {
         assert_eq!(Name::hop_by_hop("Keep-Alive"), Some(Name::KeepAlive));
         assert_eq!(Name::hop_by_hop("host"), None);
         assert!(!Present::of(&HeaderMap::new()).any_hop_by_hop());
+    }
+
+    #[test]
+    fn a_scan_finds_what_a_lookup_finds() {
+        let map = |pairs: &[(&'static str, &'static str)]| -> HeaderMap {
+            pairs
+                .iter()
+                .map(|(k, v)| (HeaderName::from_static(k), HeaderValue::from_static(v)))
+                .collect()
+        };
+        let h = map(&[
+            ("x-api-key", "second"),
+            ("content-type", "application/json"),
+            ("x-goog-api-key", "fourth"),
+            ("authorization", "first"),
+            ("authorization", "first again"),
+            ("x-stainless-retry-count", "2"),
+        ]);
+        let lookup = CREDENTIAL_HEADERS.iter().find_map(|c| h.get(c));
+        assert_eq!(credential(&h), lookup);
+        assert_eq!(credential(&h).unwrap(), "first");
+        let mut rest = h.clone();
+        rest.remove(header::AUTHORIZATION);
+        assert_eq!(credential(&rest).unwrap(), "second");
+        assert_eq!(credential(&map(&[("content-type", "a")])), None);
+        for name in [
+            "x-stainless-retry-count",
+            "authorization",
+            "content-type",
+            "x-none",
+        ] {
+            let name = HeaderName::from_static(name);
+            assert_eq!(scan(&h, &name), h.get(&name), "{name}");
+        }
     }
 }

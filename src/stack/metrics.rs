@@ -99,8 +99,7 @@ const STAINLESS_RETRY_COUNT: http::HeaderName =
 
 /// The official SDKs' `x-stainless-retry-count`: how many times the client has retried.
 fn client_retry_count(req: &ProxyRequest) -> u32 {
-    req.headers
-        .get(STAINLESS_RETRY_COUNT)
+    crate::forward::scan(&req.headers, &STAINLESS_RETRY_COUNT)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0)

@@ -216,10 +216,9 @@ impl RateLimitShared {
         }
         // `headers` are those going upstream: the client's credentials an upstream that
         // injects its own withholds are gone, so a client's junk makes no partitions.
-        let credential = crate::forward::CREDENTIAL_HEADERS
-            .iter()
-            .find_map(|h| headers.get(h))
-            .filter(|_| self.scope.by_key())
+        let credential = (self.scope.by_key())
+            .then(|| crate::forward::credential(headers))
+            .flatten()
             .map(|v| v.as_bytes());
         let model = self.model(body);
         self.keyed(credential, model.as_deref(), true, now)

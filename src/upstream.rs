@@ -211,7 +211,6 @@ impl Upstream {
         let mut ctx = RequestCtx::new(start, deadlines.head);
         ctx.wait_deadline = wait_deadline;
         ctx.priority = priority;
-        let ctx = Arc::new(ctx);
         let headers = forward::upstream_headers(
             headers,
             peer.ip(),
@@ -220,12 +219,18 @@ impl Upstream {
             withheld,
             body.len(),
         );
+        let target = Arc::new(forward::Target {
+            method,
+            uri,
+            body,
+            ctx,
+        });
         let request = ProxyRequest {
-            target: Arc::new(forward::Target { method, uri, body }),
+            target: Arc::clone(&target),
             headers: Arc::new(headers),
-            ctx: Arc::clone(&ctx),
         };
         let result = self.stack.clone().oneshot(request).await;
+        let ctx = &target.ctx;
         let tally = |ctx: &RequestCtx| Tally {
             attempts: ctx.attempts(),
             // The clock is read only for a request that never made an attempt.
@@ -245,9 +250,9 @@ impl Upstream {
                 };
                 let idle = self.stream_idle_timeout;
                 let response = response.map(|b| forward::time_response(b, idle, deadlines, cut));
-                Ok((response, tally(&ctx)))
+                Ok((response, tally(ctx)))
             }
-            Err(e) => Err((e, tally(&ctx))),
+            Err(e) => Err((e, tally(ctx))),
         }
     }
 }

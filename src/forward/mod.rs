@@ -46,24 +46,32 @@ pub fn proxied_method(method: &Method) -> Option<&'static str> {
     })
 }
 
-/// A request on its way upstream; three pointers, cheap to clone for each attempt and to move
+/// A request on its way upstream; two pointers, cheap to clone for each attempt and to move
 /// down the stack (everything is shared: the client copies the headers once into the request
 /// it sends).
 #[derive(Clone, Debug)]
 pub struct ProxyRequest {
-    /// What every attempt sends alike.
+    /// What every attempt sends alike, and what the layers learn of the request.
     pub target: Arc<Target>,
     /// Apart from the rest: a key pool changes them per attempt.
     pub headers: Arc<HeaderMap>,
-    pub ctx: Arc<RequestCtx>,
 }
 
-/// The method, upstream URI and body of a [`ProxyRequest`].
+impl ProxyRequest {
+    /// What the layers learn about the request and tell each other.
+    pub fn ctx(&self) -> &RequestCtx {
+        &self.target.ctx
+    }
+}
+
+/// The method, upstream URI and body of a [`ProxyRequest`], and its [`RequestCtx`] (one
+/// allocation for both: they live as long as the request).
 #[derive(Debug)]
 pub struct Target {
     pub method: Method,
     pub uri: Uri,
     pub body: Bytes,
+    pub ctx: RequestCtx,
 }
 
 #[cfg(test)]
@@ -76,9 +84,9 @@ impl ProxyRequest {
                 method: Method::POST,
                 uri: uri.parse().expect("a test URI"),
                 body: Bytes::new(),
+                ctx: RequestCtx::new(now, now + deadline),
             }),
             headers: Arc::default(),
-            ctx: Arc::new(RequestCtx::new(now, now + deadline)),
         }
     }
 }

@@ -306,7 +306,8 @@ impl Middleware for Window {
     ) -> impl Future<Output = Answer> + Send + 'static {
         let window = self;
         async move {
-            let ctx = Arc::clone(&req.ctx);
+            let target = Arc::clone(&req.target);
+            let ctx = &target.ctx;
             let mut slot = window.acquire(ctx.wait_deadline, ctx.priority).await?;
             let response = next.send(req).await?;
             slot.learn_from(response.status(), ctx.attempts());

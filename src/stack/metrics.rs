@@ -60,7 +60,7 @@ impl Middleware for RecordMetrics {
         let method = req.target.method.clone();
         let start = Instant::now();
         // Where the time corral holds the request (`RequestCtx::held_until`) starts.
-        req.ctx.entered_stack(start);
+        req.ctx().entered_stack(start);
         // Made before the wait, so a request cancelled before its head (client gone) still
         // lowers the gauge when its future is dropped.
         let guard = InFlight {

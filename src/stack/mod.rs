@@ -324,7 +324,8 @@ mod tests {
             let metrics = Metrics::new().upstream("t");
             let (stack, _) = build_on(layer::Tower(slow), &config, &metrics, None);
             let (first, second) = (request("sk-a"), request("sk-a"));
-            let (first_ctx, second_ctx) = (Arc::clone(&first.ctx), Arc::clone(&second.ctx));
+            let (first_target, second_target) =
+                (Arc::clone(&first.target), Arc::clone(&second.target));
             // Each response is dropped at once: a held slot goes back with its body.
             let a = tokio::spawn(stack.clone().oneshot(first).map(|r| r.map(drop)));
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -332,8 +333,8 @@ mod tests {
             a.await.unwrap().unwrap();
             b.await.unwrap().unwrap();
             let never = || -> tokio::time::Instant { unreachable!("both made an attempt") };
-            assert_eq!(first_ctx.held_until(never), Duration::ZERO, "{gate}");
-            let held = second_ctx.held_until(never);
+            assert_eq!(first_target.ctx.held_until(never), Duration::ZERO, "{gate}");
+            let held = second_target.ctx.held_until(never);
             // Queue: until the first is answered (1.5 s); rate limit: a token a second.
             let want = if gate == "queue" { 1400 } else { 900 };
             assert!(

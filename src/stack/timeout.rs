@@ -30,12 +30,13 @@ pub fn layer(per_try: Duration, metrics: UpstreamMetrics) -> TimeoutLayer {
 impl Middleware for TryTimeout {
     async fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> Answer {
         let start = Instant::now();
-        let remaining = req.ctx.deadline.saturating_duration_since(start);
+        let remaining = req.ctx().deadline.saturating_duration_since(start);
         if remaining.is_zero() {
             return Err(ProxyError::DeadlineExceeded);
         }
         let (per_try, metrics) = (self.per_try, &self.metrics);
-        let ctx = Arc::clone(&req.ctx);
+        let target = Arc::clone(&req.target);
+        let ctx = &target.ctx;
         // The first attempt tells the request when it got past every gate (its `held` time).
         if ctx.count_attempt() == 1 {
             ctx.first_attempt_sent(start);

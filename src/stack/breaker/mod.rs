@@ -228,7 +228,7 @@ impl Middleware for BreakerShared {
     ) -> impl Future<Output = Answer> + Send + 'static {
         let shared = self;
         async move {
-            let probe = shared.admit(req.ctx.wait_deadline).await?;
+            let probe = shared.admit(req.ctx().wait_deadline).await?;
             let mut slot = ProbeSlot {
                 shared: Arc::clone(&shared),
                 probe,

@@ -364,8 +364,8 @@ async fn only_first_attempt_successes_teach_the_window() {
             let status = match req.target.uri.path() {
                 "/busy" => 503,
                 "/retried" => {
-                    req.ctx.count_attempt();
-                    req.ctx.count_attempt();
+                    req.ctx().count_attempt();
+                    req.ctx().count_attempt();
                     200
                 }
                 _ => 200,

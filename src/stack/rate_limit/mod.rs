@@ -387,7 +387,7 @@ impl RateLimitShared {
         let (tickets, sent_at) = match partition.fast_path(cost, start) {
             Some(tickets) => (tickets, start),
             None => {
-                let (deadline, priority) = (req.ctx.wait_deadline, req.ctx.priority);
+                let (deadline, priority) = (req.ctx().wait_deadline, req.ctx().priority);
                 let tickets = partition
                     .wait_for(cost, deadline, priority, m.name())
                     .await?;
@@ -399,7 +399,7 @@ impl RateLimitShared {
         if self.config.limits.tpm.is_some() {
             m.tokens_charged.inc_by(u64::from(cost));
         }
-        let deadline = req.ctx.deadline;
+        let deadline = req.ctx().deadline;
         // Until the answer is observed: a request cancelled meanwhile gives its tickets up.
         let mut unanswered = Unanswered { partition, tickets };
         let result = match next.send(req).await {
@@ -507,7 +507,7 @@ impl RateLimitShared {
             let response = self
                 .through(&partition, next.clone(), attempt, Instant::now())
                 .await?;
-            let (why, response) = refusal(response, &self.config, req.ctx.deadline).await;
+            let (why, response) = refusal(response, &self.config, req.ctx().deadline).await;
             let Some(why) = why else {
                 return Ok(response);
             };

@@ -239,7 +239,7 @@ async fn run<S: Next>(inner: S, req: ProxyRequest, shared: Arc<RetryShared>) -> 
             Ok(sleep) => sleep,
             Err(g) => return give_up(last, g.attempts, g.why, g.retry_after, &shared),
         };
-        if Instant::now() + sleep >= req.ctx.deadline {
+        if Instant::now() + sleep >= req.ctx().deadline {
             // A throttle the deadline cannot wait for is marked even on its first answer: the
             // client's own loop would only meet the same limit.
             let marked = attempts + u32::from(throttle.is_some());
@@ -282,7 +282,7 @@ async fn read_response(
     }
     // Bounded by the deadline: a body that stalls is cut there, and the loop then gives up
     // with what arrived.
-    let (parts, bytes, cut) = match buffer_error(response, req.ctx.deadline).await {
+    let (parts, bytes, cut) = match buffer_error(response, req.ctx().deadline).await {
         Ok(buffered) => buffered,
         Err(whole) => return Err(whole),
     };
@@ -367,7 +367,7 @@ fn throttle_sleep(
     }
     // The rate limiter enforces the hint; here only: can the deadline cover it? A
     // per-day quota cannot be waited for even without a hint.
-    let beyond = hint.is_some_and(|h| Instant::now() + h >= req.ctx.deadline);
+    let beyond = hint.is_some_and(|h| Instant::now() + h >= req.ctx().deadline);
     if beyond || reason == Reason::LongWindow {
         return Err(GiveUp {
             attempts: attempts + 1,

@@ -204,12 +204,12 @@ impl BreakerShared {
 }
 
 /// Gives a half-open probe's slot back if its request is dropped (client gone) unanswered.
-struct ProbeSlot {
-    shared: Arc<BreakerShared>,
+struct ProbeSlot<'a> {
+    shared: &'a BreakerShared,
     probe: Option<Probe>,
 }
 
-impl Drop for ProbeSlot {
+impl Drop for ProbeSlot<'_> {
     fn drop(&mut self) {
         if let Some(probe) = self.probe.take() {
             self.shared.release_probe(probe);
@@ -230,7 +230,7 @@ impl Middleware for BreakerShared {
         async move {
             let probe = shared.admit(req.ctx().wait_deadline).await?;
             let mut slot = ProbeSlot {
-                shared: Arc::clone(&shared),
+                shared: &shared,
                 probe,
             };
             let result = next.send(req).await;

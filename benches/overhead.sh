@@ -179,10 +179,14 @@ start() { # log-file command... ; sets STARTED to the PID (the command itself, n
 
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 USED_PORTS=" "
+# Below the kernel's ephemeral range: a port picked free there can be taken by the next
+# outgoing connection (wrk's, a proxy's to nginx) before its server binds it.
+EPHEMERAL_LOW=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+((EPHEMERAL_LOW > 12000)) || EPHEMERAL_LOW=32768
 pick_port() { # variable-name: a free port on 127.0.0.1, distinct from those picked before
     local p i
     for ((i = 0; i < 200; i++)); do
-        p=$((20000 + RANDOM % 40000))
+        p=$((10000 + RANDOM % (EPHEMERAL_LOW - 10000)))
         [[ $USED_PORTS == *" $p "* ]] && continue
         port_busy "$p" && continue
         USED_PORTS+="$p "

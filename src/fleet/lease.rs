@@ -121,8 +121,18 @@ impl Lease {
         self.wake.notify_one();
     }
 
+    /// Whether a shared requests bucket (configured, or learned from the provider's headers)
+    /// divides the key among the replicas: then the peers' refusals and shares have nothing
+    /// to add (they are for a key whose rate only the 429s show).
+    fn shared_requests(&self) -> bool {
+        lock(&self.account).holdings[REQUESTS].shared.is_some()
+    }
+
     /// `replica` (this one too: the fleet's channel echoes it) published its share and demand.
     pub(super) fn peer_share(&self, replica: &str, rate: f64, demand: f64) {
+        if self.shared_requests() {
+            return;
+        }
         let me = &self.fleet.replica;
         let part = lock(&self.shares).heard(replica, rate, demand, me, Instant::now());
         if let Some(part) = part {
@@ -132,6 +142,9 @@ impl Lease {
 
     /// A peer was refused at the edge of the `refused` buckets (1 requests, 2 tokens).
     pub(super) fn peer_edge(&self, refused: u8) {
+        if self.shared_requests() {
+            return;
+        }
         (self.peers.edge)(refused & 1 != 0, refused & 2 != 0);
     }
 

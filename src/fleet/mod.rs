@@ -597,6 +597,7 @@ mod tests {
             Arc::default(),
         );
         let key = lease.pause_key().to_owned();
+        let first_key = key.clone();
         let me = fleet.replica.clone();
         fleet.on_message(&format!("{key} throttled 1 {me}"));
         fleet.on_message(&format!("{key} throttled 3 peer"));
@@ -606,6 +607,26 @@ mod tests {
         assert!(parts.lock().unwrap().is_empty(), "no share of its own yet");
         fleet.on_message(&format!("{key} share 2 30 {me}"));
         assert_eq!(*parts.lock().unwrap(), [6.0]);
+        // Where a shared bucket divides the key (here a configured limit), they add nothing.
+        let mut limited = upstream.clone();
+        limited.limits.rpm = std::num::NonZeroU32::new(600);
+        let calls = Arc::new(Mutex::new(0));
+        let (e, s) = (Arc::clone(&calls), Arc::clone(&calls));
+        let lease = fleet.lease(
+            &limited,
+            Some(b"another key".as_slice()),
+            Peers {
+                pause: Box::new(|_| {}),
+                edge: Box::new(move |_, _| *e.lock().unwrap() += 1),
+                share: Box::new(move |_| *s.lock().unwrap() += 1),
+            },
+            Arc::default(),
+        );
+        let key = lease.pause_key().to_owned();
+        assert_ne!(key, first_key);
+        fleet.on_message(&format!("{key} throttled 1 peer"));
+        fleet.on_message(&format!("{key} share 2 30 {me}"));
+        assert_eq!(*calls.lock().unwrap(), 0);
     }
 
     #[test]

@@ -251,6 +251,9 @@ pub struct Pacer {
     unanswered: VecDeque<Ticket>,
     throttle_log: Throttles,
     cap: Option<Cap>,
+    /// The cap was set by the fleet (a peer's refusal, or the replicas' shares), for a key
+    /// whose rate only the 429s show: the provider's headers, once they come, replace it.
+    peer_cap: bool,
     /// While set and in the future, the headers' level is not believed (demoted).
     distrust_until: Option<Instant>,
     demotions: u32,
@@ -299,6 +302,7 @@ impl Pacer {
             unanswered: VecDeque::new(),
             throttle_log: Throttles::default(),
             cap: None,
+            peer_cap: false,
             distrust_until: None,
             demotions: 0,
             last_remaining: None,

@@ -93,6 +93,9 @@ impl Pacer {
             return; // sent before the last event was taken in: part of it
         }
         self.event(ticket, now);
+        if self.cap.is_some_and(|c| c.since == now) {
+            self.peer_cap = false;
+        }
     }
 
     /// A peer on the key (a fleet replica) met this bucket empty `now`: the moment ends a
@@ -116,6 +119,9 @@ impl Pacer {
             cost: 0.0,
         };
         self.event(edge, now);
+        if self.cap.is_some_and(|c| c.since == now) {
+            self.peer_cap = true;
+        }
         self.rate = self.pace(now);
     }
 
@@ -136,6 +142,7 @@ impl Pacer {
         }
         self.refill(now);
         let rate = rate.max(MIN_RATE);
+        self.peer_cap = true;
         self.cap = Some(Cap {
             rate,
             since: now,

@@ -620,3 +620,39 @@ fn a_report_credited_no_refill_holds_back_no_slack() {
     pacer.observe(t, Answer::RefusedElsewhere, Some(refused), later);
     assert!(pacer.level >= -1.0, "{}", pacer.level);
 }
+
+/// A peer's refusal ends a ramp before any answer came (the fleet found the edge); the
+/// provider's headers, once they come, carry the key's rate and replace that guess, where a
+/// cut of this pacer's own 429 stays.
+#[test]
+fn headers_replace_what_the_fleet_guessed_before_them() {
+    let mut now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
+    let tickets: Vec<_> = (0..10).map(|_| pacer.admit_anyway(1.0, now)).collect();
+    now += Duration::from_millis(5);
+    pacer.peer_throttled(now);
+    assert_eq!(pacer.source(), Source::Aimd);
+    assert!(pacer.cap.is_some(), "the ramp ended");
+    now += Duration::from_millis(100);
+    let report = fine_report(100.0, 80.0, Duration::from_secs(1));
+    pacer.observe(tickets[0], Answer::Ok, Some(report), now);
+    assert_eq!(pacer.source(), Source::Headers);
+    assert!(
+        pacer.cap.is_none(),
+        "the headers' pace, not the fleet's guess"
+    );
+    // This pacer's own 429s cut as before, and the next report keeps the cut.
+    let empty = fine_report(100.0, 0.0, Duration::from_secs(1));
+    for _ in 0..2 {
+        let t = pacer.admit_anyway(1.0, now);
+        now += Duration::from_millis(1);
+        pacer.observe(t, Answer::RateLimited, Some(empty), now);
+        now += Duration::from_millis(500);
+    }
+    let cut = pacer.cap.expect("a repeat 429 cuts");
+    pacer.observe(tickets[1], Answer::Ok, Some(report), now);
+    assert!(
+        pacer.cap.is_some_and(|c| c.rate == cut.rate),
+        "its own cut stays"
+    );
+}

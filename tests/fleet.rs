@@ -104,6 +104,16 @@ fn model_m(status: &serde_json::Value) -> serde_json::Value {
         .unwrap_or_default()
 }
 
+/// Two unconfigured corrals on one fleet in front of `upstream`, both listening to the fleet's
+/// channel.
+async fn two_corrals(upstream: &MockUpstream, server: &RedisServer) -> (Corral, Corral) {
+    let toml = fleet_config(upstream, &server.url(), "", "");
+    let a = Corral::start(&toml).await;
+    let b = Corral::start(&toml).await;
+    subscribed(server, 2).await;
+    (a, b)
+}
+
 async fn burst(corral: &Corral, n: usize, concurrency: usize) -> Vec<u16> {
     let next = Arc::new(AtomicUsize::new(0));
     let statuses = Arc::new(Mutex::new(Vec::new()));
@@ -300,10 +310,7 @@ async fn one_429_pauses_every_replica() {
         }
     })
     .await;
-    let toml = fleet_config(&upstream, &server.url(), "", "");
-    let a = Corral::start(&toml).await;
-    let b = Corral::start(&toml).await;
-    subscribed(&server, 2).await;
+    let (a, b) = two_corrals(&upstream, &server).await;
     assert_eq!(
         burst(&b, 1, 1).await,
         [200],
@@ -370,10 +377,7 @@ async fn what_one_learns_all_know() {
         }
     })
     .await;
-    let toml = fleet_config(&upstream, &server.url(), "", "");
-    let a = Corral::start(&toml).await;
-    let b = Corral::start(&toml).await;
-    subscribed(&server, 2).await;
+    let (a, b) = two_corrals(&upstream, &server).await;
     assert_eq!(burst(&a, 3, 1).await, [200, 200, 200]);
     let learned = model_m(&get_json(&a, "/status").await)["learned"][0]["rate_per_second"]
         .as_f64()
@@ -420,10 +424,7 @@ async fn a_peers_429_teaches_a_replica_that_met_none() {
         }
     })
     .await;
-    let toml = fleet_config(&upstream, &server.url(), "", "");
-    let a = Corral::start(&toml).await;
-    let b = Corral::start(&toml).await;
-    subscribed(&server, 2).await;
+    let (a, b) = two_corrals(&upstream, &server).await;
     let learned = |v: &serde_json::Value| model_m(v)["learned"][0].clone();
     assert_eq!(burst(&b, 3, 1).await, [200, 200, 200]);
     assert_eq!(

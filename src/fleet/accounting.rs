@@ -248,48 +248,6 @@ pub(super) struct Account {
     resync: bool,
 }
 
-/// Shares heard this long before the newest one are from an earlier round of 429s: their
-/// replica closed no window in the newest (it was not asking for more), and what it uses is
-/// not part of the rate the others split.
-const SHARE_ROUND: Duration = Duration::from_secs(1);
-/// At most this many replicas' shares are kept (the oldest go first).
-const MAX_SHARES: usize = 1024;
-
-/// The replicas' latest shares of the key's request rate, each estimated from the throttle
-/// windows every replica closes at every refusal in the fleet: added up they are the key's
-/// rate, which the replicas then split by their demand.
-#[derive(Debug, Default)]
-pub(super) struct Shares {
-    /// Per replica: its share (units/s), its demand (units it would send in the next second),
-    /// when it was heard.
-    latest: Vec<(String, f64, f64, Instant)>,
-}
-
-impl Shares {
-    /// `replica`'s share and demand, heard at `now`. Returns `me`'s part of the key's rate as
-    /// the shares of this round add up, split by demand; `None` until `me` has a share in it.
-    pub(super) fn heard(
-        &mut self,
-        replica: &str,
-        rate: f64,
-        demand: f64,
-        me: &str,
-        now: Instant,
-    ) -> Option<f64> {
-        self.latest.retain(|(r, _, _, at)| {
-            r != replica && now.saturating_duration_since(*at) <= SHARE_ROUND
-        });
-        if self.latest.len() >= MAX_SHARES {
-            self.latest.remove(0);
-        }
-        self.latest.push((replica.to_owned(), rate, demand, now));
-        let mine = self.latest.iter().find(|(r, ..)| r == me)?.2;
-        let rate: f64 = self.latest.iter().map(|s| s.1).sum();
-        let demand: f64 = self.latest.iter().map(|s| s.2).sum();
-        (demand > 0.0).then(|| rate * mine / demand)
-    }
-}
-
 /// Whether a request may go, and if not, how long it waits.
 pub(super) enum Admission {
     /// Taken from the lease.

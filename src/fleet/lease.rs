@@ -19,9 +19,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::accounting::{Account, Admission, Holding, Shares, KINDS, REQUESTS, TOKENS};
+use super::accounting::{Account, Admission, Holding, KINDS, REQUESTS, TOKENS};
 pub use super::accounting::{IDLE_RETURN, MIN_BLOCK};
 use super::script::{pause_end, CallArgs};
+use super::shares::Shares;
 use super::{CallError, Fleet};
 use crate::config::UpstreamConfig;
 use crate::metrics::FleetMode;

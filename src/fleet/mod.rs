@@ -23,10 +23,12 @@
 //! - `script`: the lease script's wire format: its arguments, its answer, its messages.
 //! - `lease`: one partition's lease: the handle its requests take from and the task that
 //!   calls the script to keep it stocked.
+//! - `shares`: the replicas' shares of a key without rate-limit headers, split by demand.
 
 mod accounting;
 pub mod lease;
 mod script;
+mod shares;
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, Weak};
@@ -525,19 +527,25 @@ mod tests {
         );
     }
 
-    /// A pause from Redis (published by a peer, or in a lease's answer) is capped as a local
-    /// hint is: a corrupt or hostile value neither panics nor stops the partition for longer.
-    #[tokio::test]
-    async fn a_pause_from_redis_is_capped_as_a_local_hint() {
+    /// A fleet whose Redis is never reached (its messages are handed to it directly), and an
+    /// upstream to lease for.
+    fn offline_fleet() -> (Arc<Fleet>, UpstreamConfig) {
         use crate::config::types::parse_base_url;
-        use crate::provider::hints::MAX_HINT;
         let config = FleetConfig {
             redis: Some(RedisUrl("redis://127.0.0.1:1/0".into())),
             ..FleetConfig::default()
         };
         let fleet = Fleet::new(&config, crate::metrics::Metrics::new().fleet()).unwrap();
         let base = parse_base_url("https://api.openai.com/v1").unwrap();
-        let upstream = UpstreamConfig::new("openai", "/v1", base);
+        (fleet, UpstreamConfig::new("openai", "/v1", base))
+    }
+
+    /// A pause from Redis (published by a peer, or in a lease's answer) is capped as a local
+    /// hint is: a corrupt or hostile value neither panics nor stops the partition for longer.
+    #[tokio::test]
+    async fn a_pause_from_redis_is_capped_as_a_local_hint() {
+        use crate::provider::hints::MAX_HINT;
+        let (fleet, upstream) = offline_fleet();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let record = Arc::clone(&seen);
         let lease = fleet.lease(
@@ -575,14 +583,7 @@ mod tests {
     /// added up and split by demand.
     #[tokio::test]
     async fn peers_refusals_and_shares_reach_the_partition() {
-        use crate::config::types::parse_base_url;
-        let config = FleetConfig {
-            redis: Some(RedisUrl("redis://127.0.0.1:1/0".into())),
-            ..FleetConfig::default()
-        };
-        let fleet = Fleet::new(&config, crate::metrics::Metrics::new().fleet()).unwrap();
-        let base = parse_base_url("https://api.openai.com/v1").unwrap();
-        let upstream = UpstreamConfig::new("openai", "/v1", base);
+        let (fleet, upstream) = offline_fleet();
         let edges = Arc::new(Mutex::new(Vec::new()));
         let parts = Arc::new(Mutex::new(Vec::new()));
         let (e, p) = (Arc::clone(&edges), Arc::clone(&parts));

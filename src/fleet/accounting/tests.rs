@@ -107,25 +107,3 @@ async fn units_not_yet_due_from_a_lost_bucket_are_dropped() {
     assert_eq!(holding.available, 2.0, "the two due at once are kept");
     assert_eq!(holding.held(), 2.0, "the eight not yet due are gone");
 }
-
-#[tokio::test(start_paused = true)]
-async fn shares_add_up_to_the_keys_rate_and_split_by_demand() {
-    let now = Instant::now();
-    let mut shares = Shares::default();
-    // Until this replica's own share is heard, nothing to split.
-    assert_eq!(shares.heard("b", 9.0, 10.0, "a", now), None);
-    // 9 + 3 = 12/s between them; "a" has three times the demand of "b".
-    assert_eq!(shares.heard("a", 3.0, 30.0, "a", now), Some(9.0));
-    // A newer share replaces a replica's older one.
-    assert_eq!(shares.heard("b", 5.0, 10.0, "a", now), Some(6.0));
-    // A share from an earlier round (its replica closed no window since) is left out: "b"'s is
-    // over a second old when "c" is heard, and "a" splits with "c" alone.
-    let later = now + Duration::from_millis(1500);
-    assert_eq!(shares.heard("c", 4.0, 10.0, "a", later), None);
-    assert_eq!(shares.heard("a", 4.0, 10.0, "a", later), Some(4.0));
-    // The count is bounded.
-    for i in 0..2 * MAX_SHARES {
-        shares.heard(&i.to_string(), 1.0, 1.0, "a", later);
-    }
-    assert!(shares.latest.len() <= MAX_SHARES);
-}

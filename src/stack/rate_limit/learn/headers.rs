@@ -86,11 +86,7 @@ impl Pacer {
             self.source = Source::Observed;
             return; // the level follows the 429s, not `remaining`
         }
-        if self.peer_cap && self.source != Source::Headers {
-            // The fleet's guess before the headers came: they carry the key's rate now.
-            self.cap = None;
-            self.peer_cap = false;
-        }
+        self.drop_peer_cap();
         self.source = Source::Headers;
         let floor = self.floor.unwrap_or(0.0);
         self.burst = (r.limit - floor).max(1.0);

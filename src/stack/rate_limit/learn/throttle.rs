@@ -102,8 +102,10 @@ impl Pacer {
     /// throttle window as this pacer's own 429s do, since what this pacer sent since the last
     /// one is its share of what the upstream refilled, whoever was refused. So every replica
     /// learns its share from every refusal in the fleet, not only from its own, and the shares
-    /// add up to the key's rate. It cuts nothing (the refused replica does), but it ends a
-    /// ramp: the fleet has found the bucket's edge.
+    /// add up to the key's rate. Without an estimate yet it cuts as its own 429 would: the
+    /// fleet as a whole is over the key's rate, so every replica sending into it cuts (as AIMD
+    /// flows on one link all back off), and a ramp ends where the fleet found the edge. Under
+    /// the provider's headers it is ignored: the fleet shares their bucket instead.
     pub fn peer_throttled(&mut self, now: Instant) {
         if matches!(self.source, Source::Headers | Source::Observed) {
             return;
@@ -123,6 +125,15 @@ impl Pacer {
             self.peer_cap = true;
         }
         self.rate = self.pace(now);
+    }
+
+    /// The provider's headers came: a cap the fleet set before them (a peer's refusal, or the
+    /// replicas' shares) gives way to the key's rate they carry. One of its own 429s stays.
+    pub(super) fn drop_peer_cap(&mut self) {
+        if self.peer_cap && self.source != Source::Headers {
+            self.cap = None;
+            self.peer_cap = false;
+        }
     }
 
     /// This pacer's newest share of the key's rate from the 429s (a throttle window's

@@ -33,7 +33,8 @@ pub struct Peers {
     /// The end of a pause Redis reports (a peer's 429 named it).
     pub pause: Box<dyn Fn(Instant) + Send + Sync>,
     /// A peer was refused at the edge of these buckets (requests, tokens): they were empty now.
-    pub edge: Box<dyn Fn(bool, bool) + Send + Sync>,
+    /// Returns the requests pacer's share of the key's rate, if that closed an estimate.
+    pub edge: Box<dyn Fn(bool, bool) -> Option<f64> + Send + Sync>,
     /// This replica's part of the key's request rate, as the fleet's shares add up.
     pub share: Box<dyn Fn(f64) + Send + Sync>,
 }
@@ -112,9 +113,10 @@ impl Lease {
     }
 
     /// This replica estimated its share of the key's request rate (`rate`, from throttle
-    /// windows) with `demand` (requests it would send in the next second): publish both, so
-    /// that the replicas split the key's rate by demand.
-    pub fn estimated(&self, rate: f64, demand: f64) {
+    /// windows): publish it with its demand (what it sends at that rate in the next second,
+    /// plus the requests waiting), so that the replicas split the key's rate by demand.
+    pub fn estimated(&self, rate: f64) {
+        let demand = rate + self.queued.load(Ordering::Acquire) as f64;
         let mut s = lock(&self.account);
         s.estimate = Some((rate, demand));
         s.urgent = true;
@@ -146,7 +148,9 @@ impl Lease {
         if self.shared_requests() {
             return;
         }
-        (self.peers.edge)(refused & 1 != 0, refused & 2 != 0);
+        if let Some(share) = (self.peers.edge)(refused & 1 != 0, refused & 2 != 0) {
+            self.estimated(share);
+        }
     }
 
     /// Call Redis now (another replica created the shared bucket).

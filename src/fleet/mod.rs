@@ -553,7 +553,7 @@ mod tests {
             None,
             Peers {
                 pause: Box::new(move |until| record.lock().unwrap().push(until)),
-                edge: Box::new(|_, _| {}),
+                edge: Box::new(|_, _| None),
                 share: Box::new(|_| {}),
             },
             Arc::default(),
@@ -592,7 +592,10 @@ mod tests {
             None,
             Peers {
                 pause: Box::new(|_| {}),
-                edge: Box::new(move |r, t| e.lock().unwrap().push((r, t))),
+                edge: Box::new(move |r, t| {
+                    e.lock().unwrap().push((r, t));
+                    None
+                }),
                 share: Box::new(move |part| p.lock().unwrap().push(part)),
             },
             Arc::default(),
@@ -618,7 +621,10 @@ mod tests {
             Some(b"another key".as_slice()),
             Peers {
                 pause: Box::new(|_| {}),
-                edge: Box::new(move |_, _| *e.lock().unwrap() += 1),
+                edge: Box::new(move |_, _| {
+                    *e.lock().unwrap() += 1;
+                    None
+                }),
                 share: Box::new(move |_| *s.lock().unwrap() += 1),
             },
             Arc::default(),

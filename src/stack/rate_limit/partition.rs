@@ -197,15 +197,8 @@ impl Partition {
             let shared = Arc::clone(&pause);
             let learners = pacers.as_ref().map(Arc::downgrade);
             let sharers = learners.clone();
-            let waiting = Arc::clone(&queued);
-            // The lease is built here, so the peers' refusals reach its estimate through a
-            // cell it fills once built.
-            let own: Arc<OnceLock<Weak<Lease>>> = Arc::default();
-            let lease_cell = Arc::clone(&own);
             let edge = move |requests: bool, tokens: bool| {
-                let Some(pacers) = learners.as_ref().and_then(Weak::upgrade) else {
-                    return;
-                };
+                let pacers = learners.as_ref().and_then(Weak::upgrade)?;
                 let mut p = lock(&pacers);
                 let now = Instant::now();
                 if requests {
@@ -214,12 +207,7 @@ impl Partition {
                 if tokens {
                     p.tokens.peer_throttled(now);
                 }
-                let estimate = p.requests.take_estimate();
-                drop(p);
-                if let (Some(e), Some(lease)) = (estimate, lease_cell.get().and_then(Weak::upgrade))
-                {
-                    lease.estimated(e, demand(e, &waiting));
-                }
+                p.requests.take_estimate()
             };
             let share = move |rate: f64| {
                 if let Some(pacers) = sharers.as_ref().and_then(Weak::upgrade) {
@@ -231,9 +219,7 @@ impl Partition {
                 edge: Box::new(edge),
                 share: Box::new(share),
             };
-            let lease = fleet.lease(config, credential, peers, Arc::clone(&queued));
-            let _ = own.set(Arc::downgrade(&lease));
-            lease
+            fleet.lease(config, credential, peers, Arc::clone(&queued))
         });
         let l_local = lease.is_none().then_some(l);
         let requests = l_local.and_then(|l| l.rpm).map(|rpm| {
@@ -527,12 +513,6 @@ impl Partition {
             "fleet": self.lease.as_ref().map(|l| l.status()),
         })
     }
-}
-
-/// A replica's demand on the key's request rate, for the fleet to split it by: what it sends
-/// at `rate` in the next second, plus the requests `waiting` on it.
-pub(super) fn demand(rate: f64, waiting: &AtomicUsize) -> f64 {
-    rate + waiting.load(Ordering::Acquire) as f64
 }
 
 /// Until when a request of `units` tokens must wait for both pacers at `now`; `None`: both

@@ -152,7 +152,7 @@ impl Partition {
             lease.learned(0, p.requests.upstream_model());
             lease.learned(1, p.tokens.upstream_model());
             if let Some(e) = p.requests.take_estimate() {
-                lease.estimated(e, super::demand(e, &self.queued));
+                lease.estimated(e);
             }
         }
         if full_after.0 {

@@ -401,12 +401,14 @@ async fn what_one_learns_all_know() {
     );
 }
 
-/// Without rate-limit headers, a 429 that one replica meets ends the others' throttle windows
-/// too: B, never refused itself, stops its ramp (its pace now comes from the 429s: `aimd`)
-/// when A is refused, as it would on a 429 of its own.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_peers_429_teaches_a_replica_that_met_none() {
-    let Some(server) = redis() else { return };
+/// A's first attempt is refused with a 429 carrying `headers` (its retry is answered), while B
+/// has seen three answers and no 429: B's `/status` as it stands `within` after A's refusal
+/// (sooner, once its source has moved from `slow_start`).
+async fn peer_refused(
+    server: &RedisServer,
+    headers: &'static [(&'static str, &'static str)],
+    within: Duration,
+) -> serde_json::Value {
     let refuse_next = Arc::new(AtomicBool::new(false));
     let r2 = Arc::clone(&refuse_next);
     let upstream = MockUpstream::start(move |_| {
@@ -417,34 +419,64 @@ async fn a_peers_429_teaches_a_replica_that_met_none() {
                     "message": "Rate limit reached for requests",
                     "type": "requests",
                     "code": "rate_limit_exceeded"}});
-                json(429, body)
+                let mut answer = json(429, body);
+                for (name, value) in headers {
+                    answer.headers_mut().insert(*name, value.parse().unwrap());
+                }
+                answer
             } else {
                 json(200, serde_json::json!({"ok": true}))
             }
         }
     })
     .await;
-    let (a, b) = two_corrals(&upstream, &server).await;
+    let (a, b) = two_corrals(&upstream, server).await;
     let learned = |v: &serde_json::Value| model_m(v)["learned"][0].clone();
     assert_eq!(burst(&b, 3, 1).await, [200, 200, 200]);
     assert_eq!(
         learned(&get_json(&b, "/status").await)["source"],
         "slow_start"
     );
-    // A's first attempt is refused (its retry is answered).
     refuse_next.store(true, Ordering::SeqCst);
     assert_eq!(burst(&a, 1, 1).await, [200]);
     assert_eq!(learned(&get_json(&a, "/status").await)["throttles_seen"], 1);
     let mut seen = serde_json::Value::Null;
-    for _ in 0..100 {
+    let start = Instant::now();
+    while start.elapsed() < within {
         seen = learned(&get_json(&b, "/status").await);
-        if seen["source"] == "aimd" {
+        if seen["source"] != "slow_start" {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(seen["source"], "aimd", "B learned of A's 429: {seen}");
     assert_eq!(seen["throttles_seen"], 0, "B met no 429 itself");
+    seen
+}
+
+/// Without rate-limit headers, a 429 that one replica meets ends the others' throttle windows
+/// too: B, never refused itself, stops its ramp (its pace now comes from the 429s: `aimd`)
+/// when A is refused, as it would on a 429 of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peers_429_teaches_a_replica_that_met_none() {
+    let Some(server) = redis() else { return };
+    let seen = peer_refused(&server, &[], Duration::from_secs(2)).await;
+    assert_eq!(seen["source"], "aimd", "B learned of A's 429: {seen}");
+}
+
+/// A 429 whose headers report the bucket is no edge for the peers: the fleet shares that
+/// bucket through Redis, and B, still waiting for the key's headers in answers of its own,
+/// keeps its ramp rather than cutting it on A's refusal (the test above sees an edge within
+/// milliseconds; this one waits a second for one that must not come).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peers_429_under_headers_leaves_its_ramp_alone() {
+    let Some(server) = redis() else { return };
+    let headers = &[
+        ("x-ratelimit-limit-requests", "100"),
+        ("x-ratelimit-remaining-requests", "0"),
+        ("x-ratelimit-reset-requests", "600ms"),
+    ];
+    let seen = peer_refused(&server, headers, Duration::from_secs(1)).await;
+    assert_eq!(seen["source"], "slow_start", "B kept its ramp: {seen}");
 }
 
 /// Units leased and never used go back to the shared bucket (after a lull, or at shutdown),

@@ -11,7 +11,7 @@ use super::{Pacers, Partition, Tickets};
 use crate::classify::{Outcome, Reason, Throttle};
 use crate::metrics::UpstreamMetrics;
 use crate::provider::{self, Report};
-use crate::stack::rate_limit::learn::{Answer, Source};
+use crate::stack::rate_limit::learn::{Answer, Pacer, Source};
 use crate::sync::lock;
 /// One attempt's answer as [`Partition::observe`] reads it.
 struct Reading<'a> {
@@ -36,6 +36,9 @@ struct Learned {
     pause: Option<Duration>,
     /// Whether the requests and the tokens buckets refused.
     refused: (bool, bool),
+    /// Whether a bucket that only the 429s show refused: its edge is news to the fleet's
+    /// peers. A bucket the provider's headers report is shared through Redis instead.
+    edge: bool,
 }
 
 impl Partition {
@@ -79,13 +82,14 @@ impl Partition {
             own_wait_kept: false,
             pause: None,
             refused: (rate_limited, false),
+            edge: rate_limited,
         };
         if let (Some(pacers), Some(tickets)) = (&self.pacers, tickets) {
             let mut p = lock(pacers);
             learned = self.learn(&mut p, tickets, &reading, metrics);
         }
         if let Some((wait, hinted)) = self.pause_for(&reading, &learned) {
-            self.extend_pause(wait, hinted, &reading, learned.refused);
+            self.extend_pause(wait, hinted, &reading, &learned);
         }
         if self.queued.load(Ordering::Acquire) > 0 {
             self.answered.notify_waiters();
@@ -175,10 +179,12 @@ impl Partition {
             learned_pause = refusing;
         }
         self.publish(p, metrics);
+        let blind = |p: &Pacer| !matches!(p.source(), Source::Headers | Source::Observed);
         Learned {
             own_wait_kept,
             pause: learned_pause,
             refused,
+            edge: (refused.0 && blind(&p.requests)) || (refused.1 && blind(&p.tokens)),
         }
     }
 
@@ -224,14 +230,8 @@ impl Partition {
     }
 
     /// Pause the partition for `wait`: the named pause when the upstream named it (`hinted`),
-    /// shared with the fleet's peers, else the guessed one. `refused`: which buckets refused.
-    fn extend_pause(
-        &self,
-        wait: Duration,
-        hinted: bool,
-        reading: &Reading<'_>,
-        refused: (bool, bool),
-    ) {
+    /// shared with the fleet's peers, else the guessed one; `learned`: which buckets refused.
+    fn extend_pause(&self, wait: Duration, hinted: bool, reading: &Reading<'_>, learned: &Learned) {
         let now = reading.now;
         let wait = wait.min(provider::hints::MAX_HINT);
         let target = if hinted {
@@ -244,12 +244,15 @@ impl Partition {
             _ => target.extend(now + wait),
         }
         // Peers extend their named pause with it: only the upstream's word is shared. A
-        // refusal at a bucket's edge is shared even without one: each peer ends a throttle
-        // window there (what it sent since its last is its share of the refill).
+        // refusal at the edge of a bucket no header reports is shared even without one: each
+        // peer ends a throttle window there (what it sent since its last is its share of the
+        // refill). Under headers the peers learn the bucket from Redis instead: an edge would
+        // only cut those still waiting for their first answer to the key's headers.
         if let Some(lease) = &self.lease {
-            let edge = reading.rate_limited;
+            let edge = reading.rate_limited && learned.edge;
             if hinted || edge {
-                lease.throttled(hinted.then_some(wait), refused.0, refused.1, edge);
+                let (requests, tokens) = learned.refused;
+                lease.throttled(hinted.then_some(wait), requests, tokens, edge);
             }
         }
     }

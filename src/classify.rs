@@ -181,7 +181,17 @@ impl Throttle {
         now: SystemTime,
     ) -> Self {
         let signals = error_signals(body);
-        let named = hints::explicit_hint(headers, now).or(signals.retry_delay);
+        // The finest wait named first: a body's (a message's "try again in 20ms") beats a
+        // `retry-after` rounded up to whole seconds, as `retry-after-ms` does.
+        let in_headers = hints::explicit_hint(headers, now);
+        let mut rounded = in_headers.is_some() && hints::whole_seconds_only(headers);
+        let named = match (in_headers, signals.retry_delay) {
+            (Some(h), Some(b)) if rounded && b < h => {
+                rounded = false;
+                Some(b)
+            }
+            (h, b) => h.or(b),
+        };
         if is_permanent(headers, body, &signals, config) {
             return Throttle {
                 reason: Reason::Quota,
@@ -210,7 +220,9 @@ impl Throttle {
                 None => (Reason::Unknown, None),
             }
         };
-        let own_wait = reason == Reason::Rate && named.is_some_and(|w| refills_by(headers, w, now));
+        // A wait named in whole seconds alone is rounded up as a coarse reset is.
+        let own_wait =
+            reason == Reason::Rate && named.is_some_and(|w| refills_by(headers, w, rounded, now));
         Throttle {
             reason,
             hint,
@@ -221,7 +233,9 @@ impl Throttle {
 }
 
 /// Whether the buckets the headers report empty are all full again by `wait` (and one is).
-fn refills_by(headers: &HeaderMap, wait: Duration, now: SystemTime) -> bool {
+/// When both are rounded up to whole seconds (`rounded`: the wait is `retry-after` alone), a
+/// reset may be a second later than the refill it reports.
+fn refills_by(headers: &HeaderMap, wait: Duration, rounded: bool, now: SystemTime) -> bool {
     let reports = crate::provider::reports(headers, || now);
     let mut empty = reports
         .into_iter()
@@ -229,7 +243,15 @@ fn refills_by(headers: &HeaderMap, wait: Duration, now: SystemTime) -> bool {
         .filter(|r| r.remaining < 1.0)
         .peekable();
     empty.peek().is_some()
-        && empty.all(|r| r.reset.is_some_and(|reset| reset <= wait + REFILL_SLACK))
+        && empty.all(|r| {
+            let rounding = if r.coarse && rounded {
+                Duration::from_secs(1)
+            } else {
+                Duration::ZERO
+            };
+            r.reset
+                .is_some_and(|reset| reset <= wait + rounding + REFILL_SLACK)
+        })
 }
 
 /// Whether the rate-limit headers report clear headroom in every bucket they describe; `None`
@@ -473,6 +495,46 @@ mod tests {
         assert!(!read(&bucket, "", MINUTE).own_wait);
         // No report of an empty bucket: nothing says it refills.
         assert!(!read(&[("retry-after", "1")], "", MINUTE).own_wait);
+        // Anthropic's: a reset instant in whole seconds, rounded up, may be a second past the
+        // refill it reports; `retry-after: 1` still outlasts a bucket full within 0.3 s.
+        let wall = SystemTime::now();
+        let reset = |d| crate::simulate::headers::rfc3339_ceil(wall + d);
+        let soon = reset(Duration::from_millis(300));
+        let anthropic = |at: &str| {
+            read(
+                &[
+                    ("anthropic-ratelimit-requests-limit", "50"),
+                    ("anthropic-ratelimit-requests-remaining", "0"),
+                    ("anthropic-ratelimit-requests-reset", at),
+                    ("retry-after", "1"),
+                ],
+                "",
+                MINUTE,
+            )
+        };
+        assert!(anthropic(&soon).own_wait);
+        // Full only three seconds on: the bucket's edge, the partition's wait.
+        assert!(!anthropic(&reset(Duration::from_secs(3))).own_wait);
+    }
+
+    #[test]
+    fn a_finer_wait_in_the_body_beats_a_retry_after_in_whole_seconds() {
+        let body = r#"{"error":{"message":"Rate limit reached for requests. Please try again in 20ms.","type":"requests","code":"rate_limit_exceeded"}}"#;
+        let t = read(&[("retry-after", "1")], body, MINUTE);
+        assert_eq!(t.hint, Some(Duration::from_millis(20)));
+        // `retry-after-ms` is finer than any message: it stands.
+        let t = read(
+            &[("retry-after-ms", "700"), ("retry-after", "1")],
+            body,
+            MINUTE,
+        );
+        assert_eq!(t.hint, Some(Duration::from_millis(700)));
+        // A longer wait in the body does not lengthen the header's.
+        let slow = body.replace("20ms", "3s");
+        assert_eq!(
+            read(&[("retry-after", "1")], &slow, MINUTE).hint,
+            Some(Duration::from_secs(1))
+        );
     }
 
     #[test]

@@ -109,6 +109,14 @@ pub fn explicit_hint(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
         .or_else(|| header(headers, "retry-after").and_then(|v| parse_retry_after(v, now)))
 }
 
+/// Whether the wait the headers name is `retry-after` alone, in whole seconds (Anthropic's): rounded
+/// up, it may outlast by most of a second a bucket that refills in milliseconds.
+pub fn whole_seconds_only(headers: &HeaderMap) -> bool {
+    header(headers, "retry-after-ms").is_none()
+        && header(headers, "x-ms-retry-after-ms").is_none()
+        && header(headers, "retry-after").is_some_and(|v| v.trim().parse::<u64>().is_ok())
+}
+
 /// The later reset among the buckets reported exhausted (0 left; Azure's `-1` means unknown,
 /// not empty); the earliest reset if none says.
 pub fn reset_hint(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {

@@ -241,7 +241,10 @@ fn refuse(
             gemini_refusal(decision, reason, model.unwrap_or(openai::MODEL))
         }
         Throttle::Rate | Throttle::Quota => {
-            let hint = !(api == Api::OpenAi && style == HeaderStyle::None);
+            // OpenAI's messages name the wait ("Please try again in 20ms"); Anthropic's do
+            // not (its `retry-after`, whole seconds, is all it names), nor do OpenAI-compatible
+            // servers that send no rate-limit headers.
+            let hint = api == Api::OpenAi && style != HeaderStyle::None;
             refusal(api, admission, reason == Throttle::Quota, hint)
         }
     };

@@ -131,6 +131,21 @@ impl Lease {
         lock(&self.account).holdings[REQUESTS].shared.is_some()
     }
 
+    /// For each bucket (requests, tokens), the replicas that read the provider's reports of it
+    /// with nothing dividing it: the live ones while Redis has no shared bucket of its kind, else
+    /// 1 (the shared bucket divides it).
+    pub fn undivided(&self) -> [u64; 2] {
+        let s = lock(&self.account);
+        let live = s.live.max(1);
+        [0, 1].map(|k| {
+            if s.holdings[k].shared.is_some() {
+                1
+            } else {
+                live
+            }
+        })
+    }
+
     /// `replica` (this one too: the fleet's channel echoes it) published its share and demand.
     pub(super) fn peer_share(&self, replica: &str, rate: f64, demand: f64) {
         if self.shared_requests() {

@@ -60,7 +60,7 @@ mod config;
 mod error;
 mod gateway;
 mod gemini;
-mod headers;
+pub(crate) mod headers;
 mod histogram;
 mod limits;
 mod openai;

@@ -254,6 +254,9 @@ pub struct Pacer {
     /// The cap was set by the fleet (a peer's refusal, or the replicas' shares), for a key
     /// whose rate only the 429s show: the provider's headers, once they come, replace it.
     peer_cap: bool,
+    /// Corrals that read the same reports of the key's bucket with nothing dividing it (fleet
+    /// replicas with no shared bucket for this kind): each takes this part of what they report.
+    replicas: f64,
     /// While set and in the future, the headers' level is not believed (demoted).
     distrust_until: Option<Instant>,
     demotions: u32,
@@ -303,6 +306,7 @@ impl Pacer {
             throttle_log: Throttles::default(),
             cap: None,
             peer_cap: false,
+            replicas: 1.0,
             distrust_until: None,
             demotions: 0,
             last_remaining: None,
@@ -351,7 +355,7 @@ impl Pacer {
             c.at(now).min(c.rate.max(2.0 * self.meter.rate))
         });
         let base = match self.source {
-            Source::Headers | Source::Observed => self.header_rate,
+            Source::Headers | Source::Observed => self.header_rate / self.part(),
             Source::Aimd => 0.0,
             Source::None | Source::SlowStart => return 0.0,
         };
@@ -384,7 +388,7 @@ impl Pacer {
         if matches!(self.source, Source::Observed | Source::Aimd) {
             self.burst = (self.rate * DEMOTED_BURST.as_secs_f64()).max(1.0);
         }
-        self.level = (self.level + self.rate * dt).min(self.burst);
+        self.level = (self.level + self.rate * dt).min(self.burst / self.part());
         self.consent(now);
     }
 

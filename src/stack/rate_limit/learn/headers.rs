@@ -22,6 +22,59 @@ impl Pacer {
         self.source = Source::Observed;
     }
 
+    /// The refill rate a report implies: `limit - remaining` over the time to full.
+    fn learn_rate(&mut self, r: &Report) {
+        if let Some(reset) = r.reset.filter(|d| !d.is_zero()) {
+            if r.limit > r.remaining {
+                let sample = (r.limit - r.remaining) / reset.as_secs_f64();
+                // A reset in whole seconds (Anthropic's RFC 3339 instants, Azure's integers) is
+                // rounded up, so its sample bounds the rate from below: the estimate is the
+                // largest recent bound, decaying slowly so a lowered limit is still followed.
+                // Finer resets (OpenAI's) are averaged.
+                let whole_seconds = r.coarse || reset.subsec_nanos() == 0;
+                let fresh = self.header_rate == 0.0
+                    || !matches!(self.source, Source::Headers | Source::Observed);
+                // A rounded reset under two seconds bounds little from above: the bucket may
+                // refill within a fraction of a second, at this rate or many times it.
+                let loose = r.coarse && reset < Duration::from_secs(2);
+                if fresh {
+                    self.header_rate = sample;
+                    self.header_rate_loose = loose;
+                } else if whole_seconds {
+                    if sample >= 0.98 * self.header_rate {
+                        self.header_rate = sample;
+                        self.header_rate_loose = loose;
+                    } else {
+                        self.header_rate *= 0.98;
+                    }
+                } else {
+                    self.header_rate = 0.5 * sample + 0.5 * self.header_rate;
+                    self.header_rate_loose = false;
+                }
+            }
+        }
+    }
+
+    /// `replicas` corrals read the same reports of this bucket with nothing dividing it (fleet
+    /// replicas whose Redis has no shared bucket for it: one whose reset is too coarse to share
+    /// a rate by). Each reads the whole key's headroom, so each takes its part of it, and of
+    /// the bucket's refill up to a full one: else every replica spends a full bucket at once
+    /// after a pause all of them end together, several buckets' worth, and the 429s that come
+    /// back pause them all again.
+    pub fn among(&mut self, replicas: u64) {
+        self.replicas = replicas.max(1) as f64;
+    }
+
+    /// This pacer's part of what the headers report ([`Self::among`]); 1 when nothing else
+    /// reads them, or when they do not pace it.
+    pub(super) fn part(&self) -> f64 {
+        if matches!(self.source, Source::Headers | Source::Observed) {
+            self.replicas
+        } else {
+            1.0
+        }
+    }
+
     pub(super) fn learn_headers(
         &mut self,
         ticket: Ticket,
@@ -52,35 +105,7 @@ impl Pacer {
             Answer::Ok => self.verified + ticket.cost.max(1.0),
             Answer::RefusedElsewhere | Answer::Overloaded => self.verified,
         };
-        if let Some(reset) = r.reset.filter(|d| !d.is_zero()) {
-            if r.limit > r.remaining {
-                let sample = (r.limit - r.remaining) / reset.as_secs_f64();
-                // A reset in whole seconds (Anthropic's RFC 3339 instants, Azure's integers) is
-                // rounded up, so its sample bounds the rate from below: the estimate is the
-                // largest recent bound, decaying slowly so a lowered limit is still followed.
-                // Finer resets (OpenAI's) are averaged.
-                let whole_seconds = r.coarse || reset.subsec_nanos() == 0;
-                let fresh = self.header_rate == 0.0
-                    || !matches!(self.source, Source::Headers | Source::Observed);
-                // A rounded reset under two seconds bounds little from above: the bucket may
-                // refill within a fraction of a second, at this rate or many times it.
-                let loose = r.coarse && reset < Duration::from_secs(2);
-                if fresh {
-                    self.header_rate = sample;
-                    self.header_rate_loose = loose;
-                } else if whole_seconds {
-                    if sample >= 0.98 * self.header_rate {
-                        self.header_rate = sample;
-                        self.header_rate_loose = loose;
-                    } else {
-                        self.header_rate *= 0.98;
-                    }
-                } else {
-                    self.header_rate = 0.5 * sample + 0.5 * self.header_rate;
-                    self.header_rate_loose = false;
-                }
-            }
-        }
+        self.learn_rate(&r);
         let since = now.saturating_duration_since(ticket.sent_at).as_secs_f64();
         if self.distrust_until.is_some() {
             self.source = Source::Observed;
@@ -108,11 +133,14 @@ impl Pacer {
             Some(c) if self.header_rate > 0.0 => (c.at(now) / self.header_rate).min(1.0),
             _ => 1.0,
         };
+        let share = share.min(1.0 / self.part());
         let headroom = (r.remaining - floor) + self.header_rate * credit;
         let level = headroom * share - sent_after - slack;
         // However much was sent since, the level owes at most one burst (the upstream refuses
         // what its bucket cannot hold, it does not bank it as debt).
-        let level = level.min(self.burst).min(self.verified).max(-self.burst);
+        let level = (level.min(self.burst / self.part()))
+            .min(self.verified)
+            .max(-self.burst);
         // A report newer than the last one used sets the level; an older one (an answer that
         // took long describes the bucket as it was long ago) may only lower it.
         if ticket.seq > self.synced_seq {

@@ -144,6 +144,11 @@ impl Partition {
             }
         }
         let own_wait_kept = full_after.0 || full_after.1;
+        if let Some(lease) = &self.lease {
+            let [requests, tokens] = lease.undivided();
+            p.requests.among(requests);
+            p.tokens.among(tokens);
+        }
         p.requests
             .observe(tickets.requests, for_requests, requests_report, now);
         p.tokens
@@ -219,6 +224,17 @@ impl Partition {
             // The upstream's own word first; a bucket's reset is the time until it is *full*,
             // far longer than one request needs, so the learner's estimate goes before it.
             Some(r) if r.empties_bucket() => match (named, nonzero(learned.pause), reset) {
+                // A wait in whole seconds (`retry-after` alone) that the refused request waits
+                // on its own (the report says its bucket is full by then), on a bucket whose
+                // headers pace it refilling sooner: the request waits its hint, the partition
+                // its pace. Paused for the rounded hint, every replica on the key ends the
+                // pause together a second later, spends a whole bucket at once, and the 429s
+                // it draws pause them all again.
+                (Some(wait), Some(paced), _)
+                    if paced < wait && reading.own_wait && rounded(reading) =>
+                {
+                    Some((paced, false))
+                }
                 (Some(wait), _, _) => Some((wait, true)),
                 (None, Some(wait), _) => Some((wait, false)),
                 (None, None, Some(wait)) => Some((wait, true)),
@@ -306,4 +322,11 @@ pub(super) fn attribute(
         Outcome::Overloaded(_) => (Answer::Overloaded, Answer::Overloaded),
         _ => (Answer::Ok, Answer::Ok),
     }
+}
+
+/// Whether the 429's named wait is `retry-after` in whole seconds alone.
+fn rounded(reading: &Reading<'_>) -> bool {
+    reading
+        .headers
+        .is_some_and(provider::hints::whole_seconds_only)
 }

@@ -301,6 +301,67 @@ async fn one_429_pauses_the_partition_until_its_hint_passes() {
     assert!(err.retry_after().unwrap() >= Duration::from_millis(1400));
 }
 
+/// Anthropic names its wait in whole seconds: `retry-after: 1` for a bucket its headers show
+/// refilling in milliseconds. The refused request waits its second (it is its own: the report
+/// says the bucket is full by then); the partition goes on at the headers' pace, and so would
+/// every replica of a fleet, instead of all of them ending one pause together.
+#[tokio::test(start_paused = true)]
+async fn a_wait_rounded_to_seconds_is_the_requests_not_the_partitions() {
+    let partition = Arc::new(Partition::new(&config(), None));
+    let metrics = crate::metrics::Metrics::new().upstream("t");
+    let far = Instant::now() + Duration::from_secs(60);
+    let wall = SystemTime::now;
+    let reset = |ms| crate::simulate::headers::rfc3339_ceil(wall() + Duration::from_millis(ms));
+    let report = |remaining: &str, at: &str, wait: Option<&str>| {
+        let mut h = vec![
+            ("anthropic-ratelimit-requests-limit", "50".to_owned()),
+            (
+                "anthropic-ratelimit-requests-remaining",
+                remaining.to_owned(),
+            ),
+            ("anthropic-ratelimit-requests-reset", at.to_owned()),
+        ];
+        if let Some(w) = wait {
+            h.push(("retry-after", w.to_owned()));
+        }
+        let pairs: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        provider::header_map(&pairs)
+    };
+    // A success teaches the headers' pace: 40 used, full again within the second (and the
+    // bucket near empty: the 429 after it is this bucket's edge, no admission control's).
+    let tickets = partition
+        .acquire(1, far, Priority::Interactive, "t")
+        .await
+        .unwrap();
+    let ok = report("10", &reset(200), None);
+    partition.observe(tickets, Outcome::Success, None, Some(&ok), None, &metrics);
+    let tickets = partition
+        .acquire(1, far, Priority::Interactive, "t")
+        .await
+        .unwrap();
+    let refused = report("0", &reset(300), Some("1"));
+    let t = read(&refused);
+    assert!(t.own_wait && t.named);
+    let start = Instant::now();
+    partition.observe(
+        tickets,
+        Outcome::Throttled(429),
+        Some(&t),
+        Some(&refused),
+        None,
+        &metrics,
+    );
+    partition
+        .acquire(1, far, Priority::Interactive, "t")
+        .await
+        .unwrap();
+    assert!(
+        start.elapsed() < Duration::from_millis(500),
+        "the next request waited {:?}, the partition paused for the rounded second",
+        start.elapsed()
+    );
+}
+
 #[test]
 fn a_429_is_blamed_on_the_bucket_its_reports_show_empty() {
     let r = |remaining: f64| {

@@ -656,3 +656,28 @@ fn headers_replace_what_the_fleet_guessed_before_them() {
         "its own cut stays"
     );
 }
+
+/// Replicas that read the same reports with nothing dividing them each take their part of the
+/// reported headroom, and refill to their part of the bucket, not to all of it.
+#[test]
+fn replicas_reading_one_report_take_their_part_of_it() {
+    let mut now = Instant::now();
+    // Slow start's window (100) confirms more than the headroom: only the part bounds it.
+    let mut pacer = Pacer::new(Kind::Requests, 100, 1.0, now);
+    pacer.among(4);
+    let t = pacer.admit_anyway(1.0, now);
+    now += Duration::from_millis(5);
+    let report = fine_report(40.0, 36.0, Duration::from_millis(200));
+    pacer.observe(t, Answer::Ok, Some(report), now);
+    assert_eq!(pacer.source(), Source::Headers);
+    assert!(pacer.level <= 10.0, "a quarter of 40: {}", pacer.level);
+    pacer.refill(now + Duration::from_secs(10));
+    assert!(
+        pacer.level <= 10.0,
+        "refilled to a quarter: {}",
+        pacer.level
+    );
+    pacer.among(1);
+    pacer.refill(now + Duration::from_secs(20));
+    assert_eq!(pacer.level, pacer.burst, "alone: the whole bucket");
+}

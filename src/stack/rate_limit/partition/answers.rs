@@ -130,7 +130,10 @@ impl Partition {
         );
         // A wait that is the request's own (see `Throttle::own_wait`) is no evidence about
         // the pace, and the headroom the refusing bucket reports after it needs no
-        // confirming.
+        // confirming. Not when it is rounded to whole seconds: a wait and a reset rounded
+        // alike say too little to tell an admission control's queue from a bucket's edge,
+        // and the edge is what corrals on one key meet.
+        let own_wait = own_wait && !rounded(reading);
         let full_after = (
             own_wait && for_requests == Answer::RateLimited && p.requests.had_headroom(),
             own_wait && for_tokens == Answer::RateLimited && p.tokens.had_headroom(),

@@ -362,6 +362,66 @@ async fn a_wait_rounded_to_seconds_is_the_requests_not_the_partitions() {
     );
 }
 
+/// A 429 whose wait and reset are both rounded to whole seconds cannot tell an admission
+/// control's queue from a bucket's edge: after clear headroom it is still the pacer's
+/// evidence (corrals on one key meet the edge), where an exact wait would be the request's own.
+#[tokio::test(start_paused = true)]
+async fn a_rounded_wait_after_headroom_still_teaches_the_pacer() {
+    let metrics = crate::metrics::Metrics::new().upstream("t");
+    let far = Instant::now() + Duration::from_secs(60);
+    let wall = SystemTime::now;
+    let reset = |ms| crate::simulate::headers::rfc3339_ceil(wall() + Duration::from_millis(ms));
+    let metrics = &metrics;
+    let seen = |exact: bool| async move {
+        let partition = Partition::new(&config(), None);
+        let ok = provider::header_map(&[
+            ("anthropic-ratelimit-requests-limit", "50"),
+            ("anthropic-ratelimit-requests-remaining", "40"),
+            ("anthropic-ratelimit-requests-reset", &reset(200)),
+        ]);
+        let tickets = partition.acquire(1, far, Priority::Interactive, "t").await;
+        partition.observe(
+            tickets.unwrap(),
+            Outcome::Success,
+            None,
+            Some(&ok),
+            None,
+            metrics,
+        );
+        let at = reset(300);
+        let mut refused = vec![
+            ("anthropic-ratelimit-requests-limit", "50"),
+            ("anthropic-ratelimit-requests-remaining", "0"),
+            ("anthropic-ratelimit-requests-reset", at.as_str()),
+            ("retry-after", "1"),
+        ];
+        if exact {
+            refused.push(("retry-after-ms", "2000"));
+        }
+        let refused = provider::header_map(&refused);
+        let t = read(&refused);
+        assert!(t.own_wait);
+        let tickets = partition.acquire(1, far, Priority::Interactive, "t").await;
+        partition.observe(
+            tickets.unwrap(),
+            Outcome::Throttled(429),
+            Some(&t),
+            Some(&refused),
+            None,
+            metrics,
+        );
+        let pacers = partition.pacers.as_ref().expect("learning");
+        let throttles = lock(pacers).requests.throttles;
+        throttles
+    };
+    assert_eq!(seen(false).await, 1, "rounded: the bucket's edge");
+    assert_eq!(
+        seen(true).await,
+        0,
+        "exact, after headroom: the request's own"
+    );
+}
+
 #[test]
 fn a_429_is_blamed_on_the_bucket_its_reports_show_empty() {
     let r = |remaining: f64| {

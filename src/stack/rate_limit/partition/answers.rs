@@ -327,9 +327,16 @@ pub(super) fn attribute(
     }
 }
 
-/// Whether the 429's named wait is `retry-after` in whole seconds alone.
+/// Whether the 429's named wait is `retry-after` in whole seconds alone and the report it
+/// comes with shows an empty bucket whose reset is rounded up to whole seconds as well
+/// (Anthropic's): the two together say no more than "within a second or so". An exact reset
+/// (OpenAI's `1s`) beside a `retry-after: 1` says the bucket is full when the wait ends.
 fn rounded(reading: &Reading<'_>) -> bool {
-    reading
-        .headers
-        .is_some_and(provider::hints::whole_seconds_only)
+    reading.headers.is_some_and(|h| {
+        provider::hints::whole_seconds_only(h)
+            && provider::reports(h, SystemTime::now)
+                .into_iter()
+                .flatten()
+                .any(|r| r.coarse && r.remaining < 1.0)
+    })
 }

@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use self::arrivals::Arrivals;
 use super::script::{CallArgs, KindArgs, Reply};
 use crate::bucket::{take_all, Bucket};
 
@@ -168,16 +169,6 @@ pub(super) struct Demand {
 }
 
 impl Demand {
-    /// The rate, decayed by a lull since the last sample.
-    fn current(&self, now: Instant) -> f64 {
-        let dt = now.saturating_duration_since(self.since).as_secs_f64();
-        if dt < 1.0 {
-            return self.rate;
-        }
-        let w = 0.5f64.powf(dt);
-        w * self.rate + (1.0 - w) * self.count / dt
-    }
-
     pub(super) fn record(&mut self, now: Instant) {
         let dt = now.saturating_duration_since(self.since).as_secs_f64();
         if dt >= 1.0 {
@@ -211,8 +202,8 @@ impl Share {
 pub(super) struct Account {
     pub(super) holdings: [Holding; 2],
     demand: Demand,
-    /// Requests arriving at the partition (attempts), per second.
-    pub(super) arrivals: Demand,
+    /// Requests arriving at the partition (attempts) over the last second.
+    pub(super) arrivals: Arrivals,
     pub(super) last_take: Option<Instant>,
     /// Requests waiting on the partition.
     pub(super) waiting: usize,
@@ -283,7 +274,7 @@ impl Account {
         Self {
             holdings: config.map(holding),
             demand: demand(),
-            arrivals: demand(),
+            arrivals: Arrivals::new(now),
             last_take: None,
             waiting: 0,
             avg_cost: 1.0,
@@ -656,5 +647,6 @@ impl Account {
     }
 }
 
+mod arrivals;
 #[cfg(test)]
 mod tests;

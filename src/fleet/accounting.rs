@@ -112,6 +112,8 @@ pub(super) struct Holding {
     /// What the pacers learned, to share; and what was last shared.
     pub(super) learned: Option<(f64, f64, Option<f64>)>,
     pub(super) published: Option<(f64, f64)>,
+    /// Units this replica sent after the attempt whose report `learned`'s level is.
+    pub(super) unseen: f64,
 }
 
 impl Holding {
@@ -512,6 +514,7 @@ impl Account {
                 give_back: std::mem::take(&mut holding.give_back),
                 config: config[k],
                 learned: holding.learned,
+                unseen: holding.unseen,
             }
         };
         let kinds = [kind(self, REQUESTS), kind(self, TOKENS)];

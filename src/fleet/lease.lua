@@ -21,7 +21,8 @@
 -- ARGV[25] "RATE DEMAND" ("-": none): the caller's estimate of its share of the key's request
 -- rate (from those windows, when the upstream reports no limit) and its demand, published
 -- ("PAUSE-KEY share RATE DEMAND REPLICA"): the replicas add the shares up to the key's rate
--- and split it by demand.
+-- and split it by demand. ARGV[26] and ARGV[27]: the requests and tokens the caller sent after
+-- the attempt whose report its learned level is (the report has not seen them).
 --
 -- Returns, per bucket (requests, then tokens): units granted, the level before the grant, the
 -- rate, the burst (rate "0": nothing known, the bucket does not gate) and its epoch (set when
@@ -49,8 +50,9 @@ local others = redis.call('ZCARD', KEYS[4]) - (redis.call('ZSCORE', KEYS[4], ARG
 -- A learned bucket was created by this call: the others are told to lease from it.
 local created = false
 
-local function bucket(key, base, refused, epoch_arg)
+local function bucket(key, base, refused, epoch_arg, unseen_arg)
   local want = tonumber(ARGV[base])
+  local unseen = tonumber(ARGV[unseen_arg] or '0') or 0
   local ret = tonumber(ARGV[base + 1])
   local cfg_rate, cfg_burst = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
   local l_rate, l_burst, l_level =
@@ -71,16 +73,18 @@ local function bucket(key, base, refused, epoch_arg)
     return {want, want, 0, 0, '-'}
   end
   if level == nil or ts == nil then
-    -- A new bucket (or one Redis lost). Configured: full. Learned: what the report said,
-    -- split over the live replicas when there are others: the report predates what they sent
-    -- meanwhile, which Redis never saw. After a loss: empty, since the replicas spent the
-    -- upstream's bucket at their shares meanwhile. (At most a burst is lost: it refills.)
+    -- A new bucket (or one Redis lost). Configured: full. Learned: what the report said, less
+    -- what the replicas sent that it has not seen: the caller's own sends since, and as many
+    -- for each other live replica (they pace alike until they lease). Splitting the report
+    -- over the replicas instead threw away three quarters of a fresh burst for four of them.
+    -- After a loss: empty, since the replicas spent the upstream's bucket at their shares
+    -- meanwhile. (At most a burst is lost: it refills.)
     if resync then
       level = 0
     elseif cfg_rate > 0 or l_level < 0 then
       level = burst
     else
-      level = math.min(l_level, burst) / (others + 1)
+      level = math.max(0, math.min(l_level, burst) - (others + 1) * unseen)
     end
     if cfg_rate <= 0 then created = true end
     ts = now
@@ -104,8 +108,8 @@ local function bucket(key, base, refused, epoch_arg)
   return {grant, before, rate, burst, epoch}
 end
 
-local req = bucket(KEYS[1], 6, throttled == 1 or throttled == 3, 22)
-local tok = bucket(KEYS[2], 13, throttled == 2 or throttled == 3, 23)
+local req = bucket(KEYS[1], 6, throttled == 1 or throttled == 3, 22, 26)
+local tok = bucket(KEYS[2], 13, throttled == 2 or throttled == 3, 23, 27)
 
 local pause_ms = tonumber(ARGV[4])
 local until_ms = tonumber(redis.call('GET', KEYS[3]) or '0')

@@ -246,13 +246,15 @@ impl Lease {
         }
     }
 
-    /// What the pacers learned of bucket `kind` (0 requests, 1 tokens): shared with the next
-    /// call, at once if it is the first.
-    pub fn learned(&self, kind: usize, model: Option<(f64, f64, Option<f64>)>) {
+    /// What the pacers learned of bucket `kind` (0 requests, 1 tokens), and the units this
+    /// replica sent that the level's report has not seen: shared with the next call, at once
+    /// if it is the first.
+    pub fn learned(&self, kind: usize, model: Option<(f64, f64, Option<f64>)>, unseen: f64) {
         let Some(model) = model else { return };
         let mut s = lock(&self.account);
         let holding = &mut s.holdings[kind];
         holding.learned = Some(model);
+        holding.unseen = unseen;
         // The first thing learned goes at once (the fleet may still be pacing blind); later
         // changes ride with the next lease.
         if holding.published.is_none() && self.config[kind].is_none() {

@@ -40,6 +40,8 @@ pub(super) struct KindArgs {
     pub epoch: Option<String>,
     pub config: Option<(f64, f64)>,
     pub learned: Option<(f64, f64, Option<f64>)>,
+    /// Units sent after the attempt whose report the learned level is.
+    pub unseen: f64,
 }
 
 impl CallArgs {
@@ -83,6 +85,9 @@ impl CallArgs {
             Some((rate, demand)) => format!("{rate:.3} {demand:.3}"),
             None => "-".to_owned(),
         });
+        for kind in &self.kinds {
+            invocation.arg(kind.unseen);
+        }
         invocation
     }
 }

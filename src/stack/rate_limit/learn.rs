@@ -262,6 +262,9 @@ pub struct Pacer {
     demotions: u32,
     /// The last `remaining` reported, for `/status` and the gauge.
     pub last_remaining: Option<f64>,
+    /// The ticket whose answer reported `last_remaining`: what was sent after it, the report
+    /// has not seen.
+    remaining_seq: Option<f64>,
     /// The share of its `limit` the last success's report had left.
     last_ok_share: Option<f64>,
     /// The bucket the reports describe: `limit` less the learned floor.
@@ -310,6 +313,7 @@ impl Pacer {
             distrust_until: None,
             demotions: 0,
             last_remaining: None,
+            remaining_seq: None,
             reported_size: None,
             last_ok_share: None,
             throttles: 0,
@@ -341,6 +345,13 @@ impl Pacer {
                 .map(|r| (r - self.floor.unwrap_or(0.0)).max(0.0));
             (self.header_rate * self.margin, self.burst, level)
         })
+    }
+
+    /// Units this pacer sent after the attempt whose answer reported `last_remaining`: the
+    /// report has not seen them.
+    pub fn unseen(&self) -> f64 {
+        self.remaining_seq
+            .map_or(0.0, |seq| (self.sent - seq).max(0.0))
     }
 
     /// How long until `units` could go at the current pace, if it is known.
@@ -410,6 +421,7 @@ impl Pacer {
         let report = match report {
             Some(r) if r.reset.is_some_and(|d| d > LONG_REPORT) => {
                 self.last_remaining = Some(r.remaining);
+                self.remaining_seq = Some(ticket.seq);
                 None
             }
             other => other,

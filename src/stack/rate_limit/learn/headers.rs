@@ -86,6 +86,7 @@ impl Pacer {
             self.last_ok_share = Some(r.remaining / r.limit);
         }
         self.last_remaining = Some(r.remaining);
+        self.remaining_seq = Some(ticket.seq);
         if answer == Answer::RateLimited {
             // Only a 429 says where the bucket refuses (a 529 is the whole service).
             match self.floor {

@@ -161,8 +161,8 @@ impl Partition {
             for_tokens == Answer::RateLimited,
         );
         if let Some(lease) = &self.lease {
-            lease.learned(0, p.requests.upstream_model());
-            lease.learned(1, p.tokens.upstream_model());
+            lease.learned(0, p.requests.upstream_model(), p.requests.unseen());
+            lease.learned(1, p.tokens.upstream_model(), p.tokens.unseen());
             if let Some(e) = p.requests.take_estimate() {
                 lease.estimated(e);
             }

@@ -152,6 +152,12 @@ impl Holding {
         self.epoch = Some(epoch.to_owned());
     }
 
+    /// At most `part` usable now; grants still to fall due keep their turn.
+    fn shrink(&mut self, part: f64, now: Instant) {
+        self.release(now);
+        self.available = self.available.min(part);
+    }
+
     /// Everything held, emptied.
     fn drain(&mut self) -> f64 {
         // A debt (a request larger than the burst took more than was usable) is paid first.
@@ -623,6 +629,12 @@ impl Account {
         for (k, holding) in self.holdings.iter_mut().enumerate() {
             let (grant, before, rate, burst) = reply.kinds[k];
             holding.rebase(&reply.epochs[k], now);
+            // The shared burst shrank (a report in another unit than the bucket, found out by a
+            // 429): units usable now were granted from a bucket that was never there, so this
+            // replica keeps at most its part of what the shared bucket has.
+            if rate > 0.0 && holding.shared.is_some_and(|(_, old)| burst < old) {
+                holding.shrink(before.clamp(0.0, burst) / reply.live.max(1) as f64, now);
+            }
             if rate > 0.0 && grant < args.kinds[k].want {
                 let wait = ((args.kinds[k].want - grant) / rate).clamp(0.01, 1.0);
                 let until = now + Duration::from_secs_f64(wait);

@@ -47,7 +47,8 @@ local MAX_AHEAD = 30
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - ttl)
 local others = redis.call('ZCARD', KEYS[4]) - (redis.call('ZSCORE', KEYS[4], ARGV[1]) and 1 or 0)
 
--- A learned bucket was created by this call: the others are told to lease from it.
+-- A learned bucket was created (or its burst shrank) by this call: the others are told to lease
+-- from it.
 local created = false
 
 local function bucket(key, base, refused, epoch_arg, unseen_arg)
@@ -65,6 +66,9 @@ local function bucket(key, base, refused, epoch_arg, unseen_arg)
     rate, burst, set = cfg_rate, cfg_burst, now
   elseif l_rate > 0 then
     if rate == nil or burst == nil or set == nil or now - set > LEARNED_KEEP or l_burst <= burst then
+      -- A burst that shrinks (a report in another unit than the bucket, found out by a 429):
+      -- the others hold units granted from the larger one, and are told at once.
+      if burst ~= nil and l_burst < burst then created = true end
       burst, set = l_burst, now
     end
     rate = l_rate

@@ -107,3 +107,34 @@ async fn units_not_yet_due_from_a_lost_bucket_are_dropped() {
     assert_eq!(holding.available, 2.0, "the two due at once are kept");
     assert_eq!(holding.held(), 2.0, "the eight not yet due are gone");
 }
+
+/// A shared burst that shrinks (a per-minute report taken for the bucket, found out by a 429)
+/// leaves this replica at most its part of what the shared bucket has: the units it held were
+/// granted from a bucket that was never there, and four replicas spending them met the
+/// upstream's edge again within a round trip.
+#[tokio::test(start_paused = true)]
+async fn a_shrunk_burst_takes_back_what_its_larger_self_granted() {
+    let now = Instant::now();
+    let mut s = Account::new([None, None], now);
+    let keys = ["r", "t", "p", "l"].map(String::from);
+    let reply = |grant: f64, before: f64, burst: f64| Reply {
+        kinds: [(grant, before, 200.0, burst), (0.0, 0.0, 0.0, 0.0)],
+        epochs: ["1:a".to_owned(), "-".to_owned()],
+        pause_ms: 0,
+        live: 4,
+    };
+    let args = s.call_args(&keys, [None, None], false, false, now);
+    // Granted 110 from a level of 11,000 in a bucket of 12,000: all usable at once.
+    s.apply(&args, &reply(110.0, 11_000.0, 12_000.0), now);
+    s.holdings[REQUESTS].release(now);
+    assert_eq!(s.holdings[REQUESTS].available, 110.0);
+    // A 429 taught the bucket is 50 and empty; Redis has 8 by the next call.
+    let later = now + Duration::from_millis(40);
+    let args = s.call_args(&keys, [None, None], false, false, later);
+    s.apply(&args, &reply(0.0, 8.0, 50.0), later);
+    assert_eq!(s.holdings[REQUESTS].available, 2.0, "a quarter of the 8");
+    // A burst that stays or grows takes nothing back.
+    s.holdings[REQUESTS].available = 30.0;
+    s.apply(&args, &reply(0.0, 8.0, 50.0), later);
+    assert_eq!(s.holdings[REQUESTS].available, 30.0);
+}

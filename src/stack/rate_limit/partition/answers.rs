@@ -25,6 +25,8 @@ struct Reading<'a> {
     own_wait: bool,
     /// The 429 says a bucket is empty.
     rate_limited: bool,
+    /// The 429's wait and its report's reset are both rounded to whole seconds ([`rounded`]).
+    rounded: bool,
     now: Instant,
 }
 
@@ -76,6 +78,7 @@ impl Partition {
             sent_at,
             own_wait,
             rate_limited,
+            rounded: reason.is_some() && headers.is_some_and(rounded),
             now,
         };
         let mut learned = Learned {
@@ -133,7 +136,7 @@ impl Partition {
         // confirming. Not when it is rounded to whole seconds: a wait and a reset rounded
         // alike say too little to tell an admission control's queue from a bucket's edge,
         // and the edge is what corrals on one key meet.
-        let own_wait = own_wait && !rounded(reading);
+        let own_wait = own_wait && !reading.rounded;
         let full_after = (
             own_wait && for_requests == Answer::RateLimited && p.requests.had_headroom(),
             own_wait && for_tokens == Answer::RateLimited && p.tokens.had_headroom(),
@@ -234,7 +237,7 @@ impl Partition {
                 // pause together a second later, spends a whole bucket at once, and the 429s
                 // it draws pause them all again.
                 (Some(wait), Some(paced), _)
-                    if paced < wait && reading.own_wait && rounded(reading) =>
+                    if paced < wait && reading.own_wait && reading.rounded =>
                 {
                     Some((paced, false))
                 }
@@ -331,12 +334,10 @@ pub(super) fn attribute(
 /// comes with shows an empty bucket whose reset is rounded up to whole seconds as well
 /// (Anthropic's): the two together say no more than "within a second or so". An exact reset
 /// (OpenAI's `1s`) beside a `retry-after: 1` says the bucket is full when the wait ends.
-fn rounded(reading: &Reading<'_>) -> bool {
-    reading.headers.is_some_and(|h| {
-        provider::hints::whole_seconds_only(h)
-            && provider::reports(h, SystemTime::now)
-                .into_iter()
-                .flatten()
-                .any(|r| r.coarse && r.remaining < 1.0)
-    })
+fn rounded(headers: &HeaderMap) -> bool {
+    provider::hints::whole_seconds_only(headers)
+        && provider::reports(headers, SystemTime::now)
+            .into_iter()
+            .flatten()
+            .any(|r| r.coarse && r.remaining < 1.0)
 }

@@ -971,32 +971,35 @@ async fn a_lost_redis_costs_at_most_one_burst() {
     );
 }
 
-/// One lease call as replica `replica`, learning (or not) a requests bucket, through the script
-/// itself; the reply's requests level before the grant.
-async fn lease_call(server: &RedisServer, replica: &str, learned: Option<(f64, f64)>) -> f64 {
+/// One lease call as replica `replica`, learning (or not) a requests bucket of 20/s (its burst,
+/// level and the units the report has not seen), through the script itself; the reply's
+/// requests level before the grant, and the bucket's burst.
+async fn lease_call(
+    server: &RedisServer,
+    replica: &str,
+    learned: Option<(u32, u32, u32)>,
+) -> (f64, f64) {
     let script = include_str!("../src/fleet/lease.lua");
     let keys = ["requests", "tokens", "pause", "replicas"].map(|k| format!("{{t}}:{k}"));
-    let (rate, level, unseen) = learned.map_or(("0", "-1", "0"), |(level, unseen)| {
-        (
-            "20",
-            if level >= 0.0 { "50" } else { "-1" },
-            if unseen > 0.0 { "2" } else { "0" },
-        )
+    let (burst, level, unseen) = learned.map_or(("0".into(), "-1".into(), "0".into()), |l| {
+        (l.0.to_string(), l.1.to_string(), l.2.to_string())
     });
+    let rate = if learned.is_some() { "20" } else { "0" };
     let mut args: Vec<&str> = vec!["EVAL", script, "4"];
     args.extend(keys.iter().map(String::as_str));
     // Replica, TTL, leaving, pause, refused; requests: want, back, configured rate and burst,
     // learned rate, burst, level; tokens alike (nothing); channel, resync, epochs, edge,
     // estimate; the units unseen (requests, tokens).
     args.extend([replica, "10000", "0", "0", "0"]);
-    args.extend(["0", "0", "0", "0", rate, "50", level]);
+    args.extend(["0", "0", "0", "0", rate, &burst, &level]);
     args.extend(["0", "0", "0", "0", "0", "0", "-1"]);
-    args.extend(["c", "0", "-", "-", "0", "-", unseen, "0"]);
+    args.extend(["c", "0", "-", "-", "0", "-", &unseen, "0"]);
+    let number = |v: &redis::Value| match v {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).parse().unwrap(),
+        other => panic!("a number: {other:?}"),
+    };
     match redis_cmd(server, &args).await {
-        redis::Value::Array(v) => match &v[1] {
-            redis::Value::BulkString(b) => String::from_utf8_lossy(b).parse().unwrap(),
-            other => panic!("level: {other:?}"),
-        },
+        redis::Value::Array(v) => (number(&v[1]), number(&v[3])),
         other => panic!("reply: {other:?}"),
     }
 }
@@ -1009,14 +1012,30 @@ async fn lease_call(server: &RedisServer, replica: &str, learned: Option<(f64, f
 async fn a_learned_bucket_starts_at_the_report_less_what_it_has_not_seen() {
     let Some(server) = redis() else { return };
     for other in ["b", "c", "d"] {
-        assert_eq!(lease_call(&server, other, None).await, 0.0);
+        assert_eq!(lease_call(&server, other, None).await.0, 0.0);
     }
-    let level = lease_call(&server, "a", Some((50.0, 2.0))).await;
+    let (level, _) = lease_call(&server, "a", Some((50, 50, 2))).await;
     assert_eq!(
         level,
         50.0 - 4.0 * 2.0,
         "the report less 2 unseen per replica"
     );
     // Once the bucket stands, a later report does not reset it.
-    assert!(lease_call(&server, "b", Some((50.0, 0.0))).await <= 42.0);
+    assert!(lease_call(&server, "b", Some((50, 50, 0))).await.0 < 43.0);
+}
+
+/// A per-minute report built a bucket of 12,000; a replica's 429 taught the bucket is 50 and
+/// empty. The shrunk bucket is as empty as that replica's report says, not full at the new
+/// burst: the level was counted in the old unit.
+#[tokio::test]
+async fn a_shrunk_bucket_keeps_the_level_its_report_gives() {
+    let Some(server) = redis() else { return };
+    let (level, burst) = lease_call(&server, "a", Some((12_000, 11_990, 0))).await;
+    assert_eq!((level, burst), (11_990.0, 12_000.0));
+    let (level, burst) = lease_call(&server, "b", Some((50, 0, 0))).await;
+    assert_eq!(burst, 50.0);
+    assert!(
+        level < 1.0,
+        "the report's empty bucket, not a full one: {level}"
+    );
 }

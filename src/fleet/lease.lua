@@ -67,8 +67,12 @@ local function bucket(key, base, refused, epoch_arg, unseen_arg)
   elseif l_rate > 0 then
     if rate == nil or burst == nil or set == nil or now - set > LEARNED_KEEP or l_burst <= burst then
       -- A burst that shrinks (a report in another unit than the bucket, found out by a 429):
-      -- the others hold units granted from the larger one, and are told at once.
-      if burst ~= nil and l_burst < burst then created = true end
+      -- the others hold units granted from the larger one, and are told at once; the level,
+      -- counted in the old unit, is at most what the caller's report says in the new one.
+      if burst ~= nil and l_burst < burst then
+        created = true
+        if level ~= nil and l_level >= 0 then level = math.min(level, l_level) end
+      end
       burst, set = l_burst, now
     end
     rate = l_rate

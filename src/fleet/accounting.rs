@@ -274,14 +274,13 @@ impl Account {
             shared: c,
             ..Holding::default()
         };
-        let demand = || Demand {
-            since: now,
-            count: 0.0,
-            rate: 0.0,
-        };
         Self {
             holdings: config.map(holding),
-            demand: demand(),
+            demand: Demand {
+                since: now,
+                count: 0.0,
+                rate: 0.0,
+            },
             arrivals: Arrivals::new(now),
             last_take: None,
             waiting: 0,

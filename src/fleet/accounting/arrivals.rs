@@ -49,10 +49,10 @@ impl Arrivals {
         self.last = bin;
     }
 
+    /// An arrival at `now` (one stamped before the latest counts in the latest's bin).
     pub(in crate::fleet) fn record(&mut self, now: Instant) {
-        let bin = self.bin(now);
-        self.advance(bin);
-        let i = (bin.max(self.last) % BINS as u64) as usize;
+        self.advance(self.bin(now));
+        let i = (self.last % BINS as u64) as usize;
         self.bins[i] = self.bins[i].saturating_add(1);
     }
 

@@ -63,8 +63,12 @@ use crate::sync::lock;
 /// giving up) up to this size; larger ones pass through unretried.
 const MAX_BUFFERED_ERROR: usize = 64 * 1024;
 
-/// The jitter on top of a hint is at most the hint divided by this.
-const HINT_JITTER_SHARE: u32 = 10;
+/// The jitter on top of a hint is at most the hint divided by this: 20 ms on a 1 s hint.
+/// The spread only keeps retries told the same hint from landing in one instant; pacing
+/// them is the rate limiter's work, which every retry passes through again. A wider one is
+/// paid in full by a client refused several times whatever its rate (three `retry-after: 1`
+/// refusals cost 1.10x the hints at a tenth; the SDKs add no jitter at all).
+const HINT_JITTER_SHARE: u32 = 50;
 
 /// State shared by every request to one upstream.
 pub struct RetryShared {
@@ -110,10 +114,10 @@ impl RetryShared {
         self.budget.withdraw()
     }
 
-    /// `hint` plus up to `floor_jitter` (at most a tenth of the hint), so requests told the
-    /// same wait do not return at once: a little jitter next to a 30 s hint, and a 1 s hint
-    /// is not stretched by half (an admission control refusing each request three times with
-    /// `retry-after: 1` cost 1.5x the hints).
+    /// `hint` plus up to `floor_jitter` (at most a fiftieth of the hint), so requests told
+    /// the same wait do not return at once: a little jitter next to a 30 s hint, and a 1 s
+    /// hint is not stretched by half (an admission control refusing each request three times
+    /// with `retry-after: 1` cost 1.5x the hints at `floor_jitter`).
     fn after_hint(&self, hint: Duration) -> Duration {
         let spread = self.config.floor_jitter.0.min(hint / HINT_JITTER_SHARE);
         if spread.is_zero() {

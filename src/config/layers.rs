@@ -253,7 +253,7 @@ impl Default for AdaptiveConfig {
             rate_margin: 0.97,
             latency_tolerance: 1.25,
             min_concurrency: 1,
-            initial_concurrency: 8,
+            initial_concurrency: 20,
         }
     }
 }

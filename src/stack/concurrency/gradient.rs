@@ -46,11 +46,14 @@
 //!   round trip) but never past twice the most requests seen answered at the baseline, until
 //!   `srtt` leaves tolerance; then the limit halves (the queue seen was made by the window of a
 //!   round trip ago, half the present one) and answers to requests sent before are ignored.
+//!   It halves down to the initial window at most: when that was already more than the
+//!   backend's slots, the steps shrink it from there on the answers it gets.
 //! - **Baseline**: the lowest `srtt` (a mean over a round trip, not the fastest answer: LLM
 //!   answers vary, and a minimum would read that variance as a queue and starve the backend).
 //!   The first one comes from the first four answers, which are the fastest of their round, so
-//!   it is checked soon: unless a whole round trip averages within half the tolerance of it,
-//!   the window probes after [`VERIFY_ROUNDS`] round trips.
+//!   it is checked soon: unless a whole round trip averages within half the tolerance of it, or
+//!   half its answers come within 5% of it (the rest queued behind an initial window larger
+//!   than the slots), the window probes after [`VERIFY_ROUNDS`] round trips.
 //! - **Probes**: at equilibrium every request queues a little, so no answer shows the no-load
 //!   time again; a backend can also become slower for good (longer prompts), which a window can
 //!   only read as a queue and shrink for. So the window probes when `srtt` has not come within
@@ -136,9 +139,14 @@ pub struct Gradient {
     /// Whether `base` has been seen again by a full round trip's average (or a probe), and
     /// is not just the first few answers (the fastest ones).
     confirmed: bool,
+    /// Answers after the warm-up within `FRESH` of `base`.
+    fresh: f64,
     /// When `srtt` was last within tolerance.
     within_seen: Option<Instant>,
     slow_start: bool,
+    /// The window before anything was learned: leaving slow start undoes the doublings made
+    /// since, never more.
+    initial: f64,
     /// Answers to requests sent before this describe a window that slow start has already
     /// halved: they are ignored.
     ignore_before: Option<Instant>,
@@ -164,8 +172,10 @@ impl Gradient {
             base: 0.0,
             base_seen: None,
             confirmed: false,
+            fresh: 0.0,
             within_seen: None,
             slow_start: true,
+            initial,
             ignore_before: None,
             proven: 0.0,
             probe: None,
@@ -221,13 +231,18 @@ impl Gradient {
         if self.srtt <= self.base * FRESH {
             self.base_seen = Some(now);
         }
-        // A whole round trip's average within half the tolerance of it: the warm-up's baseline
-        // was not just the fastest few answers.
-        if self.count >= self.limit && self.srtt <= self.base * (1.0 + self.tolerance) / 2.0 {
-            self.confirmed = true;
-        }
         if rtt <= self.base * FRESH {
             self.proven = self.proven.max(in_flight);
+            self.fresh += 1.0;
+        }
+        // A whole round trip's average within half the tolerance of it, or most of its answers
+        // at the baseline (the rest queued behind a window larger than the slots): the
+        // warm-up's baseline was not just the fastest few answers.
+        if self.count >= self.limit
+            && (self.srtt <= self.base * (1.0 + self.tolerance) / 2.0
+                || 2.0 * self.fresh >= self.count - WARMUP)
+        {
+            self.confirmed = true;
         }
         let within = self.srtt <= self.base * self.tolerance;
         if within {
@@ -235,10 +250,15 @@ impl Gradient {
         }
         if self.slow_start {
             if !within {
-                // The first queue seen was made by the window of a round trip ago: half this.
+                // The first queue seen was made by the window of a round trip ago: half this,
+                // but not below where slow start began (the initial window may itself be
+                // what made the queue: the steps below shrink it then). Answers to requests
+                // sent before describe a larger window, unless it never grew.
                 self.slow_start = false;
-                self.ignore_before = Some(now);
-                return self.set(self.limit / 2.0);
+                if self.limit > self.initial {
+                    self.ignore_before = Some(now);
+                }
+                return self.set((self.limit / 2.0).max(self.initial).min(self.limit));
             }
             if s.saturated && self.limit < 2.0 * self.proven {
                 return self.set(self.limit + 1.0);

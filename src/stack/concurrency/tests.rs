@@ -308,11 +308,15 @@ async fn adaptive_window_keeps_the_queue_in_corral() {
         let report = run.report(&format!("{slots} slots"));
         eprintln!("{report}");
         // 500 requests are 8 round trips at 64 slots: the doublings from the initial window
-        // (8 -> 64: three) cannot be hidden in a 10% margin, so they are allowed on top.
-        let ramp = T * (slots as u32 / initial).max(1).ilog2();
+        // (20 -> 64: two) cannot be hidden in a 10% margin, so they are allowed on top.
+        let ramp = T * (slots as u32).div_ceil(initial).next_power_of_two().ilog2();
         let allowed = run.bound.mul_f64(1.1) + if slots > 16 { ramp } else { Duration::ZERO };
         assert!(run.makespan <= allowed, "{report}");
-        assert!(run.p99_wait() < Duration::from_millis(500), "{report}");
+        // The initial window goes before anything is known: in fewer slots than that, its
+        // first round queues in the backend (16 of 20 behind 4 slots wait up to 4 x 200 ms).
+        let first_round = T * initial.saturating_sub(slots as u32) / slots as u32;
+        let wait = first_round.max(Duration::from_millis(499));
+        assert!(run.p99_wait() <= wait, "{report}");
         let settled = slots as u32..=slots as u32 * 3 / 2;
         assert!(settled.contains(&run.final_limit), "{report}");
     }
@@ -332,6 +336,21 @@ async fn adaptive_window_tolerates_uneven_service() {
         assert!(run.p99_wait() < two, "{report}");
         assert!((16..=32).contains(&run.final_limit), "{report}");
     }
+}
+
+/// The first answers come slowly (a backend warming up, or a host busy opening connections),
+/// so slow start ends before the window has grown: leaving it must not halve the initial
+/// window under the backend's slots, which would idle them while the steps regrow it (1.06x
+/// the bound); nor may the round that follows, most of it at the baseline, be doubted and
+/// probed (1.03x).
+#[tokio::test(start_paused = true)]
+async fn a_slow_first_round_does_not_halve_the_initial_window() {
+    let warming: ServiceTime = Box::new(|i| if i < 12 { T * 2 } else { T });
+    let run = herd_against_queueing_backend(500, 16, warming).await;
+    let report = run.report("16 slots, the first 12 answers at 400 ms");
+    eprintln!("{report}");
+    assert!(run.makespan <= run.bound.mul_f64(1.02), "{report}");
+    assert!((16..=24).contains(&run.final_limit), "{report}");
 }
 
 /// The backend becomes twice as slow (longer prompts) a third of the way in: the baseline is

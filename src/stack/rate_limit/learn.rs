@@ -38,7 +38,9 @@
 //!   adaptive mode); throttle windows then estimate the rate as above.
 //! - **Evidence bounds every cut.** Only 429s read as "the bucket is empty" reach
 //!   [`Answer::RateLimited`] (an overload moves no pace). A cut never goes below what the
-//!   upstream admitted from this pacer over the last `ADMITTED_WINDOW`, and 429s of attempts
+//!   upstream admitted from this pacer over the last `ADMITTED_WINDOW` (once a throttle event
+//!   has found the bucket's edge, of attempts sent after the last one: a burst drawn from a
+//!   full bucket before it is no rate), and 429s of attempts
 //!   sent before the last cut belong to it (at most one cut per round trip, as TCP does). When
 //!   the upstream names a long wait (`STORM`), the cuts are a storm's, not a bucket edge's: after
 //!   it each success of an attempt sent after the last cut adds its units per its own round
@@ -430,7 +432,7 @@ impl Pacer {
             let rtt = now.saturating_duration_since(ticket.sent_at).as_secs_f64();
             self.min_rtt = Some(self.min_rtt.map_or(rtt, |m| m.min(rtt)));
             let units = ticket.cost.max(1.0);
-            self.admitted.record(now, units);
+            self.admitted.record(now, ticket.sent_at, units);
             self.recover(ticket, units, rtt);
         }
         if matches!(answer, Answer::RateLimited | Answer::Overloaded) {

@@ -46,14 +46,25 @@ impl Meter {
 }
 
 /// Units the upstream admitted (answered without a throttle) over the last
-/// [`ADMITTED_WINDOW`], in slots of [`ADMITTED_SLOT`].
+/// [`ADMITTED_WINDOW`], in slots of [`ADMITTED_SLOT`]; once a throttle event has shown the
+/// bucket empty, only of attempts sent after the last one. Until the bucket's edge is found it
+/// may hold a burst, and a cut may not go below what it gave; after, what it admits is what it
+/// refilled, and a burst drawn before the edge is no rate to keep (four replicas' first second
+/// drew 12 each from a bucket of 50 refilled at 20/s, and cuts held at that floor for the
+/// rest of that second let 26 more 429s through).
 #[derive(Debug, Default)]
 pub(super) struct Admitted {
     slots: VecDeque<(Instant, f64)>,
+    /// When the attempt that marked the last throttle event was sent.
+    edge: Option<Instant>,
 }
 
 impl Admitted {
-    pub(super) fn record(&mut self, now: Instant, units: f64) {
+    /// An attempt sent at `sent` was admitted, as its answer at `now` shows.
+    pub(super) fn record(&mut self, now: Instant, sent: Instant, units: f64) {
+        if self.edge.is_some_and(|edge| sent < edge) {
+            return;
+        }
         self.expire(now);
         match self.slots.back_mut() {
             Some((start, n)) if now.saturating_duration_since(*start) < ADMITTED_SLOT => {
@@ -73,9 +84,21 @@ impl Admitted {
         }
     }
 
-    /// Units per second over the window.
+    /// Units per second over the window, or since the edge when that is shorter (but at
+    /// least a slot: one answer just after it is no rate).
     pub(super) fn rate(&mut self, now: Instant) -> f64 {
         self.expire(now);
-        self.slots.iter().map(|(_, n)| n).sum::<f64>() / ADMITTED_WINDOW.as_secs_f64()
+        let span = self.edge.map_or(ADMITTED_WINDOW, |edge| {
+            now.saturating_duration_since(edge)
+                .clamp(ADMITTED_SLOT, ADMITTED_WINDOW)
+        });
+        self.slots.iter().map(|(_, n)| n).sum::<f64>() / span.as_secs_f64()
+    }
+
+    /// A throttle event marked by an attempt sent at `sent`: the bucket was empty then, and
+    /// what is counted from now on is what it refilled since.
+    pub(super) fn edge(&mut self, sent: Instant) {
+        self.slots.clear();
+        self.edge = Some(sent);
     }
 }

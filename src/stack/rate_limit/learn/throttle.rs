@@ -236,6 +236,7 @@ impl Pacer {
         if !matches!(self.source, Source::Headers | Source::Observed) {
             self.source = Source::Aimd;
         }
+        self.admitted.edge(ticket.sent_at);
     }
 
     /// Whether the last success's report showed at least half the bucket left (or none came

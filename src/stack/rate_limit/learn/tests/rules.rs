@@ -244,6 +244,36 @@ fn a_cut_is_bounded_by_what_was_admitted_and_recovers_by_doubling() {
     assert!((rate - before).abs() < 1e-6, "back to {before}, at {rate}");
 }
 
+/// A burst drawn from a full bucket before its edge was found is no rate: the first cut keeps
+/// it (nothing shows yet that it was a burst), but the cuts after the edge are bounded only by
+/// what the upstream admitted since.
+#[test]
+fn a_burst_before_the_edge_does_not_hold_up_the_cuts_after_it() {
+    let start = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 4096, 1.0, start);
+    // 50 requests in a second, answered in 50 ms, all admitted: a full bucket of 50 drawn
+    // down while it refilled (at 1/s, say: nothing tells).
+    let mut now = start;
+    for i in 0..50u64 {
+        let sent = start + Duration::from_millis(i * 20);
+        let t = pacer.admit_anyway(1.0, sent);
+        now = sent + Duration::from_millis(50);
+        pacer.observe(t, Answer::Ok, None, now);
+    }
+    // The bucket is empty: a 429. The first cut keeps what was admitted (50 in the last second).
+    let t = pacer.admit_anyway(1.0, now);
+    pacer.observe(t, Answer::RateLimited, None, now);
+    let first = pacer.cap.unwrap().rate;
+    assert!(first >= 45.0, "first cut to {first}/s");
+    // A round trip later, another 429 of an attempt sent after the cut: the upstream admitted
+    // nothing since the edge, so the cut goes on down.
+    now += Duration::from_millis(100);
+    let t = pacer.admit_anyway(1.0, now);
+    pacer.observe(t, Answer::RateLimited, None, now);
+    let second = pacer.cap.unwrap().rate;
+    assert!(second <= first * 0.75, "{first}/s, then {second}/s");
+}
+
 /// With nothing in flight for a while, one request goes whatever the level.
 #[test]
 fn a_lone_request_after_a_storm_goes_at_once() {

@@ -142,10 +142,12 @@ async fn four_pacers_without_headers_share_the_key_from_each_others_429s() {
         "{rate}/s ({:?})",
         fleet.per_second
     );
-    // The paces end up even, adding up to the key's rate (times the margin).
+    // The paces end up even, adding up to the key's rate: between refusals they probe
+    // upward (a cut grows by a tenth a second), so at any one instant the sum is within a
+    // fifth of it, above or below.
     let paces: Vec<f64> = fleet.pacers.iter().map(Pacer::rate).collect();
     let sum: f64 = paces.iter().sum();
-    assert!((17.0..=21.0).contains(&sum), "paces {paces:?}");
+    assert!((16.0..=24.0).contains(&sum), "paces {paces:?}");
     let (low, high) = paces
         .iter()
         .fold((f64::MAX, 0.0f64), |(l, h), p| (l.min(*p), h.max(*p)));

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use super::*;
 use crate::provider::report;
 
+mod cuts;
 mod rules;
 mod runs;
 

@@ -207,7 +207,11 @@ impl Pacer {
             matches!(self.source, Source::Headers | Source::Observed) && self.header_rate > 0.0;
         match estimate {
             Some(e) => {
-                let e = e.max(MIN_RATE).max(self.admitted.rate(now));
+                // What the upstream admitted between two moments it was empty: the rate
+                // itself, with no floor from the last second's successes (after a lull that
+                // let the bucket fill, they count its drain too, and four replicas each
+                // holding to that would share out more than the key refills).
+                let e = e.max(MIN_RATE);
                 self.throttle_log.estimated = Some(e);
                 let alone = !headers_pace || e >= ALONE * self.header_rate;
                 self.cap = Some(if alone {

@@ -197,15 +197,18 @@ impl Partition {
             let shared = Arc::clone(&pause);
             let learners = pacers.as_ref().map(Arc::downgrade);
             let sharers = learners.clone();
+            // Each replica's phase after a peer's refusal, its own draw (`Pacer::peer_throttled`).
+            let phases = Mutex::new(SmallRng::from_os_rng());
             let edge = move |requests: bool, tokens: bool| {
                 let pacers = learners.as_ref().and_then(Weak::upgrade)?;
+                let phase = lock(&phases).random_range(0.0..1.0);
                 let mut p = lock(&pacers);
                 let now = Instant::now();
                 if requests {
-                    p.requests.peer_throttled(now);
+                    p.requests.peer_throttled(now, phase);
                 }
                 if tokens {
-                    p.tokens.peer_throttled(now);
+                    p.tokens.peer_throttled(now, phase);
                 }
                 p.requests.take_estimate()
             };

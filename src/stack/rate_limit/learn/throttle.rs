@@ -106,12 +106,18 @@ impl Pacer {
     /// fleet as a whole is over the key's rate, so every replica sending into it cuts (as AIMD
     /// flows on one link all back off), and a ramp ends where the fleet found the edge. Under
     /// the provider's headers it is ignored: the fleet shares their bucket instead.
-    pub fn peer_throttled(&mut self, now: Instant) {
+    ///
+    /// `phase` (uniform in [0, 1)) is the part of a unit the level starts below empty: the
+    /// replicas hear of one refusal at the same moment and would refill from empty in step,
+    /// each sending its next request into the empty bucket within a millisecond of the others
+    /// (a herd of the fleet's own making, a 429 each). Spread over one interval of the pace,
+    /// the first to send finds the edge and the others hear of it before they send.
+    pub fn peer_throttled(&mut self, now: Instant, phase: f64) {
         if matches!(self.source, Source::Headers | Source::Observed) {
             return;
         }
         self.refill(now);
-        self.level = self.level.min(0.0);
+        self.level = self.level.min(-phase.clamp(0.0, 1.0));
         if self.sent <= self.throttle_log.cut_seq {
             return; // nothing sent since the last event: the window is empty
         }

@@ -167,6 +167,7 @@ async fn drive_peers(
         Vec::new();
     let mut per_second = vec![0u32; secs as usize];
     let mut throttles = 0;
+    let mut events = 0u64;
     let step = Duration::from_millis(5);
     while start.elapsed() < Duration::from_secs(secs) {
         let now = Instant::now();
@@ -186,8 +187,10 @@ async fn drive_peers(
                 let pause = hint.or_else(|| pacers[i].time_for(1.0)).unwrap_or_default();
                 paused[i] = paused[i].max(now + pause);
                 if peers {
-                    for (_, p) in pacers.iter_mut().enumerate().filter(|(j, _)| *j != i) {
-                        p.peer_throttled(now);
+                    // Each peer's phase: its own, spread evenly (golden-ratio steps).
+                    for (j, p) in pacers.iter_mut().enumerate().filter(|(j, _)| *j != i) {
+                        events += 1;
+                        p.peer_throttled(now, (events as f64 * 0.618_034 + j as f64).fract());
                     }
                 }
             }

@@ -574,7 +574,7 @@ fn headers_replace_what_the_fleet_guessed_before_them() {
     let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
     let tickets: Vec<_> = (0..10).map(|_| pacer.admit_anyway(1.0, now)).collect();
     now += Duration::from_millis(5);
-    pacer.peer_throttled(now);
+    pacer.peer_throttled(now, 0.0);
     assert_eq!(pacer.source(), Source::Aimd);
     assert!(pacer.cap.is_some(), "the ramp ended");
     now += Duration::from_millis(100);

@@ -61,21 +61,8 @@ impl Pacer {
     /// the bucket's refill up to a full one: else every replica spends a full bucket at once
     /// after a pause all of them end together, several buckets' worth, and the 429s that come
     /// back pause them all again.
-    ///
-    /// In slow start the window is the fleet's too: `replicas` ramps each from its own
-    /// `initial_burst` send that many bursts at once, and doubling per round trip from there
-    /// they meet the key's edge that much faster than one corral would, so the cuts after it
-    /// take that many more 429s to come down. When more replicas are heard of, the window
-    /// shrinks to this replica's part of it (down to one request), and the sends beyond it
-    /// are forfeit: their answers give back neither their slot nor one more.
     pub fn among(&mut self, replicas: u64) {
-        let replicas = replicas.max(1) as f64;
-        if self.source == Source::SlowStart && replicas > self.replicas {
-            let window = (self.burst * self.replicas / replicas).max(1.0);
-            self.level -= 2.0 * (self.burst - window);
-            self.burst = window;
-        }
-        self.replicas = replicas;
+        self.replicas = replicas.max(1) as f64;
     }
 
     /// This pacer's part of what the headers report ([`Self::among`]); 1 when nothing else

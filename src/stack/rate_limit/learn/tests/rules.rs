@@ -565,30 +565,6 @@ fn a_report_credited_no_refill_holds_back_no_slack() {
     assert!(pacer.level >= -1.0, "{}", pacer.level);
 }
 
-/// In a fleet the slow-start window is the fleet's: a replica that hears of three others
-/// keeps a quarter of its window, and the answers to the sends beyond that quarter give back
-/// nothing, so the four ramp together as one corral would.
-#[test]
-fn a_replica_ramps_its_part_of_the_fleets_window() {
-    let mut now = Instant::now();
-    let mut pacer = Pacer::new(Kind::Requests, 8, 1.0, now);
-    let tickets: Vec<_> = (0..8).map(|_| pacer.admit_anyway(1.0, now)).collect();
-    pacer.among(4);
-    assert_eq!(pacer.burst(), 2.0);
-    pacer.among(4); // heard again: nothing more
-    assert_eq!(pacer.burst(), 2.0);
-    now += Duration::from_millis(50);
-    for t in &tickets {
-        pacer.observe(*t, Answer::Ok, None, now);
-    }
-    // One corral's eight answers would double its window to 16; a quarter of that is 4.
-    assert!((pacer.level - 4.0).abs() < 1e-9, "{}", pacer.level);
-    assert_eq!(pacer.burst(), 4.0);
-    // A peer's refusal leaves the level below empty by its phase.
-    pacer.peer_throttled(now, 0.4);
-    assert!(pacer.level <= -0.4, "{}", pacer.level);
-}
-
 /// A peer's refusal ends a ramp before any answer came (the fleet found the edge); the
 /// provider's headers, once they come, carry the key's rate and replace that guess, where a
 /// cut of this pacer's own 429 stays.

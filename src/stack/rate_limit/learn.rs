@@ -24,8 +24,10 @@
 //!   one that completes no estimate cuts the pace by `BETA` (so an estimated cap under steady
 //!   contention alternates with cuts, as AIMD does). An estimated cap holds for `HOLD`, then
 //!   probes upward by `GROWTH` per second; a cut one grows faster (it is a guess). In a fleet
-//!   without headers, a peer's 429 ends a window too ([`Pacer::peer_throttled`]), and the
-//!   replicas' estimates add up to the key's rate, split by demand ([`Pacer::fleet_share`]).
+//!   without headers, a peer's 429 ends a window too ([`Pacer::peer_throttled`], each replica
+//!   starting again at a phase of its own, so they do not all meet the empty bucket at once),
+//!   and the replicas' estimates add up to the key's rate, split by demand
+//!   ([`Pacer::fleet_share`]). An estimate takes no floor: it is what was admitted.
 //! - **Slow start** before anything is known: `initial_burst` requests go, each success lets two
 //!   more go (doubling per round trip), and the first throttle ends it.
 //! - **Silence is consent.** A bucket refuses at once; an answer takes the service time, for an

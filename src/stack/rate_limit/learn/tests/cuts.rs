@@ -87,3 +87,66 @@ fn a_burst_before_the_edge_does_not_hold_up_the_cuts_after_it() {
     let second = pacer.cap.unwrap().rate;
     assert!(second <= first * 0.75, "{first}/s, then {second}/s");
 }
+
+/// An estimate is what the upstream admitted between two moments its bucket was empty, with
+/// no floor from the last second's successes: answers that bunch up (service times vary) count
+/// more than the rate in the second they arrive in.
+#[test]
+fn an_estimate_is_the_window_not_the_last_seconds_answers() {
+    let start = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 4096, 1.0, start);
+    // The edge: a 429.
+    let t = pacer.admit_anyway(1.0, start);
+    pacer.observe(t, Answer::RateLimited, None, start);
+    // Five a second for five seconds, all admitted; the first fifteen answered in 100 ms, the
+    // last ten all at once at 4.95 s.
+    let mut late = Vec::new();
+    for i in 0..25u64 {
+        let sent = start + Duration::from_millis(200 * i + 100);
+        let t = pacer.admit_anyway(1.0, sent);
+        if i < 15 {
+            pacer.observe(t, Answer::Ok, None, sent + Duration::from_millis(100));
+        } else {
+            late.push(t);
+        }
+    }
+    let now = start + Duration::from_millis(4950);
+    for t in late {
+        pacer.observe(t, Answer::Ok, None, now);
+    }
+    // The next send meets the bucket empty again: 25 admitted over 5 s.
+    let now = start + Duration::from_secs(5);
+    let t = pacer.admit_anyway(1.0, now);
+    pacer.observe(t, Answer::RateLimited, None, now);
+    let cap = pacer.cap.unwrap();
+    assert!(cap.before.is_none(), "an estimate, not a cut");
+    assert!((cap.rate - 5.0).abs() < 0.3, "estimated {}/s", cap.rate);
+}
+
+/// A peer's refusal leaves the level below empty by the replica's own phase, so the replicas
+/// that hear of it together do not all send their next request at the same instant.
+#[test]
+fn a_peers_refusal_leaves_each_replica_at_its_own_phase() {
+    let start = Instant::now();
+    let mut pacers: Vec<Pacer> = (0..2)
+        .map(|_| Pacer::new(Kind::Requests, 10, 1.0, start))
+        .collect();
+    let mut now = start;
+    for p in &mut pacers {
+        for _ in 0..10 {
+            p.admit_anyway(1.0, now);
+        }
+    }
+    now += Duration::from_millis(20);
+    pacers[0].peer_throttled(now, 0.0);
+    pacers[1].peer_throttled(now, 0.9);
+    let (a, b) = (pacers[0].rate(), pacers[1].rate());
+    assert!(a > 0.0 && (a - b).abs() < 1e-9, "same pace: {a}, {b}");
+    // The first may send one interval after the edge; the second only 0.9 of one later.
+    let interval = Duration::from_secs_f64(1.0 / a);
+    let at = now + interval + Duration::from_millis(1);
+    assert!(pacers[0].can_acquire(1.0, at));
+    assert!(!pacers[1].can_acquire(1.0, at));
+    let later = now + interval.mul_f64(1.9) + Duration::from_millis(1);
+    assert!(pacers[1].can_acquire(1.0, later));
+}

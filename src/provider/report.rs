@@ -22,6 +22,10 @@ pub struct Report {
     /// a fraction): the true wait is up to a second shorter, so `(limit - remaining) / reset` only
     /// bounds the refill rate from below.
     pub coarse: bool,
+    /// `reset` was read from an instant (Anthropic's), against this clock when the answer came:
+    /// the upstream counted when the request arrived, so the wait it meant is longer by the
+    /// time since (a whole service time for a completed answer).
+    pub instant: bool,
 }
 
 /// The reports of both kinds (requests, then tokens). Most answers of an upstream that
@@ -54,25 +58,26 @@ pub fn report(headers: &HeaderMap, kind: Kind, now_wall: SystemTime) -> Option<R
         Kind::Requests => &REQUESTS,
         Kind::Tokens => &TOKENS,
     };
-    let (limit, remaining, reset, coarse) = if let Some(limit) = num(limit_h) {
+    let (limit, remaining, reset, coarse, instant) = if let Some(limit) = num(limit_h) {
         let value = get(reset_h);
         let reset = value.and_then(parse_go_duration);
         // Azure's integer seconds are rounded; OpenAI's Go durations ("1s", "6m0s") are exact.
         let coarse =
             reset.is_some() && value.is_some_and(|v| v.bytes().all(|b| b.is_ascii_digit()));
-        (limit, num(remaining_h)?, reset, coarse)
+        (limit, num(remaining_h)?, reset, coarse, false)
     } else {
         let value = get(a_reset);
         let reset = value.and_then(|v| parse_rfc3339_until(v, now_wall));
         // An instant with a fraction of a second ("...:30.25Z") is as fine as it says.
         let coarse = reset.is_some() && value.is_some_and(|v| !v.contains('.'));
-        (num(a_limit)?, num(a_remaining)?, reset, coarse)
+        (num(a_limit)?, num(a_remaining)?, reset, coarse, true)
     };
     (limit > 0.0 && remaining <= limit).then_some(Report {
         limit,
         remaining,
         reset,
         coarse,
+        instant,
     })
 }
 

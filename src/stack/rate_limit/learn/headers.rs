@@ -23,13 +23,20 @@ impl Pacer {
     }
 
     /// The refill rate a report implies: `limit - remaining` over the time to full.
-    fn learn_rate(&mut self, r: &Report) {
-        if let Some(reset) = r.reset.filter(|d| !d.is_zero()) {
+    fn learn_rate(&mut self, r: &Report, age: Duration) {
+        if let Some(reset) = r.reset.map(|d| d + age).filter(|d| !d.is_zero()) {
             if r.limit > r.remaining {
-                let sample = (r.limit - r.remaining) / reset.as_secs_f64();
+                let used = r.limit - r.remaining;
+                let secs = reset.as_secs_f64();
+                let sample = used / secs;
                 // A reset in whole seconds (Anthropic's RFC 3339 instants, Azure's integers) is
-                // rounded up, so its sample bounds the rate from below: the estimate is the
-                // largest recent bound, decaying slowly so a lowered limit is still followed.
+                // rounded up: the bucket is full in `secs - 1` to `secs`, so the rate is at
+                // least `used / secs` and, from two seconds on, less than `used / (secs - 1)`.
+                // The estimate is the largest lower bound, lowered only to an upper bound (a
+                // lowered limit). A sample below it is no evidence: it was a decay of 2% per
+                // such sample, and a fleet that sends a little under the rate keeps its bucket
+                // near full, where every sample is low, so the estimate fed on its own
+                // shortfall (four corrals on Azure's headers took twice the bound).
                 // Finer resets (OpenAI's) are averaged.
                 let whole_seconds = r.coarse || reset.subsec_nanos() == 0;
                 let fresh = self.header_rate == 0.0
@@ -41,11 +48,17 @@ impl Pacer {
                     self.header_rate = sample;
                     self.header_rate_loose = loose;
                 } else if whole_seconds {
-                    if sample >= 0.98 * self.header_rate {
+                    let below = if secs >= 2.0 {
+                        used / (secs - 1.0)
+                    } else {
+                        f64::INFINITY
+                    };
+                    if sample >= self.header_rate {
                         self.header_rate = sample;
                         self.header_rate_loose = loose;
-                    } else {
-                        self.header_rate *= 0.98;
+                    } else if self.header_rate > below {
+                        self.header_rate = below;
+                        self.header_rate_loose = false;
                     }
                 } else {
                     self.header_rate = 0.5 * sample + 0.5 * self.header_rate;
@@ -106,7 +119,13 @@ impl Pacer {
             Answer::Ok => self.verified + ticket.cost.max(1.0),
             Answer::RefusedElsewhere | Answer::Overloaded => self.verified,
         };
-        self.learn_rate(&r);
+        // An instant's wait, read when the answer came, is short by the answer's age.
+        let age = if r.instant {
+            now.saturating_duration_since(ticket.sent_at)
+        } else {
+            Duration::ZERO
+        };
+        self.learn_rate(&r, age);
         let since = now.saturating_duration_since(ticket.sent_at).as_secs_f64();
         if self.distrust_until.is_some() {
             self.source = Source::Observed;

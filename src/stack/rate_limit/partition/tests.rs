@@ -430,6 +430,7 @@ fn a_429_is_blamed_on_the_bucket_its_reports_show_empty() {
             remaining,
             reset: None,
             coarse: false,
+            instant: false,
         })
     };
     let t = Outcome::Throttled(429);

@@ -10,6 +10,7 @@ use super::*;
 use crate::provider::report;
 
 mod cuts;
+mod reports;
 mod rules;
 mod runs;
 
@@ -20,6 +21,7 @@ fn fine_report(limit: f64, remaining: f64, reset: Duration) -> Report {
         remaining,
         reset: Some(reset),
         coarse: false,
+        instant: false,
     }
 }
 

@@ -13,6 +13,7 @@ async fn a_report_caught_lying_is_demoted_then_trusted_again() {
         remaining,
         reset: Some(Duration::from_secs_f64((1200.0 - remaining) / 20.0)),
         coarse: false,
+        instant: false,
     };
     let t = pacer.try_acquire(1.0, now).unwrap();
     pacer.observe(t, Answer::RateLimited, Some(report(1150.0)), now);
@@ -145,6 +146,7 @@ async fn a_rate_bounded_only_from_below_is_not_shared() {
             remaining: 1000.0 - used,
             reset: Some(reset),
             coarse,
+            instant: false,
         };
         pacer.observe(ticket, Answer::Ok, Some(r), now);
         pacer.upstream_model()
@@ -277,6 +279,7 @@ fn demoted_tokens_pacer(now: &mut Instant) -> Pacer {
         remaining,
         reset: Some(Duration::from_secs_f64((30_000.0 - remaining) / 500.0)),
         coarse: false,
+        instant: false,
     };
     let t = pacer.admit_anyway(100.0, *now);
     pacer.observe(t, Answer::RateLimited, Some(report(1_000.0)), *now);
@@ -380,6 +383,7 @@ fn a_resync_from_an_old_report_owes_at_most_one_burst() {
         remaining,
         reset: Some(Duration::from_secs(1)),
         coarse: false,
+        instant: false,
     };
     let t = pacer.admit_anyway(10.0, now);
     pacer.observe(t, Answer::Ok, Some(report(990.0)), now);

@@ -1,0 +1,75 @@
+//! The refill rate read from reports whose resets are rounded to whole seconds.
+
+use super::*;
+
+/// A report in Azure's style: the wait until full in whole seconds, rounded up.
+fn azure(used: f64, reset_secs: u64) -> Report {
+    Report {
+        limit: 50.0,
+        remaining: 50.0 - used,
+        reset: Some(Duration::from_secs(reset_secs)),
+        coarse: true,
+        instant: false,
+    }
+}
+
+/// A bucket kept near full (a fleet sending a little under the rate) reports a small wait,
+/// rounded up to a second: a low sample, no evidence of a lower rate. The estimate keeps the
+/// largest lower bound; only an upper bound (a wait of two seconds or more) lowers it.
+#[tokio::test(start_paused = true)]
+async fn low_whole_second_samples_do_not_wear_the_rate_down() {
+    let now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
+    let answer = |pacer: &mut Pacer, report: Report| {
+        let ticket = pacer.admit_anyway(1.0, now);
+        pacer.observe(ticket, Answer::Ok, Some(report), now);
+    };
+    // 40 used, full within two seconds: at least 20/s (true: 20/s).
+    answer(&mut pacer, azure(40.0, 2));
+    assert!((pacer.header_rate - 20.0).abs() < 1e-9);
+    // A hundred answers from a nearly full bucket: 5 used, full within a second (5/s at
+    // least, anything above). They were a 2% decay each, down to 2.7/s.
+    for _ in 0..100 {
+        answer(&mut pacer, azure(5.0, 1));
+    }
+    assert!(
+        (pacer.header_rate - 20.0).abs() < 1e-9,
+        "{}",
+        pacer.header_rate
+    );
+    // 30 used, full in 1-2 s: 15-30/s, and 20/s stands.
+    answer(&mut pacer, azure(30.0, 2));
+    assert!(
+        (pacer.header_rate - 20.0).abs() < 1e-9,
+        "{}",
+        pacer.header_rate
+    );
+    // The limit is lowered to 10/s: 50 used, full in 5-6 s, so less than 12.5/s.
+    answer(&mut pacer, azure(50.0, 5));
+    assert!(pacer.header_rate <= 12.5, "{}", pacer.header_rate);
+}
+
+/// An instant (Anthropic's reset) read when a completed answer came is short by its service
+/// time: the upstream counted when the request arrived. The wait is taken from the send.
+#[tokio::test(start_paused = true)]
+async fn an_instants_wait_counts_from_the_send() {
+    let sent = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, sent);
+    let ticket = pacer.admit_anyway(1.0, sent);
+    // 50 used at 20/s: full 2.5 s after the request arrived; the answer came a second later,
+    // when the instant was 1.5 s away.
+    let now = sent + Duration::from_secs(1);
+    let report = Report {
+        limit: 50.0,
+        remaining: 0.0,
+        reset: Some(Duration::from_millis(1500)),
+        coarse: true,
+        instant: true,
+    };
+    pacer.observe(ticket, Answer::Ok, Some(report), now);
+    assert!(
+        (pacer.header_rate - 20.0).abs() < 1e-6,
+        "{} per second, true 20",
+        pacer.header_rate
+    );
+}

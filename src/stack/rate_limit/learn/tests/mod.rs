@@ -189,10 +189,10 @@ async fn drive_peers(
                 let pause = hint.or_else(|| pacers[i].time_for(1.0)).unwrap_or_default();
                 paused[i] = paused[i].max(now + pause);
                 if peers {
-                    // Each peer's phase: its own, spread evenly (golden-ratio steps).
-                    for (j, p) in pacers.iter_mut().enumerate().filter(|(j, _)| *j != i) {
+                    // Each peer its own phase, a golden-ratio step from the last one drawn.
+                    for (_, p) in pacers.iter_mut().enumerate().filter(|(j, _)| *j != i) {
                         events += 1;
-                        p.peer_throttled(now, (events as f64 * 0.618_034 + j as f64).fract());
+                        p.peer_throttled(now, (events as f64 * 0.618_034).fract());
                     }
                 }
             }

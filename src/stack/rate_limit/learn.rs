@@ -28,6 +28,11 @@
 //!   starting again at a phase of its own, so they do not all meet the empty bucket at once),
 //!   and the replicas' estimates add up to the key's rate, split by demand
 //!   ([`Pacer::fleet_share`]). An estimate takes no floor: it is what was admitted.
+//! - **Others' drain** (trusted headers, no `[fleet]`): between two answers' reports the bucket
+//!   gave out what `remaining` fell by plus its refill, and what this pacer did not send of that,
+//!   others did. Added up over a window, a share well under the whole caps the pace at that
+//!   share of the key's rate before any 429 shows it; a share near the whole lifts such a cap
+//!   (`learn/drain.rs`).
 //! - **Slow start** before anything is known: `initial_burst` requests go, each success lets two
 //!   more go (doubling per round trip), and the first throttle ends it.
 //! - **Silence is consent.** A bucket refuses at once; an answer takes the service time, for an
@@ -56,6 +61,7 @@
 //! A pure state machine: every method takes `now`, so tests drive it in virtual time.
 
 mod admit;
+mod drain;
 mod headers;
 mod meter;
 mod throttle;
@@ -67,6 +73,7 @@ use tokio::time::Instant;
 
 use crate::provider::{Kind, Report};
 
+use self::drain::Drain;
 use self::meter::{Admitted, Meter};
 use self::throttle::{Cap, Throttles};
 
@@ -102,6 +109,9 @@ const RAMP_RTT_GUESS: f64 = 0.1;
 const RAMP_CATCH_UP: Duration = Duration::from_millis(2);
 /// A throttle window counts only if at least this many units per second were sent in it.
 const MIN_PRESSURE: f64 = 2.0;
+/// The reports' drain is added up until the bucket gave out this many units before it gives a
+/// share ([`Pacer::drained`]): each report is rounded to a unit, so a share is good to a tenth.
+const DRAIN_UNITS: f64 = 20.0;
 /// Two throttle events further apart than this may have had a full bucket in between: their
 /// window says nothing.
 const MAX_GAP: Duration = Duration::from_secs(10);
@@ -276,6 +286,10 @@ pub struct Pacer {
     /// 429s and 529s attributed to this bucket.
     pub throttles: u64,
     admitted: Admitted,
+    /// Others' drain on the key, from the reports ([`Pacer::drained`]).
+    drain: Drain,
+    /// A `[fleet]` replica ([`Pacer::in_fleet`]).
+    fleet: bool,
 }
 
 impl Pacer {
@@ -322,6 +336,8 @@ impl Pacer {
             last_ok_share: None,
             throttles: 0,
             admitted: Admitted::default(),
+            drain: Drain::default(),
+            fleet: false,
         }
     }
 

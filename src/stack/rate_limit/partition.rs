@@ -224,6 +224,9 @@ impl Partition {
             };
             fleet.lease(config, credential, peers, Arc::clone(&queued))
         });
+        if let (Some(pacers), Some(_)) = (&pacers, &lease) {
+            lock(pacers).requests.in_fleet();
+        }
         let l_local = lease.is_none().then_some(l);
         let requests = l_local.and_then(|l| l.rpm).map(|rpm| {
             let burst = l

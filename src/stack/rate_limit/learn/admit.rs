@@ -223,6 +223,9 @@ impl Pacer {
             cost,
         };
         if cost > 0.0 {
+            if self.kind == Kind::Requests && self.source == Source::Headers && !self.fleet {
+                self.drain.sent(self.sent, now);
+            }
             if self.unanswered.len() >= MAX_UNANSWERED {
                 self.unanswered.pop_front();
             }

@@ -9,7 +9,7 @@ use super::{
     Answer, Pacer, Source, Ticket, LIE_MARGIN, MAX_PROBATION, PROBATION, RESYNC_SLACK_TIME,
 };
 
-use crate::provider::Report;
+use crate::provider::{Kind, Report};
 
 impl Pacer {
     fn demote(&mut self, now: Instant) {
@@ -153,6 +153,10 @@ impl Pacer {
             Some(c) if self.header_rate > 0.0 => (c.at(now) / self.header_rate).min(1.0),
             _ => 1.0,
         };
+        // The slack is a share's too: a whole unit held back per answer from a share of a few
+        // units a second halves its pace, and the report each answer brings leaves it behind
+        // the others on the key for good.
+        let slack = slack * share;
         let share = share.min(1.0 / self.part());
         let headroom = (r.remaining - floor) + self.header_rate * credit;
         let level = headroom * share - sent_after - slack;
@@ -168,6 +172,9 @@ impl Pacer {
             self.level = level;
         } else {
             self.level = self.level.min(level);
+        }
+        if answer == Answer::Ok && self.kind == Kind::Requests {
+            self.drained(ticket, r.remaining - floor, now);
         }
     }
 }

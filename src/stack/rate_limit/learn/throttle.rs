@@ -89,6 +89,8 @@ impl Pacer {
         if log.last.is_none_or(|l| ticket.seq > l.seq) {
             log.refused += ticket.cost;
         }
+        self.drain.refused(ticket.seq, ticket.cost);
+        self.drain.edge = true;
         if ticket.seq <= log.cut_seq {
             return; // sent before the last event was taken in: part of it
         }

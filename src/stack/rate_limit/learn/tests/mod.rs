@@ -13,6 +13,7 @@ mod cuts;
 mod reports;
 mod rules;
 mod runs;
+mod shares;
 
 /// A report with a reset finer than whole seconds (OpenAI's).
 fn fine_report(limit: f64, remaining: f64, reset: Duration) -> Report {

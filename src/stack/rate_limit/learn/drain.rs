@@ -54,8 +54,9 @@ impl Drain {
     /// Sends closer together may reach the upstream in either order (each on its own
     /// connection and task), and a report then counts a burst's later sends before its own:
     /// one report read 18 units gone where one was sent (43 in another), a lone corral took
-    /// itself for a fifth of its key, and a herd with long answers took 1.4-2.7x its bound. Between two reports of sends set apart, every send in between arrived in
-    /// between, in whatever order.
+    /// itself for a fifth of its key, and a herd with long answers took 1.4-2.7x its bound.
+    /// Between two reports of sends set apart, every send in between arrived in between, in
+    /// whatever order.
     fn apart(&self, ticket: Ticket, now: Instant) -> bool {
         let Ok(i) = self
             .sends
@@ -84,16 +85,17 @@ impl Pacer {
     /// A success whose trusted report left `headroom` (its `remaining` above the floor) once
     /// the upstream had counted it. Between it and the previous one the bucket gave out what
     /// `remaining` fell by plus the refill of the time between their sends, and this pacer sent
-    /// its own part of that; the rest went to others on the key. Added up over `DRAIN_UNITS` given out, a
-    /// share well under the whole (`ALONE`), of a pacer that kept asking (held back by its
-    /// level at the end of at least half the stretches), caps the pace at that
-    /// share of the headers' rate (growing at once, as a throttle window's shared estimate
-    /// does); a share near the whole lifts such a cap (the others have gone). So corrals on one
-    /// key without shared state find their shares from the reports every answer carries, not
-    /// from the 429s the whole rate each would otherwise send draws: four of them drew 23 rate
-    /// 429s in 500 at full scale, most while cutting down to their shares. A stretch in which
-    /// either report showed the bucket full says nothing (its refill may have overflowed).
-    /// Corrals in a `[fleet]` share the key's bucket through Redis instead, and do not count.
+    /// its own part of that; the rest went to others on the key. Added up over `DRAIN_UNITS`
+    /// given out, a share well under the whole (`ALONE`), of a pacer that kept asking (held back
+    /// by its level at the end of at least half the stretches), caps the pace at that share of
+    /// the headers' rate (growing at once, as a throttle window's shared estimate does); a share
+    /// near the whole while the bucket fills lifts such a cap (the others have gone). So corrals
+    /// on one key without shared state find their shares from the reports every answer carries,
+    /// not from the 429s that the whole rate each would otherwise send draws: four of them drew
+    /// 19-23 rate 429s in 500 at full scale, most while cutting down to their shares. A stretch
+    /// in which either report showed the bucket full says nothing (its refill may have
+    /// overflowed). Corrals in a `[fleet]` share the key's bucket through Redis instead, and do
+    /// not count.
     pub(super) fn drained(&mut self, ticket: Ticket, headroom: f64, now: Instant) {
         let (rate, full) = (
             self.header_rate,
@@ -103,12 +105,13 @@ impl Pacer {
         if self.fleet || self.header_rate_loose || rate <= 0.0 {
             return;
         }
-        // Until a report or a 429 shows the bucket empty, it holds what nobody has asked for yet: a
-        // corral's first sends drain it in bursts, and nothing about a share shows in them.
+        // Until a report or a 429 shows the bucket empty, it holds what nobody has asked for
+        // yet: a corral's first sends drain it in bursts, and no share shows in them.
         self.drain.edge |= headroom < 1.0;
         if !self.drain.edge || !self.drain.apart(ticket, now) {
             return;
         }
+        let capped = self.share_capped();
         let d = &mut self.drain;
         if d.last.is_some_and(|(seq, ..)| ticket.seq <= seq) {
             return; // an older report than the last one taken
@@ -138,11 +141,8 @@ impl Pacer {
         // A window is as good as the units it counts (each report's `remaining` is rounded to
         // one), whatever the key's rate. The first share is taken from half as many: until it
         // comes, each corral on the key sends as if alone, and that costs 429s.
-        let shared = self
-            .cap
-            .is_some_and(|c| c.before.is_none() && c.hold.is_zero());
         // A bucket that gives out little (the others gone, it fills) ends a window by time.
-        let units = DRAIN_UNITS * if shared { 1.0 } else { 0.5 };
+        let units = DRAIN_UNITS * if capped { 1.0 } else { 0.5 };
         if d.all < units && d.secs < MIN_WINDOW.as_secs_f64() {
             return;
         }
@@ -153,10 +153,7 @@ impl Pacer {
         // Lifted only while the bucket gives out less than it refills (it fills: the others
         // are gone); a burst of this pacer's own into an emptied bucket is no such sign.
         if share >= ALONE {
-            let shared = self
-                .cap
-                .is_some_and(|c| c.before.is_none() && c.hold.is_zero());
-            if shared && all <= rate * secs {
+            if self.share_capped() && all <= rate * secs {
                 self.cap = None;
             }
         } else if asked {
@@ -169,6 +166,13 @@ impl Pacer {
                 recovering: false,
             });
         }
+    }
+
+    /// Whether the pace is capped at a share of the key (an estimate that grows at once), not
+    /// by a cut or an estimate of the whole.
+    fn share_capped(&self) -> bool {
+        self.cap
+            .is_some_and(|c| c.before.is_none() && c.hold.is_zero())
     }
 
     /// This pacer is a `[fleet]` replica: the fleet shares the key's bucket, and others' drain

@@ -27,7 +27,10 @@
 //!   without headers, a peer's 429 ends a window too ([`Pacer::peer_throttled`], each replica
 //!   starting again at a phase of its own, so they do not all meet the empty bucket at once),
 //!   and the replicas' estimates add up to the key's rate, split by demand
-//!   ([`Pacer::fleet_share`]). An estimate takes no floor: it is what was admitted.
+//!   ([`Pacer::fleet_share`]). An estimate takes no floor: it is what was admitted. Once a
+//!   replica knows how many share the key, what it ramped to as if alone (slow start, and a
+//!   cut guessed from that rush) shrinks to its part, so the fleet meets the edge as one
+//!   corral would ([`Pacer::among`]).
 //! - **Others' drain** (trusted headers, no `[fleet]`): between two answers' reports the bucket
 //!   gave out what `remaining` fell by plus its refill, and what this pacer did not send of that,
 //!   others did. Added up over a window, a share well under the whole caps the pace at that
@@ -271,6 +274,8 @@ pub struct Pacer {
     /// Corrals that read the same reports of the key's bucket with nothing dividing it (fleet
     /// replicas with no shared bucket for this kind): each takes this part of what they report.
     replicas: f64,
+    /// The replicas the slow start is already split among ([`Pacer::among`]).
+    ramp_among: f64,
     /// While set and in the future, the headers' level is not believed (demoted).
     distrust_until: Option<Instant>,
     demotions: u32,
@@ -328,6 +333,7 @@ impl Pacer {
             cap: None,
             peer_cap: false,
             replicas: 1.0,
+            ramp_among: 1.0,
             distrust_until: None,
             demotions: 0,
             last_remaining: None,

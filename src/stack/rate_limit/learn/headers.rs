@@ -6,7 +6,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Answer, Pacer, Source, Ticket, LIE_MARGIN, MAX_PROBATION, PROBATION, RESYNC_SLACK_TIME,
+    Answer, Pacer, Source, Ticket, LIE_MARGIN, MAX_PROBATION, MIN_RATE, PROBATION,
+    RESYNC_SLACK_TIME,
 };
 
 use crate::provider::{Kind, Report};
@@ -74,8 +75,43 @@ impl Pacer {
     /// the bucket's refill up to a full one: else every replica spends a full bucket at once
     /// after a pause all of them end together, several buckets' worth, and the 429s that come
     /// back pause them all again.
+    ///
+    /// Without headers, the same count splits the ramp: replicas that each started alone meet
+    /// the bucket's edge as one corral `replicas` times as fast, each cuts its pace from its
+    /// own share of that rush, and every cut down to the key's rate costs a 429 (10-11 of 500
+    /// with four replicas on Redis and no headers, where one corral takes 4-6). So when the
+    /// count grows, what the ramp built as if alone shrinks to this replica's part: in slow
+    /// start the level and burst (and the answers still due for sends made as if alone owe
+    /// back what they would add beyond it), after it a cut's guess. An estimate from the 429s
+    /// is this replica's own share already, and is left as it is.
     pub fn among(&mut self, replicas: u64) {
         self.replicas = replicas.max(1) as f64;
+        if self.replicas <= self.ramp_among {
+            return;
+        }
+        let keep = self.ramp_among / self.replicas;
+        self.ramp_among = self.replicas;
+        match self.source {
+            Source::SlowStart => {
+                let due: f64 = self
+                    .unanswered
+                    .iter()
+                    .filter(|t| t.seq > self.consented_seq)
+                    .map(|t| t.cost)
+                    .sum();
+                // Each answer gives its slot back and one more: `2 * keep` each now.
+                let owed = 2.0 * due * (1.0 - keep);
+                self.level = self.level.max(0.0) * keep + self.level.min(0.0) - owed;
+                self.burst = (self.burst * keep).max(1.0);
+            }
+            Source::Aimd => {
+                if let Some(cap) = self.cap.as_mut().filter(|c| c.before.is_some()) {
+                    cap.rate = (cap.rate * keep).max(MIN_RATE);
+                    cap.before = cap.before.map(|b| b * keep);
+                }
+            }
+            _ => {}
+        }
     }
 
     /// This pacer's part of what the headers report ([`Self::among`]); 1 when nothing else

@@ -10,6 +10,7 @@ use super::*;
 use crate::provider::report;
 
 mod cuts;
+mod ramp;
 mod reports;
 mod rules;
 mod runs;

@@ -1,0 +1,86 @@
+//! Fleet replicas without headers ramp as one corral: what each built alone is split among them
+//! once their count is known ([`Pacer::among`]).
+
+use super::*;
+
+/// Sends that go at `now` and over the next `ms` milliseconds (a ramp spreads its sends).
+fn round(pacer: &mut Pacer, from: Instant, ms: u64) -> Vec<Ticket> {
+    let mut tickets = Vec::new();
+    for step in 0..ms {
+        let now = from + Duration::from_millis(step);
+        while let Ok(t) = pacer.try_acquire(1.0, now) {
+            tickets.push(t);
+        }
+    }
+    tickets
+}
+
+/// A replica sent its first ten as if alone before it heard it is one of four. Its answers give
+/// back a quarter of what they would alone, so its second round is a quarter of a lone corral's
+/// twenty (the fleet's second round is twenty, as one corral's), and it still doubles per round
+/// trip from there.
+#[test]
+fn replicas_that_started_alone_split_the_slow_start() {
+    let start = Instant::now();
+    let run = |replicas: u64| {
+        let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, start);
+        let first = round(&mut pacer, start, 150);
+        assert_eq!(first.len(), 10);
+        pacer.among(replicas);
+        let answered = start + Duration::from_millis(200);
+        for t in first {
+            pacer.observe(t, Answer::Ok, None, answered);
+        }
+        let second = round(&mut pacer, answered, 150);
+        let later = answered + Duration::from_millis(200);
+        for t in &second {
+            pacer.observe(*t, Answer::Ok, None, later);
+        }
+        let third = round(&mut pacer, later, 150);
+        (pacer, second.len(), third.len())
+    };
+    let (alone, second, third) = run(1);
+    assert_eq!((second, third), (20, 40), "alone: doubling");
+    assert_eq!(alone.source(), Source::SlowStart);
+    let (_, second, third) = run(4);
+    assert_eq!((second, third), (5, 10), "a quarter of it, doubling");
+}
+
+/// A replica that hears the count only after its first 429 has cut its pace from its own rush
+/// as if alone: that guess is split too. An estimate from a throttle window is this replica's
+/// own share already and stays; a count that falls back splits nothing again.
+#[test]
+fn a_cut_guessed_alone_is_split_an_estimate_is_not() {
+    let mut now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
+    for _ in 0..40 {
+        let t = pacer.admit_anyway(1.0, now);
+        now += Duration::from_millis(10);
+        pacer.observe(t, Answer::Ok, None, now);
+    }
+    let t = pacer.admit_anyway(1.0, now);
+    pacer.observe(t, Answer::RateLimited, None, now + Duration::from_millis(1));
+    assert_eq!(pacer.source(), Source::Aimd);
+    let guess = pacer.cap.expect("the first 429 cuts");
+    assert!(guess.before.is_some(), "a guess");
+    pacer.among(4);
+    let split = pacer.cap.expect("still capped");
+    assert!(
+        (split.rate - guess.rate / 4.0).abs() < 1e-9,
+        "{} from {}",
+        split.rate,
+        guess.rate
+    );
+    pacer.among(2);
+    pacer.among(4);
+    assert_eq!(pacer.cap.expect("capped").rate, split.rate, "split once");
+
+    let mut estimated = Pacer::new(Kind::Requests, 10, 1.0, now);
+    estimated.source = Source::Aimd;
+    estimated.cap = Some(Cap {
+        before: None,
+        ..split
+    });
+    estimated.among(4);
+    assert_eq!(estimated.cap.expect("capped").rate, split.rate, "evidence");
+}

@@ -30,7 +30,7 @@ pub mod usage;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, Response, StatusCode};
@@ -375,23 +375,33 @@ impl RateLimitShared {
         start: Instant,
     ) -> Result<Response<Body>, ProxyError> {
         let m = &self.metrics;
-        // The JSON estimate only where a token bucket will be charged.
-        let estimate = if partition.charges_tokens() {
-            estimate::estimate(&req.target.body, self.config.limits.default_max_tokens)
-        } else {
-            Estimate::default()
+        // The JSON estimate only where a token bucket will be charged (asked again after a
+        // wait: a token limit may have been learned meanwhile).
+        let parsed = OnceLock::new();
+        let estimate_now = || {
+            if partition.charges_tokens() {
+                *parsed.get_or_init(|| {
+                    estimate::estimate(&req.target.body, self.config.limits.default_max_tokens)
+                })
+            } else {
+                Estimate::default()
+            }
         };
+        let estimate = estimate_now();
         let cost = estimate.charge(self.prompt_ratio.get());
         // Admitted at once, it is sent at the instant the clock was read for admission: the
         // clock is read again only after a wait.
-        let (tickets, sent_at) = match partition.fast_path(cost, start) {
-            Some(tickets) => (tickets, start),
+        let (tickets, sent_at, estimate, cost) = match partition.fast_path(cost, start) {
+            Some(tickets) => (tickets, start, estimate, cost),
             None => {
                 let (deadline, priority) = (req.ctx().wait_deadline, req.ctx().priority);
+                let price = || estimate_now().charge(self.prompt_ratio.get());
                 let tickets = partition
-                    .wait_for(cost, deadline, priority, m.name())
+                    .wait_for(&price, deadline, priority, m.name())
                     .await?;
-                (tickets, Instant::now())
+                let estimate = estimate_now();
+                let cost = estimate.charge(self.prompt_ratio.get());
+                (tickets, Instant::now(), estimate, cost)
             }
         };
         m.rate_wait

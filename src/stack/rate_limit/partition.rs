@@ -167,6 +167,12 @@ fn pace_by(now: Instant, deadline: Instant) -> Instant {
     now + deadline.saturating_duration_since(now) / 2
 }
 
+/// What a waiting request costs in tokens, asked again each time it may go: a request that
+/// arrived before any token limit was known was estimated at nothing, and a limit learned
+/// while it waited (from the first answers' reports) must charge it when it leaves, or every
+/// request of a herd queued at the start goes uncharged past a token bucket that binds.
+pub type Price<'a> = &'a (dyn Fn() -> u32 + Sync);
+
 /// Counts a request on the slow path for as long as it is there.
 struct Queued<'a>(&'a AtomicUsize);
 
@@ -306,26 +312,30 @@ impl Partition {
     ) -> Result<Option<Tickets>, ProxyError> {
         match self.fast_path(cost, Instant::now()) {
             Some(tickets) => Ok(tickets),
-            None => self.wait_for(cost, deadline, priority, upstream).await,
+            None => {
+                self.wait_for(&move || cost, deadline, priority, upstream)
+                    .await
+            }
         }
     }
 
     /// The slow path, for a request [`Self::fast_path`] did not admit; boxed, so the future
-    /// of every attempt through the stack stays small.
+    /// of every attempt through the stack stays small. `price`: its cost in tokens, asked
+    /// again each time it may go ([`Price`]).
     pub fn wait_for<'a>(
         &'a self,
-        cost: u32,
+        price: Price<'a>,
         deadline: Instant,
         priority: Priority,
         upstream: &'a str,
     ) -> Pin<Box<dyn Future<Output = Result<Option<Tickets>, ProxyError>> + Send + 'a>> {
-        Box::pin(self.slow_path(cost, deadline, priority, upstream))
+        Box::pin(self.slow_path(price, deadline, priority, upstream))
     }
 
     /// Wait for a turn and for capacity: the way of a request `fast_path` did not admit.
     async fn slow_path(
         &self,
-        cost: u32,
+        price: Price<'_>,
         deadline: Instant,
         priority: Priority,
         upstream: &str,
@@ -349,7 +359,7 @@ impl Partition {
         };
         self.wait_pause(limits, unpaced).await.map_err(limited)?;
         let _turn = self.take_turn(limits, priority).await.map_err(limited)?;
-        self.wait(cost, limits).await.map_err(limited)
+        self.wait(price, limits).await.map_err(limited)
     }
 
     /// Whether only guesses gate this partition (no configured ceiling, no fleet bucket).
@@ -438,14 +448,15 @@ impl Partition {
     /// meanwhile), while the deadline allows; so a request refused here, or whose client leaves
     /// while it waits, has spent nothing. At `pace_by` the pacers admit it anyway (the pace is
     /// corral's guess: only the upstream may refuse).
-    async fn wait(&self, cost: u32, limits: Limits) -> Result<Option<Tickets>, Duration> {
+    async fn wait(&self, price: Price<'_>, limits: Limits) -> Result<Option<Tickets>, Duration> {
         let deadline = limits.deadline;
-        let units = f64::from(cost);
-        let ceilings: Vec<(&Bucket, u32)> = [(&self.requests, 1), (&self.tokens, cost)]
-            .into_iter()
-            .filter_map(|(bucket, n)| bucket.as_ref().map(|b| (b, n)))
-            .collect();
         loop {
+            let cost = price();
+            let units = f64::from(cost);
+            let ceilings: Vec<(&Bucket, u32)> = [(&self.requests, 1), (&self.tokens, cost)]
+                .into_iter()
+                .filter_map(|(bucket, n)| bucket.as_ref().map(|b| (b, n)))
+                .collect();
             ready_all(&ceilings, deadline).await?;
             self.wait_pause(limits, false).await?;
             let answered = self.answered.notified();

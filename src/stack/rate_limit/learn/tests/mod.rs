@@ -16,6 +16,19 @@ mod rules;
 mod runs;
 mod shares;
 
+/// What `pacer` sends of one unit each, trying every millisecond over `ms` from `from` (a ramp
+/// spreads its sends).
+fn sent(pacer: &mut Pacer, from: Instant, ms: u64) -> Vec<Ticket> {
+    let mut tickets = Vec::new();
+    for step in 0..ms {
+        let now = from + Duration::from_millis(step);
+        while let Ok(t) = pacer.try_acquire(1.0, now) {
+            tickets.push(t);
+        }
+    }
+    tickets
+}
+
 /// A report with a reset finer than whole seconds (OpenAI's).
 fn fine_report(limit: f64, remaining: f64, reset: Duration) -> Report {
     Report {

@@ -3,18 +3,6 @@
 
 use super::*;
 
-/// Sends that go at `now` and over the next `ms` milliseconds (a ramp spreads its sends).
-fn round(pacer: &mut Pacer, from: Instant, ms: u64) -> Vec<Ticket> {
-    let mut tickets = Vec::new();
-    for step in 0..ms {
-        let now = from + Duration::from_millis(step);
-        while let Ok(t) = pacer.try_acquire(1.0, now) {
-            tickets.push(t);
-        }
-    }
-    tickets
-}
-
 /// A replica sent its first ten as if alone before it heard it is one of four. Its answers give
 /// back a quarter of what they would alone, so its second round is a quarter of a lone corral's
 /// twenty (the fleet's second round is twenty, as one corral's), and it still doubles per round
@@ -24,19 +12,19 @@ fn replicas_that_started_alone_split_the_slow_start() {
     let start = Instant::now();
     let run = |replicas: u64| {
         let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, start);
-        let first = round(&mut pacer, start, 150);
+        let first = sent(&mut pacer, start, 150);
         assert_eq!(first.len(), 10);
         pacer.among(replicas);
         let answered = start + Duration::from_millis(200);
         for t in first {
             pacer.observe(t, Answer::Ok, None, answered);
         }
-        let second = round(&mut pacer, answered, 150);
+        let second = sent(&mut pacer, answered, 150);
         let later = answered + Duration::from_millis(200);
         for t in &second {
             pacer.observe(*t, Answer::Ok, None, later);
         }
-        let third = round(&mut pacer, later, 150);
+        let third = sent(&mut pacer, later, 150);
         (pacer, second.len(), third.len())
     };
     let (alone, second, third) = run(1);

@@ -408,17 +408,6 @@ fn a_resync_from_an_old_report_owes_at_most_one_burst() {
 fn silence_confirms_what_the_bucket_did_not_refuse() {
     let start = Instant::now();
     let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, start);
-    // What goes over `ms` milliseconds from `from` (a ramp spreads its sends).
-    let sent = |pacer: &mut Pacer, from: Instant, ms: u64| {
-        let mut tickets = Vec::new();
-        for step in 0..ms {
-            let now = from + Duration::from_millis(step);
-            while let Ok(t) = pacer.try_acquire(1.0, now) {
-                tickets.push(t);
-            }
-        }
-        tickets
-    };
     let first = sent(&mut pacer, start, 200);
     assert_eq!(first.len(), 10);
     // Up to the wait: nothing confirmed, nothing more goes.

@@ -73,6 +73,11 @@ impl Drain {
                 >= APART
     }
 
+    /// Count the next window from nothing (a share taken, or a stretch that says nothing).
+    fn restart(&mut self) {
+        (self.own, self.all, self.secs, self.held, self.stretches) = (0.0, 0.0, 0.0, 0, 0);
+    }
+
     /// A refusal of `units` sent as `seq`: not given out by the bucket.
     pub(super) fn refused(&mut self, seq: f64, units: f64) {
         if self.last.is_none_or(|(last, ..)| seq > last) {
@@ -125,7 +130,7 @@ impl Pacer {
             let secs = ticket.sent_at.saturating_duration_since(sent).as_secs_f64();
             let topped = before >= full - 1.0 || headroom >= full - 1.0;
             if topped || secs > MAX_GAP.as_secs_f64() {
-                (d.own, d.all, d.secs, d.held, d.stretches) = (0.0, 0.0, 0.0, 0, 0);
+                d.restart();
             } else {
                 let own = (ticket.seq - seq - d.refused).max(0.0);
                 d.stretches += 1;
@@ -148,7 +153,7 @@ impl Pacer {
         }
         let (own, all, secs) = (d.own, d.all, d.secs);
         let asked = own >= MIN_PRESSURE * secs && 2 * d.held >= d.stretches;
-        (d.own, d.all, d.secs, d.held, d.stretches) = (0.0, 0.0, 0.0, 0, 0);
+        d.restart();
         let share = own / all.max(1.0);
         // Lifted only while the bucket gives out less than it refills (it fills: the others
         // are gone); a burst of this pacer's own into an emptied bucket is no such sign.

@@ -401,6 +401,39 @@ async fn what_one_learns_all_know() {
     );
 }
 
+/// A replica that joins a key is counted by the others at once, not at their next lease: the
+/// count is each replica's part of a report nothing divides (a key without a shared bucket), and
+/// one that still counted itself alone took the whole headroom (four corrals on Anthropic's
+/// headers at the quick scale: 6-41 rate 429s of 500 from run to run, none once counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_joins_is_counted_at_once() {
+    let Some(server) = redis() else { return };
+    let (upstream, _) = recording_upstream().await;
+    let (a, b) = two_corrals(&upstream, &server).await;
+    let live = |v: &serde_json::Value| model_m(v)["fleet"]["live_replicas"].as_u64();
+    assert_eq!(burst(&a, 1, 1).await, [200]);
+    // A's lease calls Redis once, alone on the key.
+    let mut seen = None;
+    for _ in 0..100 {
+        seen = live(&get_json(&a, "/status").await);
+        if seen.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(seen, Some(1), "A leased alone");
+    assert_eq!(burst(&b, 1, 1).await, [200]);
+    // A sends nothing more: only the fleet's channel can tell it. Bound: 2 s, where the
+    // message and the call it prompts take milliseconds; without it A counts 1 for good (an
+    // unconfigured key without headers has no shared bucket to keep a heartbeat).
+    let end = Instant::now() + Duration::from_secs(2);
+    while live(&get_json(&a, "/status").await) != Some(2) {
+        assert!(Instant::now() < end, "A still counts itself alone");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(live(&get_json(&b, "/status").await), Some(2));
+}
+
 /// A's first attempt is refused with a 429 carrying `headers` (its retry is answered), while B
 /// has seen three answers and no 429: B's `/status` as it stands `within` after A's refusal
 /// (sooner, once its source has moved from `slow_start`).

@@ -11,7 +11,8 @@
 -- returned, configured rate (units/s, 0: none) and burst, learned rate (0: none), burst and level
 -- (-1: none); ARGV[20] the fleet's channel: a pause this call sets is published there
 -- ("PAUSE-KEY pause MS"), so every replica stops at once, not at its next lease, and so is a
--- learned bucket it creates ("PAUSE-KEY learned"), so every replica leases from it; ARGV[21] "1" when
+-- learned bucket it creates ("PAUSE-KEY learned"), so every replica leases from it, and its own
+-- first call ("PAUSE-KEY joined"), so every replica counts it at once; ARGV[21] "1" when
 -- the replica fell back since its last answer (Redis may have lost the buckets); ARGV[22] and
 -- ARGV[23] the requests and tokens buckets' epochs the returned units came from: units of
 -- another epoch (a bucket Redis lost) are not taken back. ARGV[24] "1" when the refusals of
@@ -45,7 +46,8 @@ local MAX_AHEAD = 30
 
 -- Other replicas live (heartbeats within the TTL), before this call counts.
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - ttl)
-local others = redis.call('ZCARD', KEYS[4]) - (redis.call('ZSCORE', KEYS[4], ARGV[1]) and 1 or 0)
+local member = redis.call('ZSCORE', KEYS[4], ARGV[1])
+local others = redis.call('ZCARD', KEYS[4]) - (member and 1 or 0)
 
 -- A learned bucket was created (or its burst shrank) by this call: the others are told to lease
 -- from it.
@@ -140,6 +142,11 @@ if ARGV[3] == '1' then
   redis.call('ZREM', KEYS[4], ARGV[1])
 else
   redis.call('ZADD', KEYS[4], now, ARGV[1])
+  -- A replica new to the key (or back after its heartbeat lapsed) changes every replica's
+  -- part: they are told at once ("PAUSE-KEY joined"), not at their next lease.
+  if not member then
+    redis.call('PUBLISH', ARGV[20], KEYS[3] .. ' joined')
+  end
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - ttl)
 redis.call('PEXPIRE', KEYS[4], ttl * 2)

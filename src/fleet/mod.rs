@@ -175,16 +175,18 @@ impl Fleet {
     }
 
     /// A message on the fleet's channel: "PAUSE-KEY pause MS" (another replica's 429 paused
-    /// the partition), "PAUSE-KEY learned" (a shared bucket now paces it: lease from it) or
+    /// the partition), "PAUSE-KEY learned" (a shared bucket now paces it: lease from it),
+    /// "PAUSE-KEY joined" (a replica new to it: the count of live replicas grew) or
     /// "PAUSE-KEY throttled BUCKETS REPLICA" (a replica met an empty bucket).
     fn on_message(&self, message: &str) {
         let Some(message) = Message::parse(message) else {
             return;
         };
         let key = match message {
-            Message::Pause { key, .. } | Message::Learned { key } | Message::Share { key, .. } => {
-                key
-            }
+            Message::Pause { key, .. }
+            | Message::Learned { key }
+            | Message::Joined { key }
+            | Message::Share { key, .. } => key,
             // This replica's own refusal taught its pacers already.
             Message::Throttled { replica, .. } if replica == self.replica => return,
             Message::Throttled { key, .. } => key,
@@ -193,7 +195,9 @@ impl Fleet {
             if lease.pause_key() == key {
                 match message {
                     Message::Pause { ms, .. } => lease.pause_until(pause_end(Instant::now(), ms)),
-                    Message::Learned { .. } => lease.refresh(),
+                    // A call now: its answer brings the new count of live replicas, and
+                    // with it each pacer's part of an undivided report.
+                    Message::Learned { .. } | Message::Joined { .. } => lease.refresh(),
                     Message::Throttled { refused, .. } => lease.peer_edge(refused),
                     Message::Share {
                         rate,

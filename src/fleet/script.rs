@@ -125,6 +125,8 @@ pub(super) enum Message<'a> {
     Pause { key: &'a str, ms: u64 },
     /// "PAUSE-KEY learned": a shared bucket now paces the partition: lease from it.
     Learned { key: &'a str },
+    /// "PAUSE-KEY joined": a replica new to the partition called: the live count grew.
+    Joined { key: &'a str },
     /// "PAUSE-KEY throttled BUCKETS REPLICA": the upstream refused `replica` because a bucket
     /// was empty (`refused`: 1 requests, 2 tokens, 3 both).
     Throttled {
@@ -160,6 +162,7 @@ impl<'a> Message<'a> {
                 ms: words.next()?.parse().ok()?,
             }),
             "learned" => words.next().is_none().then_some(Self::Learned { key }),
+            "joined" => words.next().is_none().then_some(Self::Joined { key }),
             "throttled" => Some(Self::Throttled {
                 key,
                 refused: words.next()?.parse().ok().filter(|r| (1..=3).contains(r))?,
@@ -212,6 +215,11 @@ mod tests {
             Message::parse("k learned"),
             Some(Message::Learned { key: "k" })
         ));
+        assert!(matches!(
+            Message::parse("k joined"),
+            Some(Message::Joined { key: "k" })
+        ));
+        assert!(Message::parse("k joined 2").is_none());
         assert!(matches!(
             Message::parse("k throttled 3 host:1"),
             Some(Message::Throttled {

@@ -94,7 +94,18 @@ async fn wait_for_mode(corral: &Corral, mode: &str, limit: Duration) -> bool {
     false
 }
 
-/// `n` requests through `corral` from `concurrency` clients at once; the statuses.
+/// What `read` finds in `corral`'s `/status`, polled every 20 ms for up to 2 s until it finds
+/// something.
+async fn polled<T>(corral: &Corral, read: impl Fn(&serde_json::Value) -> Option<T>) -> Option<T> {
+    for _ in 0..100 {
+        if let Some(found) = read(&get_json(corral, "/status").await) {
+            return Some(found);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
 /// `/status` of the partition of model `m` (the one `burst` sends to).
 fn model_m(status: &serde_json::Value) -> serde_json::Value {
     status["upstreams"][0]["rate_limit"]["by_partition"]
@@ -114,6 +125,7 @@ async fn two_corrals(upstream: &MockUpstream, server: &RedisServer) -> (Corral, 
     (a, b)
 }
 
+/// `n` requests through `corral` from `concurrency` clients at once; the statuses.
 async fn burst(corral: &Corral, n: usize, concurrency: usize) -> Vec<u16> {
     let next = Arc::new(AtomicUsize::new(0));
     let statuses = Arc::new(Mutex::new(Vec::new()));
@@ -386,15 +398,9 @@ async fn what_one_learns_all_know() {
     assert_eq!(burst(&b, 1, 1).await, [200]);
     let shared =
         |v: &serde_json::Value| model_m(v)["fleet"]["requests"]["shared_rate_per_second"].as_f64();
-    let mut seen = None;
-    for _ in 0..100 {
-        seen = shared(&get_json(&b, "/status").await);
-        if seen.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let seen = seen.expect("B paces to the shared bucket A's headers set");
+    let seen = polled(&b, shared)
+        .await
+        .expect("B paces to the shared bucket A's headers set");
     assert!(
         (seen - learned).abs() < 0.25 * learned,
         "B's shared rate {seen} is what A learned ({learned})"
@@ -413,15 +419,7 @@ async fn a_replica_that_joins_is_counted_at_once() {
     let live = |v: &serde_json::Value| model_m(v)["fleet"]["live_replicas"].as_u64();
     assert_eq!(burst(&a, 1, 1).await, [200]);
     // A's lease calls Redis once, alone on the key.
-    let mut seen = None;
-    for _ in 0..100 {
-        seen = live(&get_json(&a, "/status").await);
-        if seen.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(seen, Some(1), "A leased alone");
+    assert_eq!(polled(&a, live).await, Some(1), "A leased alone");
     assert_eq!(burst(&b, 1, 1).await, [200]);
     // A sends nothing more: only the fleet's channel can tell it. Bound: 2 s, where the
     // message and the call it prompts take milliseconds; without it A counts 1 for good (an

@@ -93,7 +93,7 @@ impl UpstreamClient {
     pub fn send(
         &self,
         req: ProxyRequest,
-    ) -> impl Future<Output = Result<Response<Body>, ProxyError>> + Send + 'static {
+    ) -> impl Future<Output = Result<Response<Body>, ProxyError>> + Send + '_ {
         let target = &*req.target;
         let mut out = Request::new(Full::new(target.body.clone()));
         *out.method_mut() = target.method.clone();
@@ -107,7 +107,6 @@ impl UpstreamClient {
         out.headers_mut()
             .insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
         let fut = self.client.request(out);
-        let upstream = Arc::clone(&self.upstream);
         async move {
             match fut.await {
                 Ok(response) => {
@@ -117,7 +116,7 @@ impl UpstreamClient {
                 }
                 Err(e) => {
                     let reason = error_chain(&e);
-                    let upstream = upstream.to_string();
+                    let upstream = self.upstream.to_string();
                     Err(if e.is_connect() {
                         ProxyError::UpstreamConnect { upstream, reason }
                     } else {

@@ -299,11 +299,11 @@ impl Drop for Slot {
 pub type ConcurrencyLayer = SharedLayer<Window>;
 
 impl Middleware for Window {
-    fn call<S: Next>(
-        self: Arc<Self>,
-        next: S,
+    fn call<'a, S: Next>(
+        self: &'a Arc<Self>,
+        next: &'a S,
         req: ProxyRequest,
-    ) -> impl Future<Output = Answer> + Send + 'static {
+    ) -> impl Future<Output = Answer> + Send + 'a {
         let window = self;
         async move {
             let target = Arc::clone(&req.target);

@@ -36,11 +36,13 @@ pub type StackFuture =
     Pin<Box<dyn Future<Output = Result<Response<StackBody>, ProxyError>> + Send>>;
 
 /// The rest of the stack below a layer. Layers call each other through this, not through
-/// tower's `Service`, so a request's way down the stack is one future, boxed once by the
-/// [`Stack`](crate::stack::Stack) that holds it, not a box per layer.
-pub trait Next: Clone + Send + Sync + 'static {
+/// tower's `Service`, and by reference: a request's way down the stack is one future, boxed
+/// once at the stack's top ([`Top`]), which holds the one reference count a request takes on
+/// the layers. Every worker thread shares those counts, and each change of one moves its
+/// cache line between cores: a clone per layer would cost every request a dozen such moves.
+pub trait Next: Send + Sync + 'static {
     /// Send `req` through the rest of the stack.
-    fn send(self, req: ProxyRequest) -> impl Future<Output = Answer> + Send + 'static;
+    fn send(&self, req: ProxyRequest) -> impl Future<Output = Answer> + Send + '_;
 }
 
 /// Any tower service as the rest of a stack (the tests' fake upstreams).
@@ -56,14 +58,14 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
-    fn send(self, req: ProxyRequest) -> impl Future<Output = Answer> + Send + 'static {
-        tower::ServiceExt::oneshot(self.0, req)
+    fn send(&self, req: ProxyRequest) -> impl Future<Output = Answer> + Send + '_ {
+        tower::ServiceExt::oneshot(self.0.clone(), req)
     }
 }
 
 /// An optional layer (`ServiceBuilder::option_layer`): the layer, or the rest of the stack.
 impl<A: Next, B: Next> Next for tower::util::Either<A, B> {
-    fn send(self, req: ProxyRequest) -> impl Future<Output = Answer> + Send + 'static {
+    fn send(&self, req: ProxyRequest) -> impl Future<Output = Answer> + Send + '_ {
         match self {
             Self::Left(a) => futures_util::future::Either::Left(a.send(req)),
             Self::Right(b) => futures_util::future::Either::Right(b.send(req)),
@@ -71,14 +73,14 @@ impl<A: Next, B: Next> Next for tower::util::Either<A, B> {
     }
 }
 
-/// What a layer does with one request, `next` being the rest of the stack (a clone of it, to
-/// call once or, for retries, to clone again per attempt).
+/// What a layer does with one request, `next` being the rest of the stack (to call once or,
+/// for retries, once per attempt).
 pub trait Middleware: Send + Sync + 'static {
-    fn call<S: Next>(
-        self: Arc<Self>,
-        next: S,
+    fn call<'a, S: Next>(
+        self: &'a Arc<Self>,
+        next: &'a S,
         req: ProxyRequest,
-    ) -> impl Future<Output = Answer> + Send + 'static;
+    ) -> impl Future<Output = Answer> + Send + 'a;
 }
 
 /// The layer for middleware `M`, sharing one `M` among all its services.
@@ -104,7 +106,7 @@ impl<M, S> tower::Layer<S> for SharedLayer<M> {
     type Service = Wrapped<M, S>;
     fn layer(&self, inner: S) -> Wrapped<M, S> {
         Wrapped {
-            inner: Arc::new(inner),
+            inner,
             shared: Arc::clone(&self.shared),
         }
     }
@@ -112,32 +114,28 @@ impl<M, S> tower::Layer<S> for SharedLayer<M> {
 
 /// Middleware `M` in front of `inner`. Always ready: waiting happens inside the call, bounded
 /// by the request's deadline.
-///
-/// The rest of the stack sits behind an `Arc`: each call hands the middleware a clone of it,
-/// which is then two reference counts, not a copy of every layer below (that made a request
-/// through six layers clone and drop the stack's handles some twenty times over).
 pub struct Wrapped<M, S> {
-    inner: Arc<S>,
+    inner: S,
     shared: Arc<M>,
 }
 
-impl<M, S> Clone for Wrapped<M, S> {
+impl<M, S: Clone> Clone for Wrapped<M, S> {
     fn clone(&self) -> Self {
         Self {
-            inner: Arc::clone(&self.inner),
+            inner: self.inner.clone(),
             shared: Arc::clone(&self.shared),
         }
     }
 }
 
 impl<M: Middleware, S: Next> Next for Wrapped<M, S> {
-    fn send(self, req: ProxyRequest) -> impl Future<Output = Answer> + Send + 'static {
-        self.shared.call(S::clone(&self.inner), req)
+    fn send(&self, req: ProxyRequest) -> impl Future<Output = Answer> + Send + '_ {
+        self.shared.call(&self.inner, req)
     }
 }
 
 /// A layer alone as a tower service (its own tests call it so); its future is boxed.
-impl<M: Middleware, S: Next> tower::Service<ProxyRequest> for Wrapped<M, S> {
+impl<M: Middleware, S: Next + Clone> tower::Service<ProxyRequest> for Wrapped<M, S> {
     type Response = Response<Body>;
     type Error = ProxyError;
     type Future = BoxFuture;
@@ -147,7 +145,33 @@ impl<M: Middleware, S: Next> tower::Service<ProxyRequest> for Wrapped<M, S> {
     }
 
     fn call(&mut self, req: ProxyRequest) -> BoxFuture {
-        Box::pin(self.clone().send(req))
+        let this = self.clone();
+        Box::pin(async move { this.send(req).await })
+    }
+}
+
+/// The layers of a stack behind one `Arc`, as the tower service [`CatchPanicLayer`] wraps:
+/// a call takes one reference count, and its future owns it while the layers below borrow.
+pub struct Top<S>(Arc<S>);
+
+impl<S> Clone for Top<S> {
+    fn clone(&self) -> Self {
+        Self(Arc::clone(&self.0))
+    }
+}
+
+impl<S: Next> tower::Service<ProxyRequest> for Top<S> {
+    type Response = Response<Body>;
+    type Error = ProxyError;
+    type Future = BoxFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: ProxyRequest) -> BoxFuture {
+        let stack = Arc::clone(&self.0);
+        Box::pin(async move { stack.send(req).await })
     }
 }
 
@@ -193,12 +217,12 @@ impl CatchPanicLayer {
 }
 
 impl<S> tower::Layer<S> for CatchPanicLayer {
-    type Service = CatchPanic<S>;
+    type Service = CatchPanic<Top<S>>;
 
-    fn layer(&self, inner: S) -> CatchPanic<S> {
+    fn layer(&self, inner: S) -> CatchPanic<Top<S>> {
         let unwrap: fn(Request<ProxyRequest>) -> ProxyRequest = Request::into_body;
         CatchPanic(tower_http::catch_panic::CatchPanic::custom(
-            MapRequest::new(inner, unwrap),
+            MapRequest::new(Top(Arc::new(inner)), unwrap),
             self.0.clone(),
         ))
     }

@@ -6,7 +6,6 @@ use std::future::Future;
 use std::sync::Arc;
 
 use http::StatusCode;
-use prometheus::{IntCounter, IntGauge};
 use tokio::time::Instant;
 
 use crate::body::{Guard, Guarded};
@@ -28,30 +27,27 @@ pub fn layer(metrics: UpstreamMetrics) -> MetricsLayer {
 }
 
 /// Lowers the in-flight gauge when the response body is dropped; counts bytes out.
-struct InFlight {
-    gauge: IntGauge,
-    bytes: IntCounter,
-}
+struct InFlight(UpstreamMetrics);
 
 impl Guard for InFlight {
     fn on_data(&mut self, len: usize) {
-        self.bytes.inc_by(len as u64);
+        self.0.response_bytes.inc_by(len as u64);
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.gauge.dec();
+        self.0.in_flight.dec();
     }
 }
 
 impl Middleware for RecordMetrics {
-    fn call<S: Next>(
-        self: Arc<Self>,
-        next: S,
+    fn call<'a, S: Next>(
+        self: &'a Arc<Self>,
+        next: &'a S,
         req: ProxyRequest,
-    ) -> impl Future<Output = Answer> + Send + 'static {
-        let m = self.metrics.clone();
+    ) -> impl Future<Output = Answer> + Send + 'a {
+        let m = &self.metrics;
         m.in_flight.inc();
         m.request_bytes.inc_by(req.target.body.len() as u64);
         if client_retry_count(&req) > 0 {
@@ -63,10 +59,7 @@ impl Middleware for RecordMetrics {
         req.ctx().entered_stack(start);
         // Made before the wait, so a request cancelled before its head (client gone) still
         // lowers the gauge when its future is dropped.
-        let guard = InFlight {
-            gauge: m.in_flight.clone(),
-            bytes: m.response_bytes.clone(),
-        };
+        let guard = InFlight(m.clone());
         async move {
             // The rest of the stack made here, not outside: a future both held by this one
             // and awaited in it would take its room twice.

@@ -106,8 +106,8 @@ impl tower::Service<ProxyRequest> for Stack {
 }
 
 impl layer::Next for UpstreamClient {
-    fn send(self, req: ProxyRequest) -> impl Future<Output = layer::Answer> + Send + 'static {
-        UpstreamClient::send(&self, req)
+    fn send(&self, req: ProxyRequest) -> impl Future<Output = layer::Answer> + Send + '_ {
+        UpstreamClient::send(self, req)
     }
 }
 

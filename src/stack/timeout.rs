@@ -28,7 +28,7 @@ pub fn layer(per_try: Duration, metrics: UpstreamMetrics) -> TimeoutLayer {
 }
 
 impl Middleware for TryTimeout {
-    async fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> Answer {
+    async fn call<S: Next>(self: &Arc<Self>, next: &S, req: ProxyRequest) -> Answer {
         let start = Instant::now();
         let remaining = req.ctx().deadline.saturating_duration_since(start);
         if remaining.is_zero() {

@@ -221,18 +221,15 @@ impl Drop for ProbeSlot<'_> {
 pub type BreakerLayer = SharedLayer<BreakerShared>;
 
 impl Middleware for BreakerShared {
-    fn call<S: Next>(
-        self: Arc<Self>,
-        next: S,
+    fn call<'a, S: Next>(
+        self: &'a Arc<Self>,
+        next: &'a S,
         req: ProxyRequest,
-    ) -> impl Future<Output = Answer> + Send + 'static {
+    ) -> impl Future<Output = Answer> + Send + 'a {
         let shared = self;
         async move {
             let probe = shared.admit(req.ctx().wait_deadline).await?;
-            let mut slot = ProbeSlot {
-                shared: &shared,
-                probe,
-            };
+            let mut slot = ProbeSlot { shared, probe };
             let result = next.send(req).await;
             slot.probe = None;
             shared.record(Outcome::of(&result), probe);
@@ -448,7 +445,8 @@ mod tests {
             std::future::pending::<Result<Response<Body>, ProxyError>>()
         });
         let req = ProxyRequest::for_test("http://up/v1", Duration::from_secs(60));
-        let call = Arc::clone(&b).call(crate::stack::layer::Tower(never), req);
+        let never = crate::stack::layer::Tower(never);
+        let call = b.call(&never, req);
         assert!(tokio::time::timeout(Duration::from_millis(10), call)
             .await
             .is_err());

@@ -370,7 +370,7 @@ impl RateLimitShared {
     async fn through<S: Next>(
         &self,
         partition: &Arc<Partition>,
-        next: S,
+        next: &S,
         req: ProxyRequest,
         start: Instant,
     ) -> Result<Response<Body>, ProxyError> {
@@ -491,7 +491,7 @@ impl RateLimitShared {
     async fn pooled<S: Next>(
         &self,
         pool: &Pool,
-        next: S,
+        next: &S,
         req: ProxyRequest,
     ) -> Result<Response<Body>, ProxyError> {
         let mut tried = 0u64;
@@ -515,7 +515,7 @@ impl RateLimitShared {
             let _in_flight = pool.use_key(&key, &mut headers);
             attempt.headers = Arc::new(headers);
             let response = self
-                .through(&partition, next.clone(), attempt, Instant::now())
+                .through(&partition, next, attempt, Instant::now())
                 .await?;
             let (why, response) = refusal(response, &self.config, req.ctx().deadline).await;
             let Some(why) = why else {
@@ -621,7 +621,7 @@ impl RateLimitShared {
 pub type RateLimitLayer = SharedLayer<RateLimitShared>;
 
 impl Middleware for RateLimitShared {
-    async fn call<S: Next>(self: Arc<Self>, next: S, req: ProxyRequest) -> Answer {
+    async fn call<S: Next>(self: &Arc<Self>, next: &S, req: ProxyRequest) -> Answer {
         match &self.pool {
             Some(pool) if pool.applies(&req.headers) => {
                 Box::pin(self.pooled(pool, next, req)).await

@@ -142,11 +142,11 @@ impl RetryShared {
 pub type RetryLayer = SharedLayer<RetryShared>;
 
 impl Middleware for RetryShared {
-    fn call<S: Next>(
-        self: Arc<Self>,
-        next: S,
+    fn call<'a, S: Next>(
+        self: &'a Arc<Self>,
+        next: &'a S,
         req: ProxyRequest,
-    ) -> impl Future<Output = Answer> + Send + 'static {
+    ) -> impl Future<Output = Answer> + Send + 'a {
         run(next, req, self)
     }
 }
@@ -180,7 +180,7 @@ struct GiveUp {
 /// Send the request, then judge the answer (`read_response`, `read_error`), then wait
 /// (`throttle_sleep` for a throttle, `failure_sleep` for a failure) and send it again, until
 /// an answer is final or a bound gives up.
-async fn run<S: Next>(inner: S, req: ProxyRequest, shared: Arc<RetryShared>) -> Answer {
+async fn run<S: Next>(inner: &S, req: ProxyRequest, shared: &RetryShared) -> Answer {
     let metrics = &shared.metrics;
     shared.budget.deposit();
     // Failures retried (bounded by `max_retries` and the budget) and throttles retried
@@ -195,14 +195,14 @@ async fn run<S: Next>(inner: S, req: ProxyRequest, shared: Arc<RetryShared>) -> 
     let mut previous_answer: Option<Last> = None;
     loop {
         let attempts = retries + throttles;
-        let result = inner.clone().send(req.clone()).await;
+        let result = inner.send(req.clone()).await;
         let Retryable {
             last,
             reason,
             hint,
             throttle,
         } = match result {
-            Ok(response) => match read_response(response, &req, &shared).await {
+            Ok(response) => match read_response(response, &req, shared).await {
                 Ok(retryable) => retryable,
                 Err(done) => {
                     if !done.status().is_server_error() {
@@ -223,7 +223,7 @@ async fn run<S: Next>(inner: S, req: ProxyRequest, shared: Arc<RetryShared>) -> 
                         _ => e.label(),
                     };
                     return match previous_answer {
-                        Some(last) => give_up(last, attempts, why, e.retry_after(), &shared),
+                        Some(last) => give_up(last, attempts, why, e.retry_after(), shared),
                         None => Err(e),
                     };
                 }
@@ -236,18 +236,18 @@ async fn run<S: Next>(inner: S, req: ProxyRequest, shared: Arc<RetryShared>) -> 
             served = now_served;
         }
         let sleep = match &throttle {
-            Some(t) => throttle_sleep(t, hint, throttles, attempts, &req, &shared),
-            None => failure_sleep(hint, retries, rung, previous, attempts, &shared),
+            Some(t) => throttle_sleep(t, hint, throttles, attempts, &req, shared),
+            None => failure_sleep(hint, retries, rung, previous, attempts, shared),
         };
         let sleep = match sleep {
             Ok(sleep) => sleep,
-            Err(g) => return give_up(last, g.attempts, g.why, g.retry_after, &shared),
+            Err(g) => return give_up(last, g.attempts, g.why, g.retry_after, shared),
         };
         if Instant::now() + sleep >= req.ctx().deadline {
             // A throttle the deadline cannot wait for is marked even on its first answer: the
             // client's own loop would only meet the same limit.
             let marked = attempts + u32::from(throttle.is_some());
-            return give_up(last, marked, "deadline", hint, &shared);
+            return give_up(last, marked, "deadline", hint, shared);
         }
         previous_answer = Some(last);
         metrics.retry(reason);

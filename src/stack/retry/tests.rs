@@ -40,7 +40,7 @@ impl Script {
             calls: Arc::default(),
         }
     }
-    fn service(&self) -> impl crate::stack::layer::Next {
+    fn service(&self) -> impl crate::stack::layer::Next + Clone {
         let s = self.clone();
         Tower(tower::service_fn(move |_req: ProxyRequest| {
             let s = s.clone();
@@ -87,7 +87,7 @@ async fn a_400_is_returned_on_the_first_attempt() {
 
 /// Retry over the rate limit layer (learning off, no ceilings): the pause a 429 sets is what
 /// holds a throttled retry, as in the real stack.
-fn retry_over_rate_limit<S: crate::stack::layer::Next>(
+fn retry_over_rate_limit<S: crate::stack::layer::Next + Clone>(
     config: &RetryConfig,
     seed: u64,
     inner: S,

@@ -10,7 +10,6 @@ use http::header::{HeaderName, HeaderValue};
 use http::uri::{Authority, Scheme};
 use http::{Method, Response, Uri};
 use tokio::time::Instant;
-use tower::ServiceExt;
 
 use crate::body::{Body, TimeoutKind};
 use crate::config::{HeaderMode, Priority, UpstreamConfig};
@@ -229,7 +228,7 @@ impl Upstream {
             target: Arc::clone(&target),
             headers: Arc::new(headers),
         };
-        let result = self.stack.clone().oneshot(request).await;
+        let result = self.stack.send(request).await;
         let ctx = &target.ctx;
         let tally = |ctx: &RequestCtx| Tally {
             attempts: ctx.attempts(),

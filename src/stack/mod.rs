@@ -65,6 +65,12 @@ impl Stack {
     pub(crate) fn new<S: Call + 'static>(service: S) -> Self {
         Self(Arc::new(service))
     }
+
+    /// Send one request through the stack, without taking a count on it: the future owns
+    /// what it needs (tower's `oneshot` would take a clone of the stack first).
+    pub fn send(&self, req: ProxyRequest) -> StackFuture {
+        self.0.call_cloned(req)
+    }
 }
 
 /// A service called through a shared reference: a clone of it takes the request.

@@ -424,11 +424,8 @@ async fn a_replica_that_joins_is_counted_at_once() {
     // A sends nothing more: only the fleet's channel can tell it. Bound: 2 s, where the
     // message and the call it prompts take milliseconds; without it A counts 1 for good (an
     // unconfigured key without headers has no shared bucket to keep a heartbeat).
-    let end = Instant::now() + Duration::from_secs(2);
-    while live(&get_json(&a, "/status").await) != Some(2) {
-        assert!(Instant::now() < end, "A still counts itself alone");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let counted = polled(&a, |v| live(v).filter(|&n| n == 2)).await;
+    assert_eq!(counted, Some(2), "A still counts itself alone");
     assert_eq!(live(&get_json(&b, "/status").await), Some(2));
 }
 

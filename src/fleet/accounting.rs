@@ -230,6 +230,9 @@ pub(super) struct Account {
     /// This replica's estimate of its share of the key's request rate and its demand, to
     /// publish with the next call.
     pub(super) estimate: Option<(f64, f64)>,
+    /// This replica's pace (capped by the 429s) and demand, moved since the last published, to
+    /// publish.
+    pub(super) pace_news: Option<(f64, f64)>,
     pub(super) live: u64,
     pub(super) share: Option<Arc<Share>>,
     /// After a call granted less than it asked (the shared bucket queued far ahead), no
@@ -291,6 +294,7 @@ impl Account {
             refused: 0,
             edge_at: None,
             estimate: None,
+            pace_news: None,
             live: 1,
             share: None,
             not_before: None,
@@ -541,6 +545,7 @@ impl Account {
             refused: if pause_ms > 0 || edge { refused } else { 0 },
             edge,
             estimate: self.estimate.take(),
+            pace: self.pace_news.take(),
             kinds,
         }
     }

@@ -23,7 +23,11 @@
 -- rate (from those windows, when the upstream reports no limit) and its demand, published
 -- ("PAUSE-KEY share RATE DEMAND REPLICA"): the replicas add the shares up to the key's rate
 -- and split it by demand. ARGV[26] and ARGV[27]: the requests and tokens the caller sent after
--- the attempt whose report its learned level is (the report has not seen them).
+-- the attempt whose report its learned level is (the report has not seen them). ARGV[28]
+-- "PACE DEMAND" ("-": none): the caller's pace, capped by the 429s of a key that reports no
+-- limit, and its demand, published ("PAUSE-KEY pace PACE DEMAND REPLICA"): the replicas split
+-- the sum of their paces by demand (a replica whose queue ran dry leaves its part to those
+-- still queued).
 --
 -- Returns, per bucket (requests, then tokens): units granted, the level before the grant, the
 -- rate, the burst (rate "0": nothing known, the bucket does not gate) and its epoch (set when
@@ -136,6 +140,9 @@ if throttled > 0 and ARGV[24] == '1' then
 end
 if ARGV[25] and ARGV[25] ~= '-' then
   redis.call('PUBLISH', ARGV[20], KEYS[3] .. ' share ' .. ARGV[25] .. ' ' .. ARGV[1])
+end
+if ARGV[28] and ARGV[28] ~= '-' then
+  redis.call('PUBLISH', ARGV[20], KEYS[3] .. ' pace ' .. ARGV[28] .. ' ' .. ARGV[1])
 end
 
 if ARGV[3] == '1' then

@@ -12,7 +12,7 @@
 //! last known limit instead, and the task probes Redis while requests come.
 
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Once, Weak};
 use std::time::Duration;
 
@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use super::accounting::{Account, Admission, Holding, KINDS, REQUESTS, TOKENS};
 pub use super::accounting::{IDLE_RETURN, MIN_BLOCK};
 use super::script::{pause_end, CallArgs};
-use super::shares::Shares;
+use super::shares::{MyPace, Paces, Shares};
 use super::{CallError, Fleet};
 use crate::config::UpstreamConfig;
 use crate::metrics::FleetMode;
@@ -37,6 +37,10 @@ pub struct Peers {
     pub edge: Box<dyn Fn(bool, bool) -> Option<f64> + Send + Sync>,
     /// This replica's part of the key's request rate, as the fleet's shares add up.
     pub share: Box<dyn Fn(f64) + Send + Sync>,
+    /// The requests pacer's pace, when the 429s of a key that reports no limit cap it.
+    pub pace: Box<dyn Fn() -> Option<f64> + Send + Sync>,
+    /// This replica's part of the fleet's paces split by demand, as a multiple of its own.
+    pub scale: Box<dyn Fn(f64) + Send + Sync>,
 }
 
 /// One partition's lease.
@@ -55,8 +59,14 @@ pub struct Lease {
     peers: Peers,
     /// The replicas' latest shares of the key's request rate.
     shares: Mutex<Shares>,
+    /// The replicas' latest paces, capped by the 429s, and their demands.
+    paces: Mutex<Paces>,
+    /// This replica's pace and demand as published.
+    mine: Mutex<MyPace>,
     /// Requests waiting on the partition (the demand).
     queued: Arc<AtomicUsize>,
+    /// Answers to the partition's attempts, counted ([`Lease::answered`]).
+    answers: AtomicU64,
 }
 
 impl std::fmt::Debug for Lease {
@@ -98,7 +108,10 @@ impl Lease {
             started: Once::new(),
             peers,
             shares: Mutex::new(Shares::default()),
+            paces: Mutex::new(Paces::default()),
+            mine: Mutex::new(MyPace::default()),
             queued,
+            answers: AtomicU64::new(0),
         })
     }
 
@@ -124,6 +137,53 @@ impl Lease {
         self.wake.notify_one();
     }
 
+    /// An attempt of the partition's was answered (what it sends, when none waits).
+    pub fn answered(&self) {
+        self.answers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// When this replica's pace and demand are next checked: while no shared bucket divides
+    /// the key, until an idle demand is published and no request waits.
+    fn pace_due(&self, now: Instant) -> Option<Instant> {
+        if self.shared_requests() {
+            return None;
+        }
+        let active = self.queued.load(Ordering::Acquire) > 0;
+        lock(&self.mine).due(active, now)
+    }
+
+    /// Check this replica's pace and demand at `now`: when the 429s cap the pace and either
+    /// moved far from what was published, publish them with the next call.
+    fn check_pace(&self, now: Instant) {
+        if self.pace_due(now).is_none_or(|due| due > now) {
+            return;
+        }
+        let pace = (self.peers.pace)();
+        let answers = self.answers.load(Ordering::Relaxed);
+        let queued = self.queued.load(Ordering::Acquire);
+        let Some(news) = lock(&self.mine).check(now, pace, queued, answers) else {
+            return;
+        };
+        let mut s = lock(&self.account);
+        s.pace_news = Some(news);
+        s.urgent = true;
+    }
+
+    /// `replica` (this one too: the channel echoes it) published its pace and demand: this
+    /// replica sends at its part of the paces' sum, split by demand.
+    pub(super) fn peer_pace(&self, replica: &str, pace: f64, demand: f64) {
+        if self.shared_requests() {
+            return;
+        }
+        let mut paces = lock(&self.paces);
+        paces.heard(replica, pace, demand, Instant::now());
+        let scale = paces.scale(&self.fleet.replica);
+        drop(paces);
+        if let Some(scale) = scale {
+            (self.peers.scale)(scale);
+        }
+    }
+
     /// Whether a shared requests bucket (configured, or learned from the provider's headers)
     /// divides the key among the replicas: then the peers' refusals and shares have nothing
     /// to add (they are for a key whose rate only the 429s show).
@@ -132,16 +192,16 @@ impl Lease {
     }
 
     /// For each bucket (requests, tokens), the replicas that read the provider's reports of it
-    /// with nothing dividing it: the live ones while Redis has no shared bucket of its kind, else
-    /// 1 (the shared bucket divides it).
-    pub fn undivided(&self) -> [u64; 2] {
+    /// with nothing dividing it (the live ones while Redis has no shared bucket of its kind, else
+    /// 1), and whether a shared bucket divides it.
+    pub fn undivided(&self) -> [(u64, bool); 2] {
         let s = lock(&self.account);
         let live = s.live.max(1);
         [0, 1].map(|k| {
             if s.holdings[k].shared.is_some() {
-                1
+                (1, true)
             } else {
-                live
+                (live, false)
             }
         })
     }
@@ -187,6 +247,10 @@ impl Lease {
     /// A request arrived at the partition (its demand).
     pub fn arrived(&self) {
         lock(&self.account).arrivals.record(Instant::now());
+        if self.queued.load(Ordering::Acquire) == 1 && !self.shared_requests() {
+            // Requests wait again (perhaps after an idle demand was published): check it.
+            self.wake.notify_one();
+        }
     }
 
     /// Whether the shared tokens bucket gates (so requests need a token estimate).
@@ -419,15 +483,17 @@ async fn refill(lease: Weak<Lease>) {
             return;
         }
         let now = Instant::now();
+        lease.check_pace(now);
         let at = lease.next_call(now);
         if at <= now {
             lease.call_once().await;
             continue;
         }
         let woken = lease.wake.notified();
+        let check = lease.pace_due(now).map_or(at, |due| due.min(at));
         tokio::select! {
             () = woken => {}
-            () = tokio::time::sleep_until(at) => {}
+            () = tokio::time::sleep_until(check) => {}
         }
     }
 }

@@ -186,7 +186,8 @@ impl Fleet {
             Message::Pause { key, .. }
             | Message::Learned { key }
             | Message::Joined { key }
-            | Message::Share { key, .. } => key,
+            | Message::Share { key, .. }
+            | Message::Pace { key, .. } => key,
             // This replica's own refusal taught its pacers already.
             Message::Throttled { replica, .. } if replica == self.replica => return,
             Message::Throttled { key, .. } => key,
@@ -205,6 +206,12 @@ impl Fleet {
                         replica,
                         ..
                     } => lease.peer_share(replica, rate, demand),
+                    Message::Pace {
+                        pace,
+                        demand,
+                        replica,
+                        ..
+                    } => lease.peer_pace(replica, pace, demand),
                 }
             }
         }
@@ -559,6 +566,8 @@ mod tests {
                 pause: Box::new(move |until| record.lock().unwrap().push(until)),
                 edge: Box::new(|_, _| None),
                 share: Box::new(|_| {}),
+                pace: Box::new(|| None),
+                scale: Box::new(|_| {}),
             },
             Arc::default(),
         );
@@ -584,13 +593,14 @@ mod tests {
 
     /// A peer's refusal at a bucket's edge reaches this replica's pacers; its own (echoed by
     /// the channel) does not, having taught them already. Shares, its own among them, are
-    /// added up and split by demand.
+    /// added up and split by demand; so are paces.
     #[tokio::test]
-    async fn peers_refusals_and_shares_reach_the_partition() {
+    async fn peers_refusals_shares_and_paces_reach_the_partition() {
         let (fleet, upstream) = offline_fleet();
         let edges = Arc::new(Mutex::new(Vec::new()));
         let parts = Arc::new(Mutex::new(Vec::new()));
-        let (e, p) = (Arc::clone(&edges), Arc::clone(&parts));
+        let scales = Arc::new(Mutex::new(Vec::new()));
+        let (e, p, sc) = (Arc::clone(&edges), Arc::clone(&parts), Arc::clone(&scales));
         let lease = fleet.lease(
             &upstream,
             None,
@@ -601,6 +611,8 @@ mod tests {
                     None
                 }),
                 share: Box::new(move |part| p.lock().unwrap().push(part)),
+                pace: Box::new(|| Some(50.0)),
+                scale: Box::new(move |scale| sc.lock().unwrap().push(scale)),
             },
             Arc::default(),
         );
@@ -615,11 +627,16 @@ mod tests {
         assert!(parts.lock().unwrap().is_empty(), "no share of its own yet");
         fleet.on_message(&format!("{key} share 2 30 {me}"));
         assert_eq!(*parts.lock().unwrap(), [6.0]);
+        fleet.on_message(&format!("{key} pace 50 100 peer"));
+        assert!(scales.lock().unwrap().is_empty(), "no pace of its own yet");
+        // 100/s between them; this replica has three quarters of the demand: 75/s.
+        fleet.on_message(&format!("{key} pace 50 300 {me}"));
+        assert_eq!(*scales.lock().unwrap(), [1.5]);
         // Where a shared bucket divides the key (here a configured limit), they add nothing.
         let mut limited = upstream.clone();
         limited.limits.rpm = std::num::NonZeroU32::new(600);
         let calls = Arc::new(Mutex::new(0));
-        let (e, s) = (Arc::clone(&calls), Arc::clone(&calls));
+        let (e, s, c) = (Arc::clone(&calls), Arc::clone(&calls), Arc::clone(&calls));
         let lease = fleet.lease(
             &limited,
             Some(b"another key".as_slice()),
@@ -630,6 +647,8 @@ mod tests {
                     None
                 }),
                 share: Box::new(move |_| *s.lock().unwrap() += 1),
+                pace: Box::new(|| Some(50.0)),
+                scale: Box::new(move |_| *c.lock().unwrap() += 1),
             },
             Arc::default(),
         );
@@ -637,6 +656,8 @@ mod tests {
         assert_ne!(key, first_key);
         fleet.on_message(&format!("{key} throttled 1 peer"));
         fleet.on_message(&format!("{key} share 2 30 {me}"));
+        fleet.on_message(&format!("{key} pace 50 100 peer"));
+        fleet.on_message(&format!("{key} pace 50 300 {me}"));
         assert_eq!(*calls.lock().unwrap(), 0);
     }
 

@@ -30,6 +30,8 @@ pub(super) struct CallArgs {
     pub edge: bool,
     /// This replica's estimate of its share of the key's rate, and its demand, to publish.
     pub estimate: Option<(f64, f64)>,
+    /// This replica's pace (capped by the 429s) and its demand, to publish.
+    pub pace: Option<(f64, f64)>,
     pub kinds: [KindArgs; 2],
 }
 
@@ -88,6 +90,10 @@ impl CallArgs {
         for kind in &self.kinds {
             invocation.arg(kind.unseen);
         }
+        invocation.arg(match self.pace {
+            Some((pace, demand)) => format!("{pace:.3} {demand:.3}"),
+            None => "-".to_owned(),
+        });
         invocation
     }
 }
@@ -142,6 +148,14 @@ pub(super) enum Message<'a> {
         demand: f64,
         replica: &'a str,
     },
+    /// "PAUSE-KEY pace PACE DEMAND REPLICA": `replica`'s pace, capped by the 429s, and its
+    /// demand.
+    Pace {
+        key: &'a str,
+        pace: f64,
+        demand: f64,
+        replica: &'a str,
+    },
 }
 
 impl<'a> Message<'a> {
@@ -171,6 +185,12 @@ impl<'a> Message<'a> {
             "share" => Some(Self::Share {
                 key,
                 rate: number(words.next())?,
+                demand: number(words.next())?,
+                replica: words.next()?,
+            }),
+            "pace" => Some(Self::Pace {
+                key,
+                pace: number(words.next())?,
                 demand: number(words.next())?,
                 replica: words.next()?,
             }),
@@ -237,7 +257,18 @@ mod tests {
                 ..
             })
         ));
+        assert!(matches!(
+            Message::parse("k pace 52.5 0 host:1"),
+            Some(Message::Pace {
+                key: "k",
+                demand: 0.0,
+                replica: "host:1",
+                ..
+            })
+        ));
         for bad in [
+            "k pace 1 -2 r",
+            "k pace 3 r",
             "k throttled 0 r",
             "k throttled 4 r",
             "k throttled 1",

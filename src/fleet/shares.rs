@@ -13,6 +13,14 @@ use tokio::time::Instant;
 const SHARE_ROUND: Duration = Duration::from_secs(1);
 /// At most this many replicas' shares are kept (the oldest go first).
 const MAX_SHARES: usize = 1024;
+/// A replica's pace is forgotten this long after it was heard (it may have left the key).
+const PACE_KEEP: Duration = Duration::from_secs(10);
+/// While its pace is capped by the 429s, a replica checks it and its demand this often...
+pub(super) const PACE_CHECK: Duration = Duration::from_millis(100);
+/// ...and publishes them when its demand moved this many times from the one published...
+const DEMAND_MOVED: f64 = 2.0;
+/// ...or its pace by this share of the one published.
+const PACE_MOVED: f64 = 0.1;
 
 /// The replicas' latest shares of the key's request rate, each estimated from the throttle
 /// windows every replica closes at every refusal in the fleet: added up they are the key's
@@ -49,6 +57,101 @@ impl Shares {
     }
 }
 
+/// The paces of the replicas on a key whose rate only the 429s show, and their demands, as
+/// each published them. Each replica's pace is its own AIMD on the 429s; added up they are
+/// what the fleet sends, which is all it knows of the key's rate between 429s. Each replica
+/// sends at its part of that sum split by demand, so the queues drain together: split by the
+/// paces alone, the last queue of a herd to drain finished at its part of the key, a tenth of
+/// the run after the others.
+#[derive(Debug, Default)]
+pub(super) struct Paces {
+    /// Per replica: its pace (units/s), its demand, when it was heard.
+    latest: Vec<(String, f64, f64, Instant)>,
+}
+
+impl Paces {
+    /// `replica`'s pace and demand, heard at `now`.
+    pub(super) fn heard(&mut self, replica: &str, pace: f64, demand: f64, now: Instant) {
+        self.latest
+            .retain(|(r, .., at)| r != replica && now.saturating_duration_since(*at) <= PACE_KEEP);
+        if self.latest.len() >= MAX_SHARES {
+            self.latest.remove(0);
+        }
+        self.latest.push((replica.to_owned(), pace, demand, now));
+    }
+
+    /// `me`'s part of the paces' sum split by demand, as a multiple of its own pace, all as
+    /// published (its own as the channel echoed it); `None` until `me` and a peer are heard, or
+    /// with no demand.
+    pub(super) fn scale(&self, me: &str) -> Option<f64> {
+        let (_, pace, demand, _) = self.latest.iter().find(|(r, ..)| r == me)?;
+        let (sum, wanted) = self
+            .latest
+            .iter()
+            .fold((0.0, 0.0), |(s, d), p| (s + p.1, d + p.2));
+        (self.latest.len() > 1 && wanted > 0.0 && *pace > 0.0).then(|| sum * demand / wanted / pace)
+    }
+}
+
+/// This replica's side of [`Paces`]: the pace and demand it published, and when it last
+/// checked them against what it now has (its pace, its queue, what it sends when none waits).
+#[derive(Debug, Default)]
+pub(super) struct MyPace {
+    /// The pace and demand published last.
+    published: Option<(f64, f64)>,
+    /// When they were last checked, and the answers counted by then.
+    checked: Option<(Instant, u64)>,
+}
+
+impl MyPace {
+    /// When the next check is due: while requests wait (`active`), or until an idle demand
+    /// follows a busy one.
+    pub(super) fn due(&self, active: bool, now: Instant) -> Option<Instant> {
+        let busy = self.published.is_some_and(|(_, demand)| demand > 0.0);
+        if !active && !busy {
+            return None;
+        }
+        Some(self.checked.map_or(now, |(at, _)| at + PACE_CHECK))
+    }
+
+    /// What to publish at `now`, if anything moved far enough since the last: `pace` (`None`:
+    /// not capped by the 429s, nothing to say) and the demand: the requests waiting
+    /// (`queued`), or without a queue what was sent since the last check (`answers` counted
+    /// now).
+    pub(super) fn check(
+        &mut self,
+        now: Instant,
+        pace: Option<f64>,
+        queued: usize,
+        answers: u64,
+    ) -> Option<(f64, f64)> {
+        let (at, counted) = self.checked.unwrap_or((now, answers));
+        let dt = now.saturating_duration_since(at);
+        if self.checked.is_some() && dt < PACE_CHECK {
+            return None;
+        }
+        self.checked = Some((now, answers));
+        let pace = pace?;
+        let demand = if queued > 0 {
+            queued as f64
+        } else if dt.is_zero() {
+            0.0
+        } else {
+            answers.saturating_sub(counted) as f64 / dt.as_secs_f64()
+        };
+        let moved = self.published.is_none_or(|(p, d)| {
+            demand * DEMAND_MOVED < d
+                || demand > d * DEMAND_MOVED
+                || (pace - p).abs() > PACE_MOVED * p
+        });
+        if !moved {
+            return None;
+        }
+        self.published = Some((pace, demand));
+        Some((pace, demand))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,5 +176,71 @@ mod tests {
             shares.heard(&i.to_string(), 1.0, 1.0, "a", later);
         }
         assert!(shares.latest.len() <= MAX_SHARES);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn paces_add_up_and_split_by_demand() {
+        let now = Instant::now();
+        let mut paces = Paces::default();
+        paces.heard("a", 50.0, 100.0, now);
+        assert_eq!(paces.scale("a"), None, "no peer heard");
+        for (r, pace) in [("b", 60.0), ("c", 45.0), ("d", 45.0)] {
+            paces.heard(r, pace, 100.0, now);
+        }
+        assert_eq!(paces.scale("x"), None, "not heard itself");
+        // 200/s between them, equal demands: a fourth each, 50/s, its own pace.
+        assert_eq!(paces.scale("a"), Some(1.0));
+        assert_eq!(paces.scale("c"), Some(50.0 / 45.0));
+        // "d" ran dry: its part goes to the three still queued.
+        paces.heard("d", 45.0, 0.0, now);
+        let part = paces.scale("a").unwrap() * 50.0;
+        assert!((part - 200.0 / 3.0).abs() < 1e-9, "{part}");
+        // A queue three times the others': three fifths.
+        paces.heard("a", 50.0, 300.0, now);
+        assert_eq!(paces.scale("a"), Some(120.0 / 50.0));
+        // Every demand gone: none; peers long unheard are forgotten.
+        for r in ["a", "b", "c"] {
+            paces.heard(r, 50.0, 0.0, now);
+        }
+        assert_eq!(paces.scale("a"), None);
+        let later = now + PACE_KEEP * 2;
+        paces.heard("e", 20.0, 10.0, later);
+        paces.heard("a", 20.0, 10.0, later);
+        assert_eq!(paces.scale("a"), Some(1.0));
+        assert_eq!(paces.latest.len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pace_is_published_when_it_or_its_demand_moves() {
+        let t0 = Instant::now();
+        let mut mine = MyPace::default();
+        assert_eq!(
+            mine.due(false, t0),
+            None,
+            "an idle partition is never checked"
+        );
+        assert_eq!(mine.due(true, t0), Some(t0));
+        // Not capped: nothing to say.
+        assert_eq!(mine.check(t0, None, 100, 0), None);
+        let t1 = t0 + PACE_CHECK;
+        assert_eq!(mine.due(true, t0), Some(t1));
+        assert_eq!(mine.check(t1, Some(50.0), 100, 3), Some((50.0, 100.0)));
+        // Too soon; then a queue down by less than half, a pace up by less than a tenth.
+        assert_eq!(mine.check(t1 + PACE_CHECK / 2, Some(50.0), 10, 5), None);
+        let t2 = t1 + PACE_CHECK;
+        assert_eq!(mine.check(t2, Some(54.0), 60, 8), None);
+        // The pace up by a fifth; then the queue halved.
+        let t3 = t2 + PACE_CHECK;
+        assert_eq!(mine.check(t3, Some(60.0), 60, 13), Some((60.0, 60.0)));
+        let t4 = t3 + PACE_CHECK;
+        assert_eq!(mine.check(t4, Some(60.0), 29, 19), Some((60.0, 29.0)));
+        // The queue ran dry and nothing was sent since: idle, then no more checks.
+        let t5 = t4 + PACE_CHECK;
+        assert_eq!(mine.check(t5, Some(60.0), 0, 19), Some((60.0, 0.0)));
+        assert_eq!(mine.due(false, t5), None);
+        // Requests again, sent without a queue (5 in 0.1 s): 50/s.
+        let t6 = t5 + PACE_CHECK;
+        assert_eq!(mine.due(true, t5), Some(t6));
+        assert_eq!(mine.check(t6, Some(60.0), 0, 24), Some((60.0, 50.0)));
     }
 }

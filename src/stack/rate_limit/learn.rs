@@ -144,6 +144,11 @@ pub const STORM: Duration = Duration::from_secs(1);
 const ADMITTED_WINDOW: Duration = Duration::from_secs(1);
 /// Admitted units are counted in slots of this length.
 const ADMITTED_SLOT: Duration = Duration::from_millis(50);
+/// A replica's part of the fleet's paces is at most this many times its own cap...
+const MAX_SCALE: f64 = 16.0;
+/// ...and at least this share of it: one that published no demand may have requests again
+/// before its next word reaches the others, and its waiters sleep to the pace they were given.
+const MIN_SCALE: f64 = 0.25;
 /// A header model caught lying is distrusted this long, doubling per demotion...
 const PROBATION: Duration = Duration::from_secs(60);
 /// ...up to this.
@@ -295,6 +300,12 @@ pub struct Pacer {
     drain: Drain,
     /// A `[fleet]` replica ([`Pacer::in_fleet`]).
     fleet: bool,
+    /// A bucket the fleet shares through Redis (configured, or learned from the headers)
+    /// divides the key among the replicas ([`Pacer::fleet_bucket`]).
+    fleet_bucket: bool,
+    /// This replica's part of the fleet's paces split by demand, as a multiple of its own cap
+    /// ([`Pacer::fleet_scale`]).
+    fleet_scale: f64,
 }
 
 impl Pacer {
@@ -343,6 +354,8 @@ impl Pacer {
             throttles: 0,
             admitted: Admitted::default(),
             drain: Drain::default(),
+            fleet_bucket: false,
+            fleet_scale: 1.0,
             fleet: false,
         }
     }
@@ -387,9 +400,10 @@ impl Pacer {
 
     /// The pace from the source, capped by what the 429s showed.
     fn pace(&self, now: Instant) -> f64 {
+        let scale = if self.splits() { self.fleet_scale } else { 1.0 };
         let cap = self.cap.map(|c| {
             // A cap never runs far ahead of what is actually sent.
-            c.at(now).min(c.rate.max(2.0 * self.meter.rate))
+            c.at(now).min(c.rate.max(2.0 * self.meter.rate)) * scale
         });
         let base = match self.source {
             Source::Headers | Source::Observed => self.header_rate / self.part(),

@@ -203,6 +203,7 @@ impl Partition {
             let shared = Arc::clone(&pause);
             let learners = pacers.as_ref().map(Arc::downgrade);
             let sharers = learners.clone();
+            let (readers, scalers) = (learners.clone(), learners.clone());
             // Each replica's phase after a peer's refusal, its own draw (`Pacer::peer_throttled`).
             let phases = Mutex::new(SmallRng::from_os_rng());
             let edge = move |requests: bool, tokens: bool| {
@@ -223,10 +224,22 @@ impl Partition {
                     lock(&pacers).requests.fleet_share(rate, Instant::now());
                 }
             };
+            let pace = move || {
+                let pacers = readers.as_ref().and_then(Weak::upgrade)?;
+                let pace = lock(&pacers).requests.fleet_pace(Instant::now());
+                pace
+            };
+            let scale = move |scale: f64| {
+                if let Some(pacers) = scalers.as_ref().and_then(Weak::upgrade) {
+                    lock(&pacers).requests.fleet_scale(scale, Instant::now());
+                }
+            };
             let peers = Peers {
                 pause: Box::new(move |until| shared.extend(until)),
                 edge: Box::new(edge),
                 share: Box::new(share),
+                pace: Box::new(pace),
+                scale: Box::new(scale),
             };
             fleet.lease(config, credential, peers, Arc::clone(&queued))
         });

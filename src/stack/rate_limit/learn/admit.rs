@@ -93,7 +93,7 @@ impl Pacer {
 
     /// [`admits`](Self::admits) with the pacer already refilled up to `now`.
     fn admits_refilled(&mut self, cost: f64, now: Instant) -> Result<Admission, Option<Duration>> {
-        if self.source == Source::None {
+        if self.source == Source::None || (self.source == Source::Aimd && self.paced_by_fleet()) {
             return Ok(Admission::Free);
         }
         if self.oversize(cost) {

@@ -6,8 +6,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Pacer, Source, Ticket, ALONE, BETA, GROWTH, GUESS_GROWTH, GUESS_HOLD, HOLD, MAX_GAP,
-    MIN_PRESSURE, MIN_RATE, MIN_WINDOW, REPEAT, SHARE_GROWTH, STORM,
+    Pacer, Source, Ticket, ALONE, BETA, GROWTH, GUESS_GROWTH, GUESS_HOLD, HOLD, MAX_GAP, MAX_SCALE,
+    MIN_PRESSURE, MIN_RATE, MIN_SCALE, MIN_WINDOW, REPEAT, SHARE_GROWTH, STORM,
 };
 
 /// What the 429s have shown (see the module doc: throttle windows).
@@ -94,10 +94,33 @@ impl Pacer {
         if ticket.seq <= log.cut_seq {
             return; // sent before the last event was taken in: part of it
         }
-        self.event(ticket, now);
+        self.event(ticket, now, true);
         if self.cap.is_some_and(|c| c.since == now) {
             self.peer_cap = false;
         }
+    }
+
+    /// The pace the 429s cap, for a `[fleet]` replica on a key whose rate only they show and
+    /// that no shared bucket divides (`None` otherwise): what it publishes for the replicas to
+    /// split by demand ([`Pacer::fleet_scale`]).
+    pub fn fleet_pace(&self, now: Instant) -> Option<f64> {
+        self.cap.filter(|_| self.splits()).map(|c| c.at(now))
+    }
+
+    /// Whether the pace is split with the fleet's: see [`Pacer::fleet_pace`].
+    pub(super) fn splits(&self) -> bool {
+        self.fleet && !self.fleet_bucket && self.source == Source::Aimd
+    }
+
+    /// This replica's part of the fleet's paces split by demand, as a multiple of its own
+    /// (`scale`): it sends at that, while its own pace goes on moving with its 429s.
+    pub fn fleet_scale(&mut self, scale: f64, now: Instant) {
+        if !self.splits() || !scale.is_finite() {
+            return;
+        }
+        self.refill(now);
+        self.fleet_scale = scale.clamp(MIN_SCALE, MAX_SCALE);
+        self.rate = self.pace(now);
     }
 
     /// A peer on the key (a fleet replica) met this bucket empty `now`: the moment ends a
@@ -128,11 +151,36 @@ impl Pacer {
             seq: self.sent,
             cost: 0.0,
         };
-        self.event(edge, now);
+        self.event(edge, now, true);
         if self.cap.is_some_and(|c| c.since == now) {
             self.peer_cap = true;
         }
         self.rate = self.pace(now);
+    }
+
+    /// Whether a bucket the fleet shares through Redis divides the key (`divided`). A pacer
+    /// blind to the key's rate (no headers) then neither cuts nor caps on its 429s: the
+    /// refusal empties the shared bucket for every replica (`lease.lua`), which is the fleet's
+    /// answer to it, and a cut here would only hand this replica's part to its peers, to leave
+    /// it crawling through its queue once they are done (four replicas sharing a configured
+    /// limit, one of them cut four times in its first second: its last requests came in at a
+    /// ninth of the key's rate, 1.2-2.5x the bound). Past slow start it does not gate: the
+    /// shared bucket does.
+    pub fn fleet_bucket(&mut self, divided: bool) {
+        if divided && !self.fleet_bucket && self.blind() {
+            self.cap = None;
+            self.peer_cap = false;
+        }
+        self.fleet_bucket = divided;
+    }
+
+    /// Whether the shared bucket paces this pacer's key alone ([`Pacer::fleet_bucket`]).
+    pub(super) fn paced_by_fleet(&self) -> bool {
+        self.fleet_bucket && self.blind()
+    }
+
+    fn blind(&self) -> bool {
+        !matches!(self.source, Source::Headers | Source::Observed)
     }
 
     /// The provider's headers came: a cap the fleet set before them (a peer's refusal, or the
@@ -174,8 +222,8 @@ impl Pacer {
     }
 
     /// A throttle event marked by `ticket` (its own or a peer's): close the window since the last
-    /// one, and cap or cut the pace.
-    fn event(&mut self, ticket: Ticket, now: Instant) {
+    /// one, and cap the pace, or cut it (`may_cut`).
+    fn event(&mut self, ticket: Ticket, now: Instant, may_cut: bool) {
         let log = &mut self.throttle_log;
         let mut estimate = None;
         match log.last {
@@ -214,6 +262,7 @@ impl Pacer {
         let headers_pace =
             matches!(self.source, Source::Headers | Source::Observed) && self.header_rate > 0.0;
         match estimate {
+            _ if self.paced_by_fleet() => {}
             Some(e) => {
                 // What the upstream admitted between two moments it was empty: the rate
                 // itself, with no floor from the last second's successes (after a lull that
@@ -242,7 +291,7 @@ impl Pacer {
                     }
                 });
             }
-            None if repeat || !headers_pace => self.cut(now),
+            None if may_cut && (repeat || !headers_pace) => self.cut(now),
             None => {}
         }
         if !matches!(self.source, Source::Headers | Source::Observed) {

@@ -62,6 +62,9 @@ impl Partition {
         metrics: &UpstreamMetrics,
     ) {
         let now = Instant::now();
+        if let Some(lease) = &self.lease {
+            lease.answered();
+        }
         let reason = match outcome {
             Outcome::Throttled(429) => Some(throttle.map_or(Reason::Unknown, |t| t.reason)),
             _ => None,
@@ -151,8 +154,9 @@ impl Partition {
         }
         let own_wait_kept = full_after.0 || full_after.1;
         if let Some(lease) = &self.lease {
-            let [requests, tokens] = lease.undivided();
+            let [(requests, divided), (tokens, _)] = lease.undivided();
             p.requests.among(requests);
+            p.requests.fleet_bucket(divided);
             p.tokens.among(tokens);
         }
         p.requests

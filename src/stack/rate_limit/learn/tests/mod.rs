@@ -10,6 +10,7 @@ use super::*;
 use crate::provider::report;
 
 mod cuts;
+mod fleet;
 mod ramp;
 mod reports;
 mod rules;

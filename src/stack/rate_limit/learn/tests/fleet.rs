@@ -1,0 +1,94 @@
+//! A `[fleet]` replica's pacer: under a shared bucket, and its pace split with its peers'.
+
+use super::*;
+
+/// `pacer` sends one unit every 10 ms (100/s) from `from` for `ms`, each answered after
+/// `rtt` and admitted; returns when the last answer came.
+fn steady(pacer: &mut Pacer, from: Instant, ms: u64, rtt: Duration) -> Instant {
+    let mut in_flight = VecDeque::new();
+    let mut now = from;
+    for step in 0..ms + rtt.as_millis() as u64 {
+        now = from + Duration::from_millis(step);
+        if step < ms && step % 10 == 0 {
+            in_flight.push_back((now, pacer.admit_anyway(1.0, now)));
+        }
+        while in_flight
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) >= rtt)
+        {
+            let (_, t) = in_flight.pop_front().unwrap();
+            pacer.observe(t, Answer::Ok, None, now);
+        }
+    }
+    now
+}
+
+/// Under a bucket the fleet shares through Redis, a blind pacer's 429 cuts nothing and, past
+/// slow start, it gates nothing: the refusal empties the shared bucket for every replica,
+/// and a cut of this one's pace would only hand its part to the others. Without that bucket
+/// the same 429 cuts.
+#[test]
+fn a_blind_pacer_under_a_shared_bucket_leaves_the_pace_to_it() {
+    let start = Instant::now();
+    for shared in [true, false] {
+        let mut pacer = Pacer::new(Kind::Requests, 4096, 1.0, start);
+        pacer.in_fleet();
+        pacer.fleet_bucket(shared);
+        let now = steady(&mut pacer, start, 1000, Duration::from_millis(50));
+        let t = pacer.admit_anyway(1.0, now);
+        pacer.observe(t, Answer::RateLimited, None, now);
+        assert_eq!(pacer.source(), Source::Aimd);
+        if shared {
+            assert!(pacer.cap.is_none(), "no cut under the shared bucket");
+            for _ in 0..1000 {
+                assert!(matches!(pacer.admits(1.0, now), Ok(Admission::Free)));
+                pacer.admit_anyway(1.0, now);
+            }
+        } else {
+            assert!(pacer.cap.is_some(), "the 429 cuts without one");
+        }
+    }
+}
+
+/// A replica capped by the 429s publishes its pace; its part of the fleet's, split by demand,
+/// is a multiple of it that its pace takes (within bounds). A pacer not in a fleet, or under
+/// the provider's headers, has none.
+#[test]
+fn a_fleet_replica_paces_at_its_part_of_the_fleets_pace() {
+    let start = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 4096, 1.0, start);
+    assert_eq!(pacer.fleet_pace(start), None, "not capped");
+    pacer.in_fleet();
+    let now = steady(&mut pacer, start, 1000, Duration::from_millis(50));
+    let t = pacer.admit_anyway(1.0, now);
+    pacer.observe(t, Answer::RateLimited, None, now);
+    let pace = pacer.fleet_pace(now).expect("capped by the 429");
+    let alone = pacer.rate();
+    pacer.fleet_scale(2.0, now);
+    assert!(
+        (pacer.rate() - 2.0 * alone).abs() < 1e-6,
+        "{}",
+        pacer.rate()
+    );
+    assert_eq!(
+        pacer.fleet_pace(now),
+        Some(pace),
+        "its own pace is unchanged"
+    );
+    // A part of nothing (its queue ran dry) still leaves it a quarter.
+    pacer.fleet_scale(0.0, now);
+    assert!(
+        (pacer.rate() - alone / 4.0).abs() < 1e-6,
+        "{}",
+        pacer.rate()
+    );
+    // Not in a fleet: nothing to split.
+    let mut single = Pacer::new(Kind::Requests, 4096, 1.0, start);
+    let now = steady(&mut single, start, 1000, Duration::from_millis(50));
+    let t = single.admit_anyway(1.0, now);
+    single.observe(t, Answer::RateLimited, None, now);
+    let rate = single.rate();
+    single.fleet_scale(2.0, now);
+    assert_eq!(single.fleet_pace(now), None);
+    assert_eq!(single.rate(), rate);
+}

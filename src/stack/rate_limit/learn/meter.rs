@@ -2,6 +2,7 @@
 //! upstream admitted over the last window ([`Admitted`]).
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -85,11 +86,16 @@ impl Admitted {
     }
 
     /// Units per second over the window, or since the edge when that is shorter (but at
-    /// least a slot: one answer just after it is no rate).
-    pub(super) fn rate(&mut self, now: Instant) -> f64 {
+    /// least a slot: one answer just after it is no rate). Since the edge, the last `lag` (the
+    /// fastest round trip) is left out of the span: what was sent in it is not answered yet,
+    /// and counting its time without its units took a cut a tenth under what the upstream
+    /// admitted, a little lower at each 429 (four replicas at the key's rate, one 429: 15%
+    /// under it, for seconds).
+    pub(super) fn rate(&mut self, now: Instant, lag: Duration) -> f64 {
         self.expire(now);
         let span = self.edge.map_or(ADMITTED_WINDOW, |edge| {
             now.saturating_duration_since(edge)
+                .saturating_sub(lag)
                 .clamp(ADMITTED_SLOT, ADMITTED_WINDOW)
         });
         self.slots.iter().map(|(_, n)| n).sum::<f64>() / span.as_secs_f64()

@@ -337,7 +337,10 @@ impl Pacer {
         } else {
             self.meter.current(now)
         };
-        let rate = (current * BETA).max(self.admitted.rate(now)).max(MIN_RATE);
+        let lag = Duration::from_secs_f64(self.min_rtt.unwrap_or(0.0));
+        let rate = (current * BETA)
+            .max(self.admitted.rate(now, lag))
+            .max(MIN_RATE);
         // A cut of a cut still recovers to where the first one found the pace.
         let before = match self.cap {
             Some(Cap {

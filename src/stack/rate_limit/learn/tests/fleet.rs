@@ -50,6 +50,41 @@ fn a_blind_pacer_under_a_shared_bucket_leaves_the_pace_to_it() {
     }
 }
 
+/// A cut's floor is what the upstream admitted since the last edge, over the time whose
+/// sends have been answered: the last round trip's are still in flight. At 100/s answered in
+/// 100 ms, a 429 300 ms after the edge finds 20 answered: 100/s over the 200 ms they were sent
+/// in, not 67/s over 300 ms.
+#[test]
+fn a_cut_floor_leaves_out_the_sends_still_in_flight() {
+    let start = Instant::now();
+    let rtt = Duration::from_millis(100);
+    let mut pacer = Pacer::new(Kind::Requests, 4096, 1.0, start);
+    let now = steady(&mut pacer, start, 1000, rtt);
+    let t = pacer.admit_anyway(1.0, now);
+    pacer.observe(t, Answer::RateLimited, None, now);
+    let edge = now;
+    // 100/s after the edge, a 429 at 300 ms, the sends of its last 100 ms unanswered.
+    let mut in_flight = VecDeque::new();
+    let mut now = edge;
+    for ms in 0..=300u64 {
+        now = edge + Duration::from_millis(ms);
+        if ms % 10 == 0 && ms < 300 {
+            in_flight.push_back((now, pacer.admit_anyway(1.0, now)));
+        }
+        while in_flight
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) >= rtt)
+        {
+            let (_, t) = in_flight.pop_front().unwrap();
+            pacer.observe(t, Answer::Ok, None, now);
+        }
+    }
+    let t = pacer.admit_anyway(1.0, now);
+    pacer.observe(t, Answer::RateLimited, None, now);
+    let cut = pacer.cap.unwrap().rate;
+    assert!(cut >= 95.0, "cut to {cut}/s, under what was admitted");
+}
+
 /// A replica capped by the 429s publishes its pace; its part of the fleet's, split by demand,
 /// is a multiple of it that its pace takes (within bounds). A pacer not in a fleet, or under
 /// the provider's headers, has none.

@@ -30,7 +30,10 @@
 //!   ([`Pacer::fleet_share`]). An estimate takes no floor: it is what was admitted. Once a
 //!   replica knows how many share the key, what it ramped to as if alone (slow start, and a
 //!   cut guessed from that rush) shrinks to its part, so the fleet meets the edge as one
-//!   corral would ([`Pacer::among`]).
+//!   corral would ([`Pacer::among`]). Between 429s the replicas' capped paces are split by
+//!   demand ([`Pacer::fleet_scale`]), so their queues drain together. Under a bucket the fleet
+//!   shares through Redis a blind pacer neither cuts nor gates past slow start
+//!   ([`Pacer::fleet_bucket`]): the shared bucket paces the key.
 //! - **Others' drain** (trusted headers, no `[fleet]`): between two answers' reports the bucket
 //!   gave out what `remaining` fell by plus its refill, and what this pacer did not send of that,
 //!   others did. Added up over a window, a share well under the whole caps the pace at that
@@ -50,7 +53,8 @@
 //!   [`Answer::RateLimited`] (an overload moves no pace). A cut never goes below what the
 //!   upstream admitted from this pacer over the last `ADMITTED_WINDOW` (once a throttle event
 //!   has found the bucket's edge, of attempts sent after the last one: a burst drawn from a
-//!   full bucket before it is no rate), and 429s of attempts
+//!   full bucket before it is no rate; the last round trip's sends, unanswered, are left out
+//!   of the span as well as the count), and 429s of attempts
 //!   sent before the last cut belong to it (at most one cut per round trip, as TCP does). When
 //!   the upstream names a long wait (`STORM`), the cuts are a storm's, not a bucket edge's: after
 //!   it each success of an attempt sent after the last cut adds its units per its own round

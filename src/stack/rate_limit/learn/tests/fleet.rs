@@ -2,12 +2,14 @@
 
 use super::*;
 
-/// `pacer` sends one unit every 10 ms (100/s) from `from` for `ms`, each answered after
-/// `rtt` and admitted; returns when the last answer came.
-fn steady(pacer: &mut Pacer, from: Instant, ms: u64, rtt: Duration) -> Instant {
+/// `pacer` sends one unit every 10 ms (100/s) from `from` for `ms`, each admitted and answered
+/// after `rtt`, until the last is answered (`drain`) or until `ms` has passed (the last round
+/// trip's sends still in flight); returns the time it stopped.
+fn sends(pacer: &mut Pacer, from: Instant, ms: u64, rtt: Duration, drain: bool) -> Instant {
     let mut in_flight = VecDeque::new();
+    let end = ms + if drain { rtt.as_millis() as u64 } else { 0 };
     let mut now = from;
-    for step in 0..ms + rtt.as_millis() as u64 {
+    for step in 0..=end {
         now = from + Duration::from_millis(step);
         if step < ms && step % 10 == 0 {
             in_flight.push_back((now, pacer.admit_anyway(1.0, now)));
@@ -23,6 +25,11 @@ fn steady(pacer: &mut Pacer, from: Instant, ms: u64, rtt: Duration) -> Instant {
     now
 }
 
+/// [`sends`] for a second, all answered.
+fn steady(pacer: &mut Pacer, from: Instant, rtt: Duration) -> Instant {
+    sends(pacer, from, 1000, rtt, true)
+}
+
 /// Under a bucket the fleet shares through Redis, a blind pacer's 429 cuts nothing and, past
 /// slow start, it gates nothing: the refusal empties the shared bucket for every replica,
 /// and a cut of this one's pace would only hand its part to the others. Without that bucket
@@ -34,7 +41,7 @@ fn a_blind_pacer_under_a_shared_bucket_leaves_the_pace_to_it() {
         let mut pacer = Pacer::new(Kind::Requests, 4096, 1.0, start);
         pacer.in_fleet();
         pacer.fleet_bucket(shared);
-        let now = steady(&mut pacer, start, 1000, Duration::from_millis(50));
+        let now = steady(&mut pacer, start, Duration::from_millis(50));
         let t = pacer.admit_anyway(1.0, now);
         pacer.observe(t, Answer::RateLimited, None, now);
         assert_eq!(pacer.source(), Source::Aimd);
@@ -59,26 +66,11 @@ fn a_cut_floor_leaves_out_the_sends_still_in_flight() {
     let start = Instant::now();
     let rtt = Duration::from_millis(100);
     let mut pacer = Pacer::new(Kind::Requests, 4096, 1.0, start);
-    let now = steady(&mut pacer, start, 1000, rtt);
+    let now = steady(&mut pacer, start, rtt);
     let t = pacer.admit_anyway(1.0, now);
     pacer.observe(t, Answer::RateLimited, None, now);
-    let edge = now;
     // 100/s after the edge, a 429 at 300 ms, the sends of its last 100 ms unanswered.
-    let mut in_flight = VecDeque::new();
-    let mut now = edge;
-    for ms in 0..=300u64 {
-        now = edge + Duration::from_millis(ms);
-        if ms % 10 == 0 && ms < 300 {
-            in_flight.push_back((now, pacer.admit_anyway(1.0, now)));
-        }
-        while in_flight
-            .front()
-            .is_some_and(|(at, _)| now.duration_since(*at) >= rtt)
-        {
-            let (_, t) = in_flight.pop_front().unwrap();
-            pacer.observe(t, Answer::Ok, None, now);
-        }
-    }
+    let now = sends(&mut pacer, now, 300, rtt, false);
     let t = pacer.admit_anyway(1.0, now);
     pacer.observe(t, Answer::RateLimited, None, now);
     let cut = pacer.cap.unwrap().rate;
@@ -86,15 +78,14 @@ fn a_cut_floor_leaves_out_the_sends_still_in_flight() {
 }
 
 /// A replica capped by the 429s publishes its pace; its part of the fleet's, split by demand,
-/// is a multiple of it that its pace takes (within bounds). A pacer not in a fleet, or under
-/// the provider's headers, has none.
+/// is a multiple of it that its pace takes (within bounds). A pacer not in a fleet has none.
 #[test]
 fn a_fleet_replica_paces_at_its_part_of_the_fleets_pace() {
     let start = Instant::now();
     let mut pacer = Pacer::new(Kind::Requests, 4096, 1.0, start);
     assert_eq!(pacer.fleet_pace(start), None, "not capped");
     pacer.in_fleet();
-    let now = steady(&mut pacer, start, 1000, Duration::from_millis(50));
+    let now = steady(&mut pacer, start, Duration::from_millis(50));
     let t = pacer.admit_anyway(1.0, now);
     pacer.observe(t, Answer::RateLimited, None, now);
     let pace = pacer.fleet_pace(now).expect("capped by the 429");
@@ -119,7 +110,7 @@ fn a_fleet_replica_paces_at_its_part_of_the_fleets_pace() {
     );
     // Not in a fleet: nothing to split.
     let mut single = Pacer::new(Kind::Requests, 4096, 1.0, start);
-    let now = steady(&mut single, start, 1000, Duration::from_millis(50));
+    let now = steady(&mut single, start, Duration::from_millis(50));
     let t = single.admit_anyway(1.0, now);
     single.observe(t, Answer::RateLimited, None, now);
     let rate = single.rate();

@@ -8,24 +8,90 @@
 //! their place, and there is no way to turn verification off.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::ACCEPT_ENCODING;
-use http::{HeaderMap, HeaderValue, Request, Response};
+use http::{HeaderMap, HeaderValue, Request, Response, Uri};
 use http_body_util::Full;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::CertificateDer;
+use tokio::time::Instant;
 
 use crate::body::{self, Body};
 use crate::error::ProxyError;
 use crate::forward::{strip_hop_by_hop, ProxyRequest};
 
-type HyperClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+type HyperClient = Client<Timed<HttpsConnector<HttpConnector>>, Full<Bytes>>;
+
+/// How long this upstream's connections took to open (the TCP handshake, and TLS's where the
+/// upstream is `https`; a name's lookup too): before any answer or refusal comes back, the
+/// only measure of the network's round trip the pacers have ([`crate::stack::rate_limit::learn`],
+/// "silence is consent"). Kept as the slowest recent one, each new one halving what older ones
+/// weigh, as the pacers weigh refusals.
+#[derive(Debug, Default)]
+pub struct Handshakes(AtomicU64);
+
+impl Handshakes {
+    /// One connection opened in `took`.
+    pub fn record(&self, took: Duration) {
+        let secs = took.as_secs_f64();
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                Some(secs.max(0.5 * f64::from_bits(bits)).to_bits())
+            });
+    }
+
+    /// The slowest recent handshake, in seconds; `None` before the first connection opened.
+    pub fn get(&self) -> Option<f64> {
+        let secs = f64::from_bits(self.0.load(Ordering::Relaxed));
+        (secs > 0.0).then_some(secs)
+    }
+}
+
+/// A connector that times each connection it opens into [`Handshakes`]; a failed one teaches
+/// nothing.
+#[derive(Clone)]
+struct Timed<C> {
+    inner: C,
+    handshakes: Arc<Handshakes>,
+}
+
+impl<C> tower::Service<Uri> for Timed<C>
+where
+    C: tower::Service<Uri>,
+    C::Future: Send + 'static,
+    C::Response: Send + 'static,
+    C::Error: Send + 'static,
+{
+    type Response = C::Response;
+    type Error = C::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<C::Response, C::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let (start, handshakes) = (Instant::now(), Arc::clone(&self.handshakes));
+        let connecting = self.inner.call(uri);
+        Box::pin(async move {
+            let connected = connecting.await;
+            if connected.is_ok() {
+                handshakes.record(start.elapsed());
+            }
+            connected
+        })
+    }
+}
 
 /// Sends one attempt upstream and returns the response head with its body still streaming.
 /// A clone (the stack below each layer is cloned per call) is two reference counts: hyper's
@@ -38,11 +104,13 @@ pub struct UpstreamClient {
 
 impl UpstreamClient {
     /// The client for upstream `upstream`, trusting `extra_roots` (its `tls_ca_file`, already
-    /// parsed by the config loader) beside the webpki roots.
+    /// parsed by the config loader) beside the webpki roots, timing its connections into
+    /// `handshakes`.
     pub fn new(
         upstream: &str,
         connect_timeout: Duration,
         extra_roots: &[CertificateDer<'static>],
+        handshakes: Arc<Handshakes>,
     ) -> Self {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
@@ -54,12 +122,16 @@ impl UpstreamClient {
             .enable_http1()
             .enable_http2()
             .wrap_connector(http);
+        let timed = Timed {
+            inner: https,
+            handshakes,
+        };
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(1024)
-            .build(https);
+            .build(timed);
         Self {
             client: Arc::new(client),
             upstream: upstream.into(),
@@ -138,4 +210,47 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         source = s.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handshakes_keep_the_slowest_recent_one() {
+        let h = Handshakes::default();
+        assert_eq!(h.get(), None, "no connection yet");
+        h.record(Duration::from_millis(40));
+        assert_eq!(h.get(), Some(0.04));
+        // A fast one halves what the slow one weighs.
+        h.record(Duration::from_millis(1));
+        assert_eq!(h.get(), Some(0.02));
+        h.record(Duration::from_millis(50));
+        assert_eq!(h.get(), Some(0.05));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_is_timed_and_a_failed_one_is_not() {
+        let handshakes = Arc::new(Handshakes::default());
+        let connect = |took: Duration, ok: bool| Timed {
+            inner: tower::service_fn(move |_: Uri| async move {
+                tokio::time::sleep(took).await;
+                if ok {
+                    Ok(())
+                } else {
+                    Err("refused")
+                }
+            }),
+            handshakes: Arc::clone(&handshakes),
+        };
+        let uri = Uri::from_static("http://127.0.0.1:1");
+        let mut failing = connect(Duration::from_millis(7), false);
+        assert!(tower::Service::call(&mut failing, uri.clone())
+            .await
+            .is_err());
+        assert_eq!(handshakes.get(), None);
+        let mut opening = connect(Duration::from_millis(30), true);
+        tower::Service::call(&mut opening, uri).await.unwrap();
+        assert_eq!(handshakes.get(), Some(0.03));
+    }
 }

@@ -44,7 +44,7 @@ use std::sync::Arc;
 use http::Response;
 use tower::ServiceBuilder;
 
-use crate::client::UpstreamClient;
+use crate::client::{Handshakes, UpstreamClient};
 use crate::config::{ConcurrencyMode, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::fleet::Fleet;
@@ -153,20 +153,24 @@ pub fn build(
     metrics: &UpstreamMetrics,
     fleet: Option<&Arc<Fleet>>,
 ) -> (Stack, StackState) {
+    let handshakes = Arc::default();
     let client = UpstreamClient::new(
         config.name(),
         config.connect_timeout.0,
         config.extra_roots(),
+        Arc::clone(&handshakes),
     );
-    build_on(client, config, metrics, fleet)
+    build_on(client, config, metrics, fleet, handshakes)
 }
 
-/// The stack for one upstream in front of `client` (tests put a fake upstream there).
+/// The stack for one upstream in front of `client` (tests put a fake upstream there), whose
+/// connections' times are in `handshakes`.
 fn build_on<C>(
     client: C,
     config: &UpstreamConfig,
     metrics: &UpstreamMetrics,
     fleet: Option<&Arc<Fleet>>,
+    handshakes: Arc<Handshakes>,
 ) -> (Stack, StackState)
 where
     C: layer::Next,
@@ -195,7 +199,8 @@ where
         .breaker
         .enabled
         .then(|| breaker::BreakerShared::new(&config.breaker, metrics.clone()));
-    let rate_limit = rate_limit::RateLimitShared::new(config, metrics.clone(), fleet.cloned());
+    let rate_limit =
+        rate_limit::RateLimitShared::new(config, metrics.clone(), fleet.cloned(), handshakes);
     let retry = retry::RetryShared::new(&config.retry, metrics.clone());
     let service = ServiceBuilder::new()
         // 0. Outside everything: a panic anywhere below is a 500 `internal`, never no reply.
@@ -286,7 +291,13 @@ mod tests {
     async fn a_panic_below_is_a_500_internal_counted_and_the_next_request_is_served() {
         for in_call in [true, false] {
             let metrics = Metrics::new().upstream("t");
-            let (stack, state) = build_on(upstream(0, in_call), &config(), &metrics, None);
+            let (stack, state) = build_on(
+                upstream(0, in_call),
+                &config(),
+                &metrics,
+                None,
+                Arc::default(),
+            );
             let (status, headers, body) = send(&stack, "sk-a").await;
             assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
             assert_eq!(headers[crate::error::CORRAL_ERROR_HEADER], "internal");
@@ -328,7 +339,7 @@ mod tests {
                 Ok::<_, ProxyError>(ok())
             });
             let metrics = Metrics::new().upstream("t");
-            let (stack, _) = build_on(layer::Tower(slow), &config, &metrics, None);
+            let (stack, _) = build_on(layer::Tower(slow), &config, &metrics, None, Arc::default());
             let (first, second) = (request("sk-a"), request("sk-a"));
             let (first_target, second_target) =
                 (Arc::clone(&first.target), Arc::clone(&second.target));
@@ -356,7 +367,13 @@ mod tests {
         config.limits.partition = Some(PartitionScope::ApiKey);
         config.concurrency = ConcurrencyMode::Auto;
         let metrics = Metrics::new().upstream("t");
-        let (stack, state) = build_on(upstream(usize::MAX, false), &config, &metrics, None);
+        let (stack, state) = build_on(
+            upstream(usize::MAX, false),
+            &config,
+            &metrics,
+            None,
+            Arc::default(),
+        );
         assert_eq!(send(&stack, "sk-a").await.0, StatusCode::OK);
         state.window.poison_locks();
         state.breaker.as_ref().unwrap().poison_locks();

@@ -43,10 +43,12 @@
 //!   more go (doubling per round trip), and the first throttle ends it.
 //! - **Silence is consent.** A bucket refuses at once; an answer takes the service time, for an
 //!   LLM seconds. An attempt not refused within twice the slowest recent refusal (any 429 or
-//!   overload: each shows how long this upstream takes to refuse; `CONSENT` before one is seen,
-//!   `MIN_CONSENT` at least) was admitted, and confirms its units as a success would (its answer
-//!   then adds nothing). So the ramp doubles per refusal round trip when answers are slower
-//!   than that, not per answer.
+//!   overload: each shows how long this upstream takes to refuse; before one is seen, twice the
+//!   slowest recent connection handshake plus `REFUSAL_WORK`, or `CONSENT` before a connection
+//!   has opened; `MIN_CONSENT` at least) was admitted, and confirms its units as a success would
+//!   (its answer then adds nothing). So the ramp doubles per refusal round trip when answers are
+//!   slower than that, not per answer: a herd behind answers of seconds on a key whose limit
+//!   holds it all is not held back by half a second per doubling.
 //! - **No headers** (source `aimd`): the first 429 cuts the measured send rate by `BETA` (AWS's
 //!   adaptive mode); throttle windows then estimate the rate as above.
 //! - **Evidence bounds every cut.** Only 429s read as "the bucket is empty" reach
@@ -106,8 +108,12 @@ const SLOW_START_STALL: Duration = Duration::from_secs(1);
 /// Before any refusal is seen, an attempt unanswered this long was admitted: a bucket refuses
 /// at once, an answer takes the service time ([`Pacer::consent`]). Once refusals are seen, twice
 /// the slowest recent one, but at least `MIN_CONSENT` (a timer's tick and a busy scheduler).
+/// Before a refusal, once a connection to the upstream has opened: twice its handshake (a
+/// round trip, two with TLS) plus `REFUSAL_WORK`, the time a front door takes to refuse
+/// beyond the network, within `MIN_CONSENT..=CONSENT`.
 const CONSENT: Duration = Duration::from_millis(500);
 const MIN_CONSENT: Duration = Duration::from_millis(10);
+const REFUSAL_WORK: Duration = Duration::from_millis(10);
 /// Throttle windows are added up until they span this much before they give an estimate.
 const MIN_WINDOW: Duration = Duration::from_secs(1);
 /// The round trip assumed for spreading a ramp's sends before one is measured.
@@ -268,6 +274,9 @@ pub struct Pacer {
     /// The slowest recent refusal (seconds from send to a 429 or an overload; each refusal
     /// halves the older ones' weight); `None` before the first.
     refusal_latency: Option<f64>,
+    /// The slowest recent handshake of a connection to the upstream (seconds), the round trip's
+    /// measure until a refusal gives a better one; `None` before the first connection.
+    handshake: Option<f64>,
     /// While ramping (headroom not yet confirmed), sends are spread over the round trip instead
     /// of leaving in a burst when a batch of answers arrives: the next may go at this instant.
     /// A 429 comes back fast, pauses the partition and stops the rest of the round, so the
@@ -342,6 +351,7 @@ impl Pacer {
             min_rtt: None,
             consented_seq: 0.0,
             refusal_latency: None,
+            handshake: None,
             next_send: now,
             unanswered: VecDeque::new(),
             throttle_log: Throttles::default(),

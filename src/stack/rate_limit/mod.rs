@@ -41,6 +41,7 @@ use self::partition::Partition;
 use self::pool::Pool;
 use crate::body::Body;
 use crate::classify::{Outcome, Throttle};
+use crate::client::Handshakes;
 use crate::config::{self, LearnMode, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::fleet::Fleet;
@@ -146,6 +147,8 @@ pub struct RateLimitShared {
     pool: Option<Pool>,
     /// Tokens the upstream counted per prompt token estimated.
     prompt_ratio: Arc<PromptRatio>,
+    /// The upstream's connection times, every partition's first measure of the round trip.
+    handshakes: Arc<Handshakes>,
 }
 
 /// Tokens the upstream counted per prompt token estimated (characters / 4), smoothed over the
@@ -185,6 +188,7 @@ impl RateLimitShared {
         config: &UpstreamConfig,
         metrics: UpstreamMetrics,
         fleet: Option<Arc<Fleet>>,
+        handshakes: Arc<Handshakes>,
     ) -> Arc<Self> {
         let scope = config.partition();
         let by_key = (scope != config::PartitionScope::Upstream)
@@ -196,14 +200,17 @@ impl RateLimitShared {
             gauges.limit_source("tokens", source(config.limits.tpm.is_some()));
         }
         Arc::new(Self {
-            default: Arc::new(Partition::new(config, fleet.as_ref().map(|f| (f, None)))),
+            default: Arc::new(
+                Partition::new(config, fleet.as_ref().map(|f| (f, None))).measured(&handshakes),
+            ),
             by_key,
             scope,
             config: config.clone(),
             metrics,
-            pool: Pool::new(config, fleet.as_ref()),
+            pool: Pool::new(config, fleet.as_ref(), &handshakes),
             fleet,
             prompt_ratio: Arc::new(PromptRatio::new()),
+            handshakes,
         })
     }
 
@@ -285,7 +292,11 @@ impl RateLimitShared {
         let name = name();
         let fleet = self.fleet.as_ref().map(|f| (f, Some(name.as_slice())));
         let label = crate::metrics::model_label(model, &self.config.limits.model_groups);
-        let partition = Arc::new(Partition::new(&self.config, fleet).labelled(label));
+        let partition = Arc::new(
+            Partition::new(&self.config, fleet)
+                .labelled(label)
+                .measured(&self.handshakes),
+        );
         let keyed = Keyed {
             partition: Arc::clone(&partition),
             last_used: now,
@@ -327,7 +338,11 @@ impl RateLimitShared {
                 keyed.model.as_deref(),
                 &self.config.limits.model_groups,
             );
-            let partition = Arc::new(Partition::new(&self.config, None).labelled(label));
+            let partition = Arc::new(
+                Partition::new(&self.config, None)
+                    .labelled(label)
+                    .measured(&self.handshakes),
+            );
             partition.carry_pause(&keyed.partition);
             let carried = Keyed {
                 partition,

@@ -27,7 +27,7 @@ use std::future::Future;
 use std::num::NonZeroU32;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
@@ -37,6 +37,7 @@ use tokio::time::Instant;
 
 use super::bucket::{ready_all, take_ready, Bucket};
 use super::learn::{Pacer, Ticket};
+use crate::client::Handshakes;
 use crate::config::{LearnMode, Priority, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::fleet::{Fleet, Lease, Peers};
@@ -145,6 +146,9 @@ pub struct Partition {
     /// The `model` label of its pacing metrics, and their gauges (taken on its first answer).
     metric_model: Box<str>,
     gauges: OnceLock<PacingGauges>,
+    /// The upstream's connection times, which the pacers' silence waits from until a refusal
+    /// shows how long this upstream takes to refuse ([`Partition::measured`]).
+    handshakes: Option<Arc<Handshakes>>,
     /// With nothing else to pace waiters released by a pause, each waits up to this much more.
     release_jitter: Duration,
     /// The pause after a 429 with no hint and no learned pace.
@@ -276,7 +280,25 @@ impl Partition {
             rng: Mutex::new(SmallRng::from_os_rng()),
             metric_model: crate::metrics::NO_MODEL.into(),
             gauges: OnceLock::new(),
+            handshakes: None,
         }
+    }
+
+    /// This partition's pacers learn the network's round trip from the upstream's connection
+    /// times in `handshakes` (the upstream's client records them).
+    pub fn measured(mut self, handshakes: &Arc<Handshakes>) -> Self {
+        self.handshakes = Some(Arc::clone(handshakes));
+        self
+    }
+
+    /// The pacers, locked, told the upstream's latest handshake time first.
+    pub(super) fn lock_pacers<'a>(&self, pacers: &'a Mutex<Pacers>) -> MutexGuard<'a, Pacers> {
+        let mut p = lock(pacers);
+        if let Some(secs) = self.handshakes.as_ref().and_then(|h| h.get()) {
+            p.requests.handshake(secs);
+            p.tokens.handshake(secs);
+        }
+        p
     }
 
     /// This partition's `model` label on the pacing metrics (see [`crate::metrics::model_label`]).
@@ -396,7 +418,7 @@ impl Partition {
         let Some(pacers) = &self.pacers else {
             return Some(None);
         };
-        let mut p = lock(pacers);
+        let mut p = self.lock_pacers(pacers);
         let units = f64::from(cost);
         if !(p.requests.can_acquire(1.0, now) && p.tokens.can_acquire(units, now)) {
             return None;
@@ -477,7 +499,7 @@ impl Partition {
             let wake = self
                 .pacers
                 .as_ref()
-                .and_then(|p| pacers_wait(&mut lock(p), units, now, limits.pace_by));
+                .and_then(|p| pacers_wait(&mut self.lock_pacers(p), units, now, limits.pace_by));
             if let Some(wake) = wake {
                 tokio::select! {
                     // Slow start waits for answers, not for time.
@@ -495,7 +517,7 @@ impl Partition {
             take_ready(&ceilings);
             let now = Instant::now();
             return Ok(self.pacers.as_ref().map(|p| {
-                let mut p = lock(p);
+                let mut p = self.lock_pacers(p);
                 let take = |pacer: &mut Pacer, units: f64| {
                     pacer
                         .try_acquire(units, now)

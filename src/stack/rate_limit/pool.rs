@@ -25,6 +25,7 @@ use http::{HeaderName, HeaderValue};
 use tokio::time::Instant;
 
 use super::partition::Partition;
+use crate::client::Handshakes;
 use crate::config::{HeaderMode, UpstreamConfig, KEY_PLACEHOLDER};
 use crate::fleet::Fleet;
 use crate::sync::SetAside;
@@ -84,7 +85,11 @@ pub struct Pool {
 impl Pool {
     /// The pool `config.keys` describes, or `None` without keys. Validation has checked that
     /// exactly one header template holds the placeholder and that every key fills it validly.
-    pub fn new(config: &UpstreamConfig, fleet: Option<&Arc<Fleet>>) -> Option<Self> {
+    pub fn new(
+        config: &UpstreamConfig,
+        fleet: Option<&Arc<Fleet>>,
+        handshakes: &Arc<Handshakes>,
+    ) -> Option<Self> {
         if config.keys.is_empty() {
             return None;
         }
@@ -106,7 +111,7 @@ impl Pool {
                     number: i + 1,
                     fingerprint: fingerprint(&key.0),
                     value,
-                    partition: Arc::new(Partition::new(config, fleet)),
+                    partition: Arc::new(Partition::new(config, fleet).measured(handshakes)),
                     in_flight: AtomicUsize::new(0),
                     aside: SetAside::default(),
                 }))
@@ -259,7 +264,7 @@ mod tests {
         config
             .headers
             .insert("authorization".into(), Secret("Bearer {key}".into()));
-        Pool::new(&config, None).expect("a pool")
+        Pool::new(&config, None, &Arc::default()).expect("a pool")
     }
 
     #[tokio::test]

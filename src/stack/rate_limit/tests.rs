@@ -9,7 +9,7 @@ use crate::metrics::Metrics;
 fn per_key() -> Arc<RateLimitShared> {
     let mut config = UpstreamConfig::new("t", "/v1", parse_base_url("http://127.0.0.1:1").unwrap());
     config.limits.partition = Some(config::PartitionScope::ApiKey);
-    RateLimitShared::new(&config, Metrics::new().upstream("t"), None)
+    RateLimitShared::new(&config, Metrics::new().upstream("t"), None, Arc::default())
 }
 
 fn key(n: usize) -> HeaderMap {

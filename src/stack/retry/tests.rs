@@ -104,7 +104,7 @@ fn retry_over_rate_limit<S: crate::stack::layer::Next + Clone>(
     upstream.retry = config.clone();
     let m = crate::metrics::Metrics::new().upstream("t");
     let rate_limit = crate::stack::rate_limit::RateLimitLayer::new(
-        crate::stack::rate_limit::RateLimitShared::new(&upstream, m, None),
+        crate::stack::rate_limit::RateLimitShared::new(&upstream, m, None, Default::default()),
     );
     retry(config, seed).layer(rate_limit.layer(inner))
 }

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use super::{
     Admission, Pacer, Source, Ticket, CONSENT, FORGET_UNANSWERED, IDLE, MAX_UNANSWERED,
-    MIN_CONSENT, RAMP_CATCH_UP, RAMP_RTT_GUESS, SLOW_START_STALL,
+    MIN_CONSENT, RAMP_CATCH_UP, RAMP_RTT_GUESS, REFUSAL_WORK, SLOW_START_STALL,
 };
 use crate::provider::Kind;
 
@@ -21,12 +21,13 @@ impl Pacer {
             _ => return None,
         };
         // The ramp's round trip is the time to learn whether the bucket took a send: an
-        // answer's, or sooner the silence that counts as consent once refusals are seen. Only
+        // answer's, or sooner the silence that counts as consent (measured by refusals, or
+        // before one by the connections' handshakes; half a second before either). Only
         // until the bucket's edge is found (the first rate 429 sets the floor; slow start ends
         // at it): past it the ramp re-grows per answer, so one corral among others on a key
         // does not outrun its share after each cut.
         let mut rtt = self.min_rtt.unwrap_or(RAMP_RTT_GUESS);
-        if self.refusal_latency.is_some() && self.floor.is_none() {
+        if self.floor.is_none() {
             rtt = rtt.min(self.consent_wait().as_secs_f64());
         }
         Some(Duration::from_secs_f64(rtt / window.max(1.0)))
@@ -168,13 +169,22 @@ impl Pacer {
     }
 
     /// How long an attempt must go unanswered to count as admitted: twice the slowest recent
-    /// refusal (this upstream's own time to refuse, network included), [`CONSENT`] before one
-    /// is seen.
+    /// refusal (this upstream's own time to refuse, network included); before one is seen,
+    /// twice the slowest recent handshake plus [`REFUSAL_WORK`] (at most [`CONSENT`], which
+    /// holds before any connection has opened).
     pub(super) fn consent_wait(&self) -> Duration {
-        match self.refusal_latency {
-            None => CONSENT,
-            Some(l) => Duration::from_secs_f64(2.0 * l.min(60.0)).max(MIN_CONSENT),
+        match (self.refusal_latency, self.handshake) {
+            (None, None) => CONSENT,
+            (None, Some(h)) => (Duration::from_secs_f64(2.0 * h.min(60.0)) + REFUSAL_WORK)
+                .clamp(MIN_CONSENT, CONSENT),
+            (Some(l), _) => Duration::from_secs_f64(2.0 * l.min(60.0)).max(MIN_CONSENT),
         }
+    }
+
+    /// The slowest recent handshake of a connection to the upstream, in seconds
+    /// ([`crate::client::Handshakes`]).
+    pub fn handshake(&mut self, secs: f64) {
+        self.handshake = Some(secs);
     }
 
     /// Whether the attempt admitted with `ticket` was confirmed by its silence.

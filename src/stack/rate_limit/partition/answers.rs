@@ -91,7 +91,7 @@ impl Partition {
             edge: rate_limited,
         };
         if let (Some(pacers), Some(tickets)) = (&self.pacers, tickets) {
-            let mut p = lock(pacers);
+            let mut p = self.lock_pacers(pacers);
             learned = self.learn(&mut p, tickets, &reading, metrics);
         }
         if let Some((wait, hinted)) = self.pause_for(&reading, &learned) {

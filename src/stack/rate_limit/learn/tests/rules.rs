@@ -618,3 +618,43 @@ fn replicas_reading_one_report_take_their_part_of_it() {
     pacer.refill(now + Duration::from_secs(20));
     assert_eq!(pacer.level, pacer.burst, "alone: the whole bucket");
 }
+
+/// Before any refusal, a connection's handshake measures the round trip: silence counts after
+/// twice it plus `REFUSAL_WORK` (at least `MIN_CONSENT`, at most `CONSENT`), so a ramp behind
+/// answers that take seconds doubles per few tens of milliseconds on a near network instead of
+/// per half second. A refusal, once seen, is the better measure.
+#[test]
+fn before_a_refusal_silence_counts_after_the_handshake() {
+    let start = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, start);
+    pacer.handshake(0.0001);
+    assert_eq!(
+        pacer.consent_wait(),
+        (Duration::from_micros(200) + REFUSAL_WORK).max(MIN_CONSENT)
+    );
+    pacer.handshake(0.04);
+    assert_eq!(
+        pacer.consent_wait(),
+        Duration::from_millis(80) + REFUSAL_WORK
+    );
+    pacer.handshake(2.0);
+    assert_eq!(pacer.consent_wait(), CONSENT, "never above the guess");
+    // A local upstream: each send is confirmed 10 ms after it goes and lets two more go, so in
+    // 100 ms the ramp doubles several times; without a handshake, it waits 500 ms to double.
+    let mut near = Pacer::new(Kind::Requests, 10, 1.0, start);
+    near.handshake(0.0001);
+    let fast = sent(&mut near, start, 100).len();
+    let mut unknown = Pacer::new(Kind::Requests, 10, 1.0, start);
+    let slow = sent(&mut unknown, start, 100).len();
+    assert_eq!(slow, 10, "the initial burst, nothing confirmed");
+    assert!(fast >= 80, "{fast} sent in 100 ms");
+    // A refusal of 100 ms replaces the handshake's measure.
+    let t = near.admit_anyway(1.0, start);
+    near.observe(
+        t,
+        Answer::RateLimited,
+        None,
+        start + Duration::from_millis(100),
+    );
+    assert_eq!(near.consent_wait(), Duration::from_millis(200));
+}

@@ -658,3 +658,29 @@ fn before_a_refusal_silence_counts_after_the_handshake() {
     );
     assert_eq!(near.consent_wait(), Duration::from_millis(200));
 }
+
+/// A 429's `remaining` already counts the sends that reached the upstream before it: with
+/// answers that take seconds, the whole first round is unanswered when the first 429 comes,
+/// but sends older than the refusal's round trip are not counted again as sent after it (which
+/// held the level a whole burst below empty: 250 ms of a bucket of 50 at 200/s with nothing
+/// sent).
+#[test]
+fn a_429_does_not_count_the_round_it_already_counted() {
+    let start = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 50, 1.0, start);
+    // Fifty sent at once, none answered (answers take seconds).
+    for _ in 0..50 {
+        pacer.admit_anyway(1.0, start);
+    }
+    // 20 ms later one more, refused within a millisecond: the bucket is empty.
+    let sent_at = start + Duration::from_millis(20);
+    let t = pacer.admit_anyway(1.0, sent_at);
+    let now = sent_at + Duration::from_millis(1);
+    let empty = fine_report(50.0, 0.0, Duration::from_millis(250));
+    pacer.observe(t, Answer::RateLimited, Some(empty), now);
+    assert!(
+        pacer.level > -5.0,
+        "the level is {} after a report of an empty bucket",
+        pacer.level
+    );
+}

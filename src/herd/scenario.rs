@@ -66,10 +66,15 @@ pub enum Scenario {
     /// herd's scale: a success says nothing for seconds, while a 429 comes back at once (as
     /// OpenAI's and Anthropic's do: the limit is checked on arrival).
     LongAnswers,
+    /// A key whose limit holds the whole herd (OpenAI's documented example: 5,000 requests a
+    /// minute, the bucket full) with answers of [`LONG_ANSWER`]: nothing needs pacing, the SDK
+    /// alone is at the bound, and an unconfigured corral, which knows nothing of the limit until
+    /// the first answer comes seconds later, must not hold the herd back meanwhile.
+    BigLimit,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 18] = [
+    pub const ALL: [Scenario; 19] = [
         Scenario::Capacity,
         Scenario::PerMinute,
         Scenario::Quantized,
@@ -88,6 +93,7 @@ impl Scenario {
         Scenario::Gemini,
         Scenario::HeavyTail,
         Scenario::LongAnswers,
+        Scenario::BigLimit,
     ];
 
     pub fn label(self) -> &'static str {
@@ -110,6 +116,7 @@ impl Scenario {
             Scenario::Gemini => "gemini",
             Scenario::HeavyTail => "heavy-tail",
             Scenario::LongAnswers => "long-answers",
+            Scenario::BigLimit => "big-limit",
         }
     }
 }
@@ -166,6 +173,10 @@ const TAIL_TRIALS: u32 = 200;
 /// completion of a few hundred tokens).
 pub const LONG_ANSWER: Duration = Duration::from_secs(3);
 
+/// `--scenario big-limit`: the requests a minute of OpenAI's documented example headers
+/// (`x-ratelimit-limit-requests: 5000`), the bucket full at the start.
+pub const BIG_LIMIT: u32 = 5000;
+
 /// Tokens a herd request costs the simulator: `"task NNNN"` (9 chars / 4) + `max_tokens` 16.
 pub const TOKENS_PER_REQUEST: u64 = 2 + 16;
 
@@ -219,6 +230,7 @@ pub fn world(
             w.sim.service_time = LONG_ANSWER;
             w.bound += LONG_ANSWER;
         }
+        Some(Scenario::BigLimit) => big_limit(&herd, &mut w),
     }
     w.patience = (w.bound * 10).max(Duration::from_secs(60).div_f64(scale));
     w
@@ -274,6 +286,20 @@ impl Herd {
             models: Vec::new(),
         }
     }
+}
+
+/// `--scenario big-limit`: a bucket of [`BIG_LIMIT`] refilled per minute (per a tenth of
+/// one at `--quick`), reported as its capacity, and answers of [`LONG_ANSWER`].
+fn big_limit(herd: &Herd, w: &mut World) {
+    w.sim.capacity = BIG_LIMIT;
+    w.sim.refill = f64::from(BIG_LIMIT) / 60.0 * herd.scale;
+    w.sim.service_time = LONG_ANSWER;
+    w.limits_toml = format!(
+        "rpm = {}\nburst = {}\n",
+        herd.per_replica(w.sim.refill * 60.0).round() as u64,
+        herd.per_replica(f64::from(BIG_LIMIT)).round() as u64
+    );
+    w.bound = bucket_bound(herd.tasks, f64::from(BIG_LIMIT), w.sim.refill, None) + LONG_ANSWER;
 }
 
 /// `--scenario quantized`: a bucket of one second's refill, and corral told so.
@@ -484,6 +510,8 @@ mod tests {
         let w = |s| world(Some(s), 500, 50, 20.0, 1.0, 1, LimitReport::Capacity, false).bound;
         assert_eq!(w(Scenario::Capacity), Duration::from_secs_f64(22.5));
         assert_eq!(w(Scenario::LongAnswers), Duration::from_secs_f64(25.5));
+        // The whole herd fits the bucket: one long answer.
+        assert_eq!(w(Scenario::BigLimit), Duration::from_secs(3));
         assert_eq!(w(Scenario::Quantized), Duration::from_secs(24));
         // 7.5 s at 20/s (150), then the other 300 at 10/s.
         assert_eq!(w(Scenario::LimitDrops), Duration::from_secs_f64(37.5));

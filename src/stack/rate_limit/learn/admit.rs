@@ -169,15 +169,19 @@ impl Pacer {
     }
 
     /// How long an attempt must go unanswered to count as admitted: twice the slowest recent
-    /// refusal (this upstream's own time to refuse, network included); before one is seen,
-    /// twice the slowest recent handshake plus [`REFUSAL_WORK`] (at most [`CONSENT`], which
-    /// holds before any connection has opened).
+    /// refusal (this upstream's own time to refuse, network included). Before one is seen,
+    /// [`CONSENT`], unless no answer has come yet either and a connection has opened: then
+    /// twice the slowest recent handshake plus [`REFUSAL_WORK`] (within `MIN_CONSENT..=CONSENT`).
+    /// Silence is all a ramp behind answers of seconds has to go on; once answers come back they
+    /// pace the ramp, and silence counting sooner than they come would only hurry it (four
+    /// corrals on one key with answers of 20 ms, each ramping per 10 ms of silence, overshot
+    /// the key together and cut each other to 1.3-2x the bound).
     pub(super) fn consent_wait(&self) -> Duration {
-        match (self.refusal_latency, self.handshake) {
-            (None, None) => CONSENT,
-            (None, Some(h)) => (Duration::from_secs_f64(2.0 * h.min(60.0)) + REFUSAL_WORK)
+        match (self.refusal_latency, self.handshake, self.min_rtt) {
+            (None, Some(h), None) => (Duration::from_secs_f64(2.0 * h.min(60.0)) + REFUSAL_WORK)
                 .clamp(MIN_CONSENT, CONSENT),
-            (Some(l), _) => Duration::from_secs_f64(2.0 * l.min(60.0)).max(MIN_CONSENT),
+            (None, _, _) => CONSENT,
+            (Some(l), _, _) => Duration::from_secs_f64(2.0 * l.min(60.0)).max(MIN_CONSENT),
         }
     }
 

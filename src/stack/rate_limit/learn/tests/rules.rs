@@ -648,6 +648,12 @@ fn before_a_refusal_silence_counts_after_the_handshake() {
     let slow = sent(&mut unknown, start, 100).len();
     assert_eq!(slow, 10, "the initial burst, nothing confirmed");
     assert!(fast >= 80, "{fast} sent in 100 ms");
+    // Once answers come back they pace the ramp: silence waits the half second again.
+    let mut answered = Pacer::new(Kind::Requests, 10, 1.0, start);
+    answered.handshake(0.0001);
+    let t = answered.try_acquire(1.0, start).unwrap();
+    answered.observe(t, Answer::Ok, None, start + Duration::from_millis(20));
+    assert_eq!(answered.consent_wait(), CONSENT);
     // A refusal of 100 ms replaces the handshake's measure.
     let t = near.admit_anyway(1.0, start);
     near.observe(

@@ -56,7 +56,9 @@
 //!   upstream admitted from this pacer over the last `ADMITTED_WINDOW` (once a throttle event
 //!   has found the bucket's edge, of attempts sent after the last one: a burst drawn from a
 //!   full bucket before it is no rate; the last round trip's sends, unanswered, are left out
-//!   of the span as well as the count), and 429s of attempts
+//!   of the span as well as the count), nor below what the throttle windows added up so far
+//!   show once they hold a few units (short of `MIN_WINDOW` they give no estimate, but they
+//!   are the upstream's refill, measured), and 429s of attempts
 //!   sent before the last cut belong to it (at most one cut per round trip, as TCP does). When
 //!   the upstream names a long wait (`STORM`), the cuts are a storm's, not a bucket edge's: after
 //!   it each success of an attempt sent after the last cut adds its units per its own round

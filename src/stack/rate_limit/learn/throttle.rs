@@ -10,6 +10,11 @@ use super::{
     MIN_PRESSURE, MIN_RATE, MIN_SCALE, MIN_WINDOW, REPEAT, SHARE_GROWTH, STORM,
 };
 
+/// Throttle windows short of an estimate floor a cut once they hold this many units admitted
+/// (two or three sends over a few milliseconds say little; a floor set high by that noise
+/// costs the next window a 429 or two, after which the windows say more).
+const PARTIAL_WINDOW_UNITS: f64 = 5.0;
+
 /// What the 429s have shown (see the module doc: throttle windows).
 #[derive(Debug, Default)]
 pub(super) struct Throttles {
@@ -338,8 +343,18 @@ impl Pacer {
             self.meter.current(now)
         };
         let lag = Duration::from_secs_f64(self.min_rtt.unwrap_or(0.0));
+        // The windows added up so far, short of an estimate, already show what the upstream
+        // refilled between moments it was empty: a cut does not go below them once they hold
+        // enough units to say it.
+        let log = &self.throttle_log;
+        let windows = if log.units >= PARTIAL_WINDOW_UNITS && log.secs > 0.0 {
+            log.units / log.secs
+        } else {
+            0.0
+        };
         let rate = (current * BETA)
             .max(self.admitted.rate(now, lag))
+            .max(windows)
             .max(MIN_RATE);
         // A cut of a cut still recovers to where the first one found the pace.
         let before = match self.cap {

@@ -150,3 +150,32 @@ fn a_peers_refusal_leaves_each_replica_at_its_own_phase() {
     let later = now + interval.mul_f64(1.9) + Duration::from_millis(1);
     assert!(pacers[1].can_acquire(1.0, later));
 }
+
+/// The throttle windows added up before they span `MIN_WINDOW` already show what the
+/// upstream refilled: a cut does not go below them once they hold a few units. Blind (no
+/// headers), a pacer meeting a bucket of 200/s cut 650, 457, 320, 224, then 157 in runs where
+/// its admitted rate (a few answers into the span since the edge) said only 100-120, and spent
+/// the rest of the herd below the rate (1.2x the bound).
+#[test]
+fn a_cut_does_not_go_below_the_windows_so_far() {
+    let start = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, start);
+    // A first 429 at 0 ms: the edge.
+    let t = pacer.admit_anyway(1.0, start);
+    pacer.observe(
+        t,
+        Answer::RateLimited,
+        None,
+        start + Duration::from_millis(1),
+    );
+    // 24 admitted over the next 120 ms (200/s), none answered yet, then the next 429: the
+    // window holds 24 units in 120 ms.
+    for ms in 0..24u64 {
+        pacer.admit_anyway(1.0, start + Duration::from_millis(1 + 5 * ms));
+    }
+    let at = start + Duration::from_millis(121);
+    let t = pacer.admit_anyway(1.0, at);
+    pacer.observe(t, Answer::RateLimited, None, at + Duration::from_millis(1));
+    let cut = pacer.cap.expect("a second 429 within REPEAT cuts").rate;
+    assert!(cut >= 190.0, "cut to {cut} /s, the windows show 200/s");
+}

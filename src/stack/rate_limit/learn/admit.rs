@@ -273,16 +273,16 @@ impl Pacer {
 
     /// Units sent shortly before `ticket` and still unanswered: on a busy machine they may reach
     /// the upstream after it (not yet counted in its `remaining`), so they count as sent after.
-    /// Shortly: within the fastest answer's round trip or the slowest recent refusal's,
-    /// whichever is shorter (50 ms before either is known). A send older than that has reached
-    /// the upstream however long its answer takes: with answers of seconds, a herd's first
-    /// round is all unanswered when the first 429 comes, and counting it again would hold the
-    /// level below empty for as long as the bucket takes to refill it.
+    /// Shortly: within the fastest answer's round trip; before any answer, the slowest recent
+    /// refusal's (50 ms before either is known). A send older than that has reached the
+    /// upstream however long its answer takes: with answers of seconds, a herd's first round is
+    /// all unanswered when the first 429 comes, and counting it again would hold the level
+    /// below empty for as long as the bucket takes to refill it. Once answers are known their
+    /// round trip serves again: with the refusal's, a millisecond here, four unshared corrals
+    /// on Anthropic's headers (their sends reach the upstream out of order on two busy cores)
+    /// drew 130-146 rate 429s in 500 against 112-121.
     pub(super) fn unanswered_before(&self, ticket: Ticket) -> f64 {
-        let reached = match (self.min_rtt, self.refusal_latency) {
-            (None, None) => 0.05,
-            (a, b) => a.unwrap_or(f64::INFINITY).min(b.unwrap_or(f64::INFINITY)),
-        };
+        let reached = self.min_rtt.or(self.refusal_latency).unwrap_or(0.05);
         let window = Duration::from_secs_f64(reached.min(60.0));
         let since = ticket.sent_at.checked_sub(window).unwrap_or(ticket.sent_at);
         self.unanswered

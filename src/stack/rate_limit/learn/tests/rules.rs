@@ -648,6 +648,11 @@ fn before_a_refusal_silence_counts_after_the_handshake() {
     let slow = sent(&mut unknown, start, 100).len();
     assert_eq!(slow, 10, "the initial burst, nothing confirmed");
     assert!(fast >= 80, "{fast} sent in 100 ms");
+    // A fleet replica keeps the half second.
+    let mut replica = Pacer::new(Kind::Requests, 10, 1.0, start);
+    replica.in_fleet();
+    replica.handshake(0.0001);
+    assert_eq!(replica.consent_wait(), CONSENT);
     // Once answers come back they pace the ramp: silence waits the half second again.
     let mut answered = Pacer::new(Kind::Requests, 10, 1.0, start);
     answered.handshake(0.0001);

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use super::{
     Pacer, Source, Ticket, ALONE, BETA, GROWTH, GUESS_GROWTH, GUESS_HOLD, HOLD, MAX_GAP, MAX_SCALE,
-    MIN_PRESSURE, MIN_RATE, MIN_SCALE, MIN_WINDOW, REPEAT, SHARE_GROWTH, STORM,
+    MIN_PRESSURE, MIN_RATE, MIN_SCALE, MIN_WINDOW, RAMP_RTT_GUESS, REPEAT, SHARE_GROWTH, STORM,
 };
 
 /// Throttle windows short of an estimate floor a cut once they hold this many units admitted
@@ -340,7 +340,15 @@ impl Pacer {
         let current = if self.rate > 0.0 {
             self.rate / self.margin
         } else {
-            self.meter.current(now)
+            // Nothing paced yet (slow start): the send rate measured is the ramp's, which
+            // spreads a window over the wait for its silence, a few milliseconds on a near
+            // upstream. Taken whole it starts the cuts at thousands a second, and each cut
+            // down to a bucket of 20/s costs a 429 or more (30-50 in `gemini` at full scale):
+            // the window over the round trip guessed before one is known is the most a cut
+            // starts from.
+            self.meter
+                .current(now)
+                .min(self.burst.max(1.0) / RAMP_RTT_GUESS)
         };
         let lag = Duration::from_secs_f64(self.min_rtt.unwrap_or(0.0));
         // The windows added up so far, short of an estimate, already show what the upstream

@@ -22,14 +22,46 @@ const DEMAND_MOVED: f64 = 2.0;
 /// ...or its pace by this share of the one published.
 const PACE_MOVED: f64 = 0.1;
 
+/// What each replica last said of a key: a value (its share, or its pace; units/s), its demand,
+/// and when it was heard; what was heard longer ago than the caller's `keep` is dropped.
+#[derive(Debug, Default)]
+struct Heard(Vec<(String, f64, f64, Instant)>);
+
+impl Heard {
+    /// `replica`'s value and demand, heard at `now`, replacing what it said before.
+    fn hear(&mut self, replica: &str, value: f64, demand: f64, now: Instant, keep: Duration) {
+        self.0
+            .retain(|(r, .., at)| r != replica && now.saturating_duration_since(*at) <= keep);
+        if self.0.len() >= MAX_SHARES {
+            self.0.remove(0);
+        }
+        self.0.push((replica.to_owned(), value, demand, now));
+    }
+
+    /// `me`'s value and demand, if heard.
+    fn of(&self, me: &str) -> Option<(f64, f64)> {
+        self.0.iter().find(|(r, ..)| r == me).map(|h| (h.1, h.2))
+    }
+
+    /// The values and the demands added up.
+    fn sums(&self) -> (f64, f64) {
+        self.0
+            .iter()
+            .fold((0.0, 0.0), |(v, d), h| (v + h.1, d + h.2))
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
 /// The replicas' latest shares of the key's request rate, each estimated from the throttle
 /// windows every replica closes at every refusal in the fleet: added up they are the key's
 /// rate, which the replicas then split by their demand.
 #[derive(Debug, Default)]
 pub(super) struct Shares {
-    /// Per replica: its share (units/s), its demand (units it would send in the next second),
-    /// when it was heard.
-    latest: Vec<(String, f64, f64, Instant)>,
+    /// Per replica: its share (units/s), its demand (units it would send in the next second).
+    latest: Heard,
 }
 
 impl Shares {
@@ -43,16 +75,9 @@ impl Shares {
         me: &str,
         now: Instant,
     ) -> Option<f64> {
-        self.latest.retain(|(r, _, _, at)| {
-            r != replica && now.saturating_duration_since(*at) <= SHARE_ROUND
-        });
-        if self.latest.len() >= MAX_SHARES {
-            self.latest.remove(0);
-        }
-        self.latest.push((replica.to_owned(), rate, demand, now));
-        let mine = self.latest.iter().find(|(r, ..)| r == me)?.2;
-        let rate: f64 = self.latest.iter().map(|s| s.1).sum();
-        let demand: f64 = self.latest.iter().map(|s| s.2).sum();
+        self.latest.hear(replica, rate, demand, now, SHARE_ROUND);
+        let (_, mine) = self.latest.of(me)?;
+        let (rate, demand) = self.latest.sums();
         (demand > 0.0).then(|| rate * mine / demand)
     }
 }
@@ -65,31 +90,23 @@ impl Shares {
 /// the run after the others.
 #[derive(Debug, Default)]
 pub(super) struct Paces {
-    /// Per replica: its pace (units/s), its demand, when it was heard.
-    latest: Vec<(String, f64, f64, Instant)>,
+    /// Per replica: its pace (units/s), its demand.
+    latest: Heard,
 }
 
 impl Paces {
     /// `replica`'s pace and demand, heard at `now`.
     pub(super) fn heard(&mut self, replica: &str, pace: f64, demand: f64, now: Instant) {
-        self.latest
-            .retain(|(r, .., at)| r != replica && now.saturating_duration_since(*at) <= PACE_KEEP);
-        if self.latest.len() >= MAX_SHARES {
-            self.latest.remove(0);
-        }
-        self.latest.push((replica.to_owned(), pace, demand, now));
+        self.latest.hear(replica, pace, demand, now, PACE_KEEP);
     }
 
     /// `me`'s part of the paces' sum split by demand, as a multiple of its own pace, all as
     /// published (its own as the channel echoed it); `None` until `me` and a peer are heard, or
     /// with no demand.
     pub(super) fn scale(&self, me: &str) -> Option<f64> {
-        let (_, pace, demand, _) = self.latest.iter().find(|(r, ..)| r == me)?;
-        let (sum, wanted) = self
-            .latest
-            .iter()
-            .fold((0.0, 0.0), |(s, d), p| (s + p.1, d + p.2));
-        (self.latest.len() > 1 && wanted > 0.0 && *pace > 0.0).then(|| sum * demand / wanted / pace)
+        let (pace, demand) = self.latest.of(me)?;
+        let (sum, wanted) = self.latest.sums();
+        (self.latest.len() > 1 && wanted > 0.0 && pace > 0.0).then(|| sum * demand / wanted / pace)
     }
 }
 

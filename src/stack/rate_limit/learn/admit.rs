@@ -25,9 +25,13 @@ impl Pacer {
         // before one by the connections' handshakes; half a second before either). Only
         // until the bucket's edge is found (the first rate 429 sets the floor; slow start ends
         // at it): past it the ramp re-grows per answer, so one corral among others on a key
-        // does not outrun its share after each cut.
+        // does not outrun its share after each cut. A `[fleet]` replica keeps the guess: its
+        // replicas ramp together, and when the first round overran the key, the window each
+        // had sent within a few milliseconds was its first cut's measure, below the refill
+        // by chance as often as not (four on Redis at `--quick`: each cut to 26-35/s where the
+        // key refilled 200/s, gemini 1.51x, no-headers 1.44x; spread over the guess, 1.03x).
         let mut rtt = self.min_rtt.unwrap_or(RAMP_RTT_GUESS);
-        if self.floor.is_none() {
+        if self.floor.is_none() && !self.fleet {
             rtt = rtt.min(self.consent_wait().as_secs_f64());
         }
         Some(Duration::from_secs_f64(rtt / window.max(1.0)))
@@ -175,14 +179,11 @@ impl Pacer {
     /// Silence is all a ramp behind answers of seconds has to go on; once answers come back they
     /// pace the ramp, and silence counting sooner than they come would only hurry it (four
     /// corrals on one key with answers of 20 ms, each ramping per 10 ms of silence, overshot
-    /// the key together and cut each other to 1.3-2x the bound). Not for a `[fleet]` replica:
-    /// four on Redis without rate-limit headers, at full scale (answers of 200 ms), flooded
-    /// the key with thousands of sends every 0.6 s (19-21 thousand 429s, 250-360 of 500 clients
-    /// failed) where the half second left them at 1.02x; the mechanism is not found yet.
+    /// the key together and cut each other to 1.3-2x the bound). A `[fleet]` replica takes the
+    /// short wait too, but spreads its sends over the guessed round trip ([`Pacer::ramp_gap`]).
     pub(super) fn consent_wait(&self) -> Duration {
         match (self.refusal_latency, self.handshake, self.min_rtt) {
-            (None, Some(h), None) if !self.fleet => (Duration::from_secs_f64(2.0 * h.min(60.0))
-                + REFUSAL_WORK)
+            (None, Some(h), None) => (Duration::from_secs_f64(2.0 * h.min(60.0)) + REFUSAL_WORK)
                 .clamp(MIN_CONSENT, CONSENT),
             (None, _, _) => CONSENT,
             (Some(l), _, _) => Duration::from_secs_f64(2.0 * l.min(60.0)).max(MIN_CONSENT),

@@ -90,6 +90,8 @@ use self::throttle::{Cap, Throttles};
 
 /// Multiplicative cut on a throttle without an estimate (AWS adaptive retry's beta).
 const BETA: f64 = 0.7;
+/// ...and by this before any answer has come (the pace cut is the ramp's guess).
+const GUESS_BETA: f64 = 0.5;
 /// No learned pace goes below this (requests or tokens per second).
 const MIN_RATE: f64 = 0.5;
 /// Slow start ends (ungated) once its window reaches this without a header or a throttle.

@@ -6,8 +6,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Pacer, Source, Ticket, ALONE, BETA, GROWTH, GUESS_GROWTH, GUESS_HOLD, HOLD, MAX_GAP, MAX_SCALE,
-    MIN_PRESSURE, MIN_RATE, MIN_SCALE, MIN_WINDOW, RAMP_RTT_GUESS, REPEAT, SHARE_GROWTH, STORM,
+    Pacer, Source, Ticket, ALONE, BETA, GROWTH, GUESS_BETA, GUESS_GROWTH, GUESS_HOLD, HOLD,
+    MAX_GAP, MAX_SCALE, MIN_PRESSURE, MIN_RATE, MIN_SCALE, MIN_WINDOW, RAMP_RTT_GUESS, REPEAT,
+    SHARE_GROWTH, STORM,
 };
 
 /// Throttle windows short of an estimate floor a cut once they hold this many units admitted
@@ -334,8 +335,8 @@ impl Pacer {
         }
     }
 
-    /// Cut the pace by `BETA` (from the measured send rate when nothing paces yet), never
-    /// below what the upstream admitted over the last window.
+    /// Cut the pace by `BETA` (`GUESS_BETA` before any answer; from the measured send rate
+    /// when nothing paces yet), never below what the upstream admitted over the last window.
     fn cut(&mut self, now: Instant) {
         let current = if self.rate > 0.0 {
             self.rate / self.margin
@@ -360,7 +361,14 @@ impl Pacer {
         } else {
             0.0
         };
-        let rate = (current * BETA)
+        // Before any answer the pace cut is the ramp's guess, not a rate the upstream took:
+        // halved, as TCP halves its window, rather than eased.
+        let beta = if self.min_rtt.is_none() {
+            GUESS_BETA
+        } else {
+            BETA
+        };
+        let rate = (current * beta)
             .max(self.admitted.rate(now, lag))
             .max(windows)
             .max(MIN_RATE);

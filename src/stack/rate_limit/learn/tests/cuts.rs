@@ -179,3 +179,34 @@ fn a_cut_does_not_go_below_the_windows_so_far() {
     let cut = pacer.cap.expect("a second 429 within REPEAT cuts").rate;
     assert!(cut >= 190.0, "cut to {cut} /s, the windows show 200/s");
 }
+
+/// Before any answer has come, the pace a 429 cuts is the ramp's guess: halved, as TCP halves
+/// its window. Once answers show what the upstream takes, a cut eases it by `BETA`. (Blind on
+/// a bucket of 20/s, a corral whose ramp had reached 240/s cut by 0.7 seven times in 320 ms,
+/// with 19 rate 429s; by halves, four times in 170 ms.)
+#[test]
+fn before_any_answer_a_cut_halves() {
+    let ratio = |answered: bool| {
+        let start = Instant::now();
+        let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, start);
+        if answered {
+            let t = pacer.admit_anyway(1.0, start);
+            pacer.observe(t, Answer::Ok, None, start + Duration::from_millis(20));
+        }
+        let at = start + Duration::from_millis(30);
+        let t = pacer.admit_anyway(1.0, at);
+        pacer.observe(t, Answer::RateLimited, None, at + Duration::from_millis(1));
+        let first = pacer.cap.unwrap().rate;
+        let at = at + Duration::from_millis(100);
+        let t = pacer.admit_anyway(1.0, at);
+        pacer.observe(t, Answer::RateLimited, None, at + Duration::from_millis(1));
+        pacer.cap.unwrap().rate / first
+    };
+    let guessed = ratio(false);
+    assert!(
+        (guessed - GUESS_BETA).abs() < 1e-9,
+        "cut to {guessed} of the pace"
+    );
+    let known = ratio(true);
+    assert!((known - BETA).abs() < 1e-9, "cut to {known} of the pace");
+}

@@ -648,10 +648,8 @@ fn before_a_refusal_silence_counts_after_the_handshake() {
     let slow = sent(&mut unknown, start, 100).len();
     assert_eq!(slow, 10, "the initial burst, nothing confirmed");
     assert!(fast >= 80, "{fast} sent in 100 ms");
-    // A fleet replica counts silence as soon, but spreads its window over the round trip
-    // guessed before an answer (`RAMP_RTT_GUESS`), not over the short wait: its replicas ramp
-    // together, and sends spread over a few milliseconds found the edge with a window that
-    // said nothing of the refill.
+    // A fleet replica counts silence as soon, but spreads its window over `RAMP_RTT_GUESS`
+    // (sends spread over a few ms made its first cut's measure say nothing of the refill).
     let mut replica = Pacer::new(Kind::Requests, 10, 1.0, start);
     replica.in_fleet();
     replica.handshake(0.0001);

@@ -90,7 +90,7 @@ use self::throttle::{Cap, Throttles};
 
 /// Multiplicative cut on a throttle without an estimate (AWS adaptive retry's beta).
 const BETA: f64 = 0.7;
-/// ...and by this before any answer has come (the pace cut is the ramp's guess).
+/// ...and by this for the cut from slow start before any answer (it cuts the ramp's guess).
 const GUESS_BETA: f64 = 0.5;
 /// No learned pace goes below this (requests or tokens per second).
 const MIN_RATE: f64 = 0.5;

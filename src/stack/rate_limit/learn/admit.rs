@@ -26,9 +26,9 @@ impl Pacer {
         // until the bucket's edge is found (the first rate 429 sets the floor; slow start ends
         // at it): past it the ramp re-grows per answer, so one corral among others on a key
         // does not outrun its share after each cut. A `[fleet]` replica keeps the guess: its
-        // replicas ramp together, and when the first round overran the key, the window each
-        // had sent within a few milliseconds was its first cut's measure, below the refill
-        // by chance as often as not (four on Redis at `--quick`: each cut to 26-35/s where the
+        // replicas ramp together and meet the key's edge within a millisecond of each other,
+        // and what each had sent over a few milliseconds was its first cut's measure, below
+        // the refill (four on Redis at `--quick`: each cut to 26-35/s where the
         // key refilled 200/s, gemini 1.51x, no-headers 1.44x; spread over the guess, 1.03x).
         let mut rtt = self.min_rtt.unwrap_or(RAMP_RTT_GUESS);
         if self.floor.is_none() && !self.fleet {

@@ -335,8 +335,9 @@ impl Pacer {
         }
     }
 
-    /// Cut the pace by `BETA` (`GUESS_BETA` before any answer; from the measured send rate
-    /// when nothing paces yet), never below what the upstream admitted over the last window.
+    /// Cut the pace by `BETA` (`GUESS_BETA` from slow start before any answer; from the
+    /// measured send rate when nothing paces yet), never below what the upstream admitted over
+    /// the last window.
     fn cut(&mut self, now: Instant) {
         let ramp = self.rate <= 0.0;
         let current = if !ramp {

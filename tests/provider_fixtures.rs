@@ -275,7 +275,8 @@ fn anthropic_429s_learn_the_empty_token_bucket() {
 /// cannot be computed), Azure's `-1` (unknown), the bare 429, the billing and spend-limit 429s,
 /// the 529. Absence is "unknown", never zero: no report. The 429 then blames the requests
 /// bucket (nothing shows the tokens one empty) and, with no headers, cuts the measured send
-/// rate: one request in the meter's first 0.1 s is 10/s, times 0.7 = 7/s, source `aimd`. The
+/// rate: one request in the meter's first 0.1 s is 10/s, halved (the first cut from slow
+/// start, before any answer) = 5/s, source `aimd`. The
 /// 529 (overload, not our bucket) moves no pace; the tokens pacer stays ungated.
 #[test]
 fn headerless_answers_learn_from_the_throttle_alone() {
@@ -299,7 +300,7 @@ fn headerless_answers_learn_from_the_throttle_alone() {
         }
         let r = learn(Kind::Requests, Answer::RateLimited, None);
         assert_eq!(r.source(), Source::Aimd, "{name}");
-        assert_close(r.rate(), 7.0, name);
+        assert_close(r.rate(), 5.0, name);
         let t = learn(Kind::Tokens, Answer::RefusedElsewhere, None);
         assert_eq!(t.source(), Source::None, "{name}");
     }

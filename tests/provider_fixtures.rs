@@ -276,8 +276,8 @@ fn anthropic_429s_learn_the_empty_token_bucket() {
 /// the 529. Absence is "unknown", never zero: no report. The 429 then blames the requests
 /// bucket (nothing shows the tokens one empty) and, with no headers, cuts the measured send
 /// rate: one request in the meter's first 0.1 s is 10/s, halved (the first cut from slow
-/// start, before any answer) = 5/s, source `aimd`. The
-/// 529 (overload, not our bucket) moves no pace; the tokens pacer stays ungated.
+/// start, before any answer) = 5/s, source `aimd`. The 529 (overload, not our bucket) moves
+/// no pace; the tokens pacer stays ungated.
 #[test]
 fn headerless_answers_learn_from_the_throttle_alone() {
     for name in [

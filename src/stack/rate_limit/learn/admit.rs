@@ -28,8 +28,8 @@ impl Pacer {
         // does not outrun its share after each cut. A `[fleet]` replica keeps the guess: its
         // replicas ramp together and meet the key's edge within a millisecond of each other,
         // and what each had sent over a few milliseconds was its first cut's measure, below
-        // the refill (four on Redis at `--quick`: each cut to 26-35/s where the
-        // key refilled 200/s, gemini 1.51x, no-headers 1.44x; spread over the guess, 1.03x).
+        // the refill (four on Redis at `--quick`: each cut to 26-35/s where the key refilled
+        // 200/s, gemini 1.51x, no-headers 1.44x; spread over the guess, 1.03x).
         let mut rtt = self.min_rtt.unwrap_or(RAMP_RTT_GUESS);
         if self.floor.is_none() && !self.fleet {
             rtt = rtt.min(self.consent_wait().as_secs_f64());

@@ -150,6 +150,13 @@ impl RequestCtx {
     pub fn first_attempt_sent(&self, at: Instant) {
         self.first_sent.store(self.offset(at), Ordering::Relaxed);
     }
+    /// When the first attempt went out, past every gate (`None` before).
+    pub fn first_sent_at(&self) -> Option<Instant> {
+        match self.first_sent.load(Ordering::Relaxed) {
+            NOT_SENT => None,
+            sent => Some(self.start + Duration::from_micros(sent)),
+        }
+    }
     /// Time corral held the request in its upstream's stack before the first attempt went out:
     /// the concurrency queue, the breaker, the rate limiter. For a request that never made an
     /// attempt (refused, or given up while held), its whole time in the stack until `now()`,

@@ -8,12 +8,11 @@
 //! One [`Sample`] per answered request, taken by the window when the first byte of the
 //! response body passes (a stream's first token; a complete answer's body, which comes with
 //! its head; the head alone says nothing for a stream, which vLLM starts before scheduling
-//! it): the time since the request got its slot, so corral's own queue is excluded; how many
-//! slots were held then; and whether requests were waiting for a slot. Only 2xx answers to
+//! it): the time since the request went out, past its slot and the gates below it (the rate
+//! limiter's ramp, the breaker), so corral's own waits are excluded; how many slots were held
+//! when it got its own; and whether requests were waiting for a slot. Only 2xx answers to
 //! first attempts are sampled: a retried request's time includes its backoff, and a fast 400
-//! or 503 says nothing about the backend's queue. (The time still includes a wait in the rate
-//! limiter or breaker below the window, which a self-hosted backend without rate-limit headers
-//! seldom causes beyond its first round trip.)
+//! or 503 says nothing about the backend's queue.
 //!
 //! # The model and the target
 //!

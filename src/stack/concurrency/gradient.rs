@@ -39,8 +39,10 @@
 //!
 //! - **Steps**: each answer moves the limit `GAIN × (target − limit) / limit`, about half the gap
 //!   per round trip whatever the request rate. Within tolerance the target is at least
-//!   `limit + 1`. It grows only while the window is the bottleneck (requests wait for a slot,
-//!   or every slot is held): an idle window proves nothing, and must not wake up huge.
+//!   `limit + 1`, and after a whole round trip within 5% of the baseline (nothing queued in the
+//!   backend: others sharing it left, or it got faster) at least `2 × limit`, half the window
+//!   more per round trip. It grows only while the window is the bottleneck (requests wait for
+//!   a slot, or every slot is held): an idle window proves nothing, and must not wake up huge.
 //! - **Slow start**: from `initial_concurrency`, +1 per answer within tolerance (doubling per
 //!   round trip) but never past twice the most requests seen answered at the baseline, until
 //!   `srtt` leaves tolerance; then the limit halves (the queue seen was made by the window of a
@@ -56,8 +58,11 @@
 //! - **Probes**: at equilibrium every request queues a little, so no answer shows the no-load
 //!   time again; a backend can also become slower for good (longer prompts), which a window can
 //!   only read as a queue and shrink for. So the window probes when `srtt` has not come within
-//!   5% of `base` for [`PROBE_ROUNDS`] round trips, or has stayed out of tolerance for
-//!   [`STUCK_ROUNDS`] while the window fell below 3/4 of what was answered at the baseline.
+//!   5% of `base` for [`PROBE_ROUNDS`] round trips, or has stayed out of tolerance, and not
+//!   fallen by 5% over a round trip, for [`STUCK_ROUNDS`] while the window fell below 3/4 of
+//!   what was answered at the baseline (a latency still falling is a window still shrinking
+//!   toward its part of a backend others load too: four corrals, all probing at once, left its
+//!   slots half idle).
 //!   It drops to 3/4 of the backend's estimated slots (`limit × base / srtt`); once a request
 //!   sent after the drop is answered nothing is queued in the backend, and two probe windows'
 //!   worth of answers later the new `base` is Little's law over that stretch (`in flight ×
@@ -82,6 +87,8 @@ const PROBE_DEPTH: f64 = 0.75;
 pub const STUCK_ROUNDS: f64 = 3.0;
 /// ... and the window below this fraction of the most requests seen answered at the baseline.
 const STUCK_SHRINK: f64 = 0.75;
+/// Out of tolerance, `srtt` below this fraction of a round trip ago is still falling.
+const FALLING: f64 = 0.95;
 /// Answers averaged before the first baseline (the first answers are the fastest, so it is
 /// low rather than high; a low baseline is found out by the probe, a high one would not be).
 const WARMUP: f64 = 4.0;
@@ -140,8 +147,13 @@ pub struct Gradient {
     confirmed: bool,
     /// Answers after the warm-up within `FRESH` of `base`.
     fresh: f64,
-    /// When `srtt` was last within tolerance.
+    /// When `srtt` was last within tolerance, or out of it fell over a round trip: a latency
+    /// still falling is a window still shrinking toward its part, not a stuck one.
     within_seen: Option<Instant>,
+    /// Out of tolerance: when and at what `srtt` the last round trip began.
+    mark: Option<(Instant, f64)>,
+    /// Since when `srtt` has been within `FRESH` of `base` (nothing queued in the backend).
+    idle_since: Option<Instant>,
     slow_start: bool,
     /// The window before anything was learned: leaving slow start undoes the doublings made
     /// since, never more.
@@ -173,6 +185,8 @@ impl Gradient {
             confirmed: false,
             fresh: 0.0,
             within_seen: None,
+            mark: None,
+            idle_since: None,
             slow_start: true,
             initial,
             ignore_before: None,
@@ -246,6 +260,20 @@ impl Gradient {
         let within = self.srtt <= self.base * self.tolerance;
         if within {
             self.within_seen = Some(now);
+            self.mark = None;
+        } else {
+            // Out of tolerance, but lower than a round trip ago: the window is still shrinking
+            // toward its part of a backend that others load too, not stuck.
+            match self.mark {
+                Some((at, was)) if now.duration_since(at).as_secs_f64() >= self.srtt => {
+                    if self.srtt < was * FALLING {
+                        self.within_seen = Some(now);
+                    }
+                    self.mark = Some((now, self.srtt));
+                }
+                None => self.mark = Some((now, self.srtt)),
+                Some(_) => {}
+            }
         }
         if self.slow_start {
             if !within {
@@ -290,6 +318,17 @@ impl Gradient {
         let mut target = self.limit * self.tolerance * self.base / self.srtt;
         if within {
             target = target.max(self.limit + 1.0);
+        }
+        let idle = self.srtt <= self.base * FRESH;
+        let idle_since = *self.idle_since.get_or_insert(now);
+        if !idle {
+            self.idle_since = None;
+        } else if now.duration_since(idle_since).as_secs_f64() >= self.srtt {
+            // A whole round trip with nothing queued in the backend: it has slots idle (others
+            // sharing it left, or it got faster). Half the window more per round trip, not an
+            // eighth (four corrals on one backend: the last two to finish regrew from a
+            // quarter of its slots for half a second, 1.08x the bound).
+            target = target.max(2.0 * self.limit);
         }
         if target > self.limit && !s.saturated {
             return self.limit();
@@ -337,6 +376,8 @@ impl Gradient {
         self.base_seen = Some(now);
         self.confirmed = true;
         self.within_seen = Some(now);
+        self.mark = None;
+        self.idle_since = None;
         self.proven = held;
         // The baseline was too low (a slower backend, or the first answers were the fastest):
         // the window shrank for nothing, so regrow it quickly.
@@ -452,5 +493,53 @@ mod tests {
         let base = m.g.base_rtt().unwrap();
         assert!(base.abs_diff(100 * MS) < 10 * MS, "{base:?}");
         assert!((16..=24).contains(&m.g.limit()), "{}", m.g.limit());
+    }
+
+    #[test]
+    fn a_window_left_alone_regrows_by_half_per_round_trip() {
+        // Others shared the backend's 16 slots: this window settled at its part of them.
+        let mut m = Model::new(Gradient::new(8, 1, 1024, 1.25));
+        m.run(2000, 4, 100 * MS);
+        let part = m.g.limit();
+        assert!((4..=6).contains(&part), "{part}");
+        // They left: a round trip with nothing queued, then half again per round trip (an
+        // eighth, by the steps alone: 4 round trips to 6.4 where 16 slots stand idle).
+        let mut rounds = 0;
+        while m.g.limit() < 16 {
+            let answers = m.g.limit();
+            m.run(answers as usize, 16, 100 * MS);
+            rounds += 1;
+            assert!(rounds <= 6, "{rounds} round trips: {}", m.g.limit());
+        }
+        assert!(m.g.limit() <= 32, "{}", m.g.limit());
+    }
+
+    #[test]
+    fn a_latency_still_falling_is_not_stuck() {
+        // Others load the backend: this window's answers take three times the baseline, and
+        // less each round trip as the windows shrink toward their parts. However low this one
+        // falls meanwhile, it is not stuck while the latency falls: a probe would drop it
+        // further just as the windows meet their parts (four corrals at once, all probing).
+        let mut m = Model::new(Gradient::new(8, 1, 1024, 1.25));
+        m.run(2000, 16, 100 * MS);
+        let mut latency = 300.0;
+        for _ in 0..12 {
+            for _ in 0..m.g.limit() {
+                let rtt = Duration::from_secs_f64(latency / 1000.0);
+                m.clock += rtt / m.g.limit();
+                m.g.sample(Sample {
+                    sent: m.clock - rtt,
+                    rtt,
+                    in_flight: m.g.limit(),
+                    saturated: true,
+                });
+                assert!(
+                    !m.g.probing(),
+                    "probed at {latency:.0} ms, limit {}",
+                    m.g.limit()
+                );
+            }
+            latency *= 0.9;
+        }
     }
 }

@@ -410,12 +410,18 @@ mod tests {
         fn answer(&mut self, slots: u32, t: Duration, demand: Option<u32>) -> u32 {
             let in_flight = demand.unwrap_or(self.g.limit()).max(1);
             let rtt = t.mul_f64((f64::from(in_flight) / f64::from(slots)).max(1.0));
+            self.answer_in(rtt, in_flight, demand.is_none())
+        }
+
+        /// One answer after `rtt`, `in_flight` requests in flight (a round trip's worth of
+        /// answers per round trip).
+        fn answer_in(&mut self, rtt: Duration, in_flight: u32, saturated: bool) -> u32 {
             self.clock += rtt / in_flight;
             self.g.sample(Sample {
                 sent: self.clock - rtt,
                 rtt,
                 in_flight,
-                saturated: demand.is_none(),
+                saturated,
             })
         }
 
@@ -526,13 +532,7 @@ mod tests {
         for _ in 0..12 {
             for _ in 0..m.g.limit() {
                 let rtt = Duration::from_secs_f64(latency / 1000.0);
-                m.clock += rtt / m.g.limit();
-                m.g.sample(Sample {
-                    sent: m.clock - rtt,
-                    rtt,
-                    in_flight: m.g.limit(),
-                    saturated: true,
-                });
+                m.answer_in(rtt, m.g.limit(), true);
                 assert!(
                     !m.g.probing(),
                     "probed at {latency:.0} ms, limit {}",

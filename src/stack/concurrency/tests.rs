@@ -391,11 +391,9 @@ async fn adaptive_window_relearns_a_slower_backend() {
     assert!((16..=24).contains(&run.final_limit), "{report}");
 }
 
-/// Only 2xx answers to first attempts are samples: a fast error says nothing about the
-/// backend's queue, and a retried request's time includes its backoff.
-#[tokio::test(start_paused = true)]
-async fn only_first_attempt_successes_teach_the_window() {
-    let w = Window::adaptive(
+/// An adaptive window from 8, within 1..=64, a queue of 100.
+fn small_adaptive_window() -> Arc<Window> {
+    Window::adaptive(
         8,
         1,
         64,
@@ -403,7 +401,14 @@ async fn only_first_attempt_successes_teach_the_window() {
         100,
         Duration::from_secs(60),
         crate::metrics::Metrics::new().upstream("t"),
-    );
+    )
+}
+
+/// Only 2xx answers to first attempts are samples: a fast error says nothing about the
+/// backend's queue, and a retried request's time includes its backoff.
+#[tokio::test(start_paused = true)]
+async fn only_first_attempt_successes_teach_the_window() {
+    let w = small_adaptive_window();
     let backend = tower::service_fn(|req: ProxyRequest| {
         let answer: BoxFuture = Box::pin(async move {
             let status = match req.target.uri.path() {
@@ -447,15 +452,7 @@ async fn only_first_attempt_successes_teach_the_window() {
 /// bench herd --scenario queue`: 1.05-1.07x the bound, the SDK alone 1.03-1.04x).
 #[tokio::test(start_paused = true)]
 async fn a_wait_below_the_window_is_not_the_backends() {
-    let w = Window::adaptive(
-        8,
-        1,
-        64,
-        1.25,
-        100,
-        Duration::from_secs(60),
-        crate::metrics::Metrics::new().upstream("t"),
-    );
+    let w = small_adaptive_window();
     let sent = Arc::new(AtomicUsize::new(0));
     let backend = tower::service_fn(move |req: ProxyRequest| {
         // The `i`th request is held `12 ms * i` before its attempt goes out, then served in

@@ -258,23 +258,7 @@ impl Gradient {
             self.confirmed = true;
         }
         let within = self.srtt <= self.base * self.tolerance;
-        if within {
-            self.within_seen = Some(now);
-            self.mark = None;
-        } else {
-            // Out of tolerance, but lower than a round trip ago: the window is still shrinking
-            // toward its part of a backend that others load too, not stuck.
-            match self.mark {
-                Some((at, was)) if now.duration_since(at).as_secs_f64() >= self.srtt => {
-                    if self.srtt < was * FALLING {
-                        self.within_seen = Some(now);
-                    }
-                    self.mark = Some((now, self.srtt));
-                }
-                None => self.mark = Some((now, self.srtt)),
-                Some(_) => {}
-            }
-        }
+        self.track_tolerance(within, now);
         if self.slow_start {
             if !within {
                 // The first queue seen was made by the window of a round trip ago: half this,
@@ -319,12 +303,8 @@ impl Gradient {
         if within {
             target = target.max(self.limit + 1.0);
         }
-        let idle = self.srtt <= self.base * FRESH;
-        let idle_since = *self.idle_since.get_or_insert(now);
-        if !idle {
-            self.idle_since = None;
-        } else if now.duration_since(idle_since).as_secs_f64() >= self.srtt {
-            // A whole round trip with nothing queued in the backend: it has slots idle (others
+        if self.idle_for_a_round(now) {
+            // Nothing queued in the backend for a whole round trip: it has slots idle (others
             // sharing it left, or it got faster). Half the window more per round trip, not an
             // eighth (four corrals on one backend: the last two to finish regrew from a
             // quarter of its slots for half a second, 1.08x the bound).
@@ -334,6 +314,38 @@ impl Gradient {
             return self.limit();
         }
         self.set(self.limit + GAIN * (target - self.limit) / self.limit.max(1.0))
+    }
+
+    /// When `srtt` was last within tolerance (`within`), or out of it lower by `FALLING` than a
+    /// round trip ago: the window is then still shrinking toward its part of a backend that
+    /// others load too, not stuck.
+    fn track_tolerance(&mut self, within: bool, now: Instant) {
+        if within {
+            self.within_seen = Some(now);
+            self.mark = None;
+            return;
+        }
+        match self.mark {
+            Some((at, was)) if now.duration_since(at).as_secs_f64() >= self.srtt => {
+                if self.srtt < was * FALLING {
+                    self.within_seen = Some(now);
+                }
+                self.mark = Some((now, self.srtt));
+            }
+            None => self.mark = Some((now, self.srtt)),
+            Some(_) => {}
+        }
+    }
+
+    /// Whether `srtt` has been within `FRESH` of `base` (nothing queued in the backend) for a
+    /// whole round trip.
+    fn idle_for_a_round(&mut self, now: Instant) -> bool {
+        if self.srtt > self.base * FRESH {
+            self.idle_since = None;
+            return false;
+        }
+        let since = *self.idle_since.get_or_insert(now);
+        now.duration_since(since).as_secs_f64() >= self.srtt
     }
 
     fn probe_sample(&mut self, s: &Sample, rtt: f64, now: Instant) -> u32 {

@@ -3,10 +3,12 @@
 //! - **Throttles wait.** A retryable 429 that says the sender's bucket is empty (rate, or
 //!   unknown: `crate::classify::Reason`) is a pacing signal, not a failure. It goes straight back
 //!   to the rate limiter below, which the 429 has paused for its hint and which then lets
-//!   requests out at the learned rate. Throttle retries count against neither `max_retries` nor
-//!   the retry budget: each one takes a token from the rate limiter like a first attempt, so
-//!   they cannot amplify load. They are bounded by the request's deadline (a wait beyond it,
-//!   or a per-day quota, is given up at once) and by `max_throttle_retries`, the last guard.
+//!   requests out at the learned rate. Throttle retries do not count against `max_retries`:
+//!   each one takes a token from the rate limiter like a first attempt, so they cannot amplify
+//!   load while the pacer paces. Those with no wait named by the upstream spend the retry
+//!   budget past the first three of a request, in case it does not. They are bounded by the
+//!   request's deadline (a wait beyond it, or a per-day quota, is given up at once) and by
+//!   `max_throttle_retries`, the last guard.
 //! - **Failures are budgeted.** 5xx, overloads (529, and 429s read as overload), connection
 //!   failures and per-try timeouts are retried after `hint + U(0, min(floor_jitter, hint/10))`
 //!   when the server's hint is at least the jittered backoff, else after the backoff, while
@@ -176,6 +178,9 @@ struct GiveUp {
     why: &'static str,
     retry_after: Option<Duration>,
 }
+
+/// Throttle retries of one request with no wait named that go without the failure budget.
+const UNBUDGETED_THROTTLES: u32 = 3;
 
 /// Send the request, then judge the answer (`read_response`, `read_error`), then wait
 /// (`throttle_sleep` for a throttle, `failure_sleep` for a failure) and send it again, until
@@ -366,6 +371,18 @@ fn throttle_sleep(
         return Err(GiveUp {
             attempts,
             why: "max_throttle_retries",
+            retry_after: None,
+        });
+    }
+    // A retry with no wait the upstream named relies on the pacer below alone. Past the first
+    // few of one request it spends the failure budget too: when the pacer was wrong (a fleet
+    // replica's cut that raised its own pace), nothing else bounded them, and each of 350
+    // requests made its 50 at once, 20,000 into a bucket of 20 a second.
+    if hint.is_none() && throttles >= UNBUDGETED_THROTTLES && !shared.budget.withdraw() {
+        shared.metrics.budget_exhausted.inc();
+        return Err(GiveUp {
+            attempts: attempts + 1,
+            why: "budget",
             retry_after: None,
         });
     }

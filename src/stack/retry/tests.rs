@@ -343,6 +343,33 @@ async fn permanent_429_is_not_retried() {
     assert_eq!(script.calls.load(Ordering::SeqCst), 1);
 }
 
+/// Bare 429s (no wait named) are retried through the rate limiter, which paces them; past the
+/// first few of one request they spend the failure budget too, so a pacer that fails to pace
+/// (none here: the service answers at once) cannot turn each request into 50 attempts.
+#[tokio::test(start_paused = true)]
+async fn bare_throttles_past_the_first_few_spend_the_budget() {
+    let cfg = RetryConfig {
+        budget_min_per_second: 1,
+        budget_ratio: 0.0,
+        ..config(Jitter::Full)
+    };
+    let script = Script::new((0..10_000).map(|_| answer(429, &[], "{}")).collect());
+    let svc = retry(&cfg, 7).layer(script.service());
+    let handles: Vec<_> = (0..20)
+        .map(|_| tokio::spawn(svc.clone().oneshot(request(Duration::from_secs(600)))))
+        .collect();
+    for h in handles {
+        assert_eq!(h.await.unwrap().unwrap().status(), 429);
+    }
+    // Three each free, then the budget's reserve (1 a second over 10 s): not 20 x 51.
+    let calls = script.calls.load(Ordering::SeqCst);
+    assert!(calls <= 20 * 4 + 15, "{calls} attempts");
+    assert!(
+        calls >= 20 * 4,
+        "{calls} attempts: the first three retries are free"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_budget_caps_retries_during_an_outage() {
     // ratio 0.2 and 1 retry per second of reserve over 10 s: 100 failing requests in one burst

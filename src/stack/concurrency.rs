@@ -264,9 +264,9 @@ impl Slot {
     /// time came out 9% high, and the probe that doubted it held the window at three
     /// quarters of the slots for three round trips: `corral bench herd --scenario queue`
     /// 1.05-1.07x, the SDK alone 1.03-1.04x).
-    fn learn_from(&mut self, status: http::StatusCode, attempts: u32, sent: Option<Instant>) {
-        self.learn = self.window.gradient.is_some() && status.is_success() && attempts <= 1;
-        if let Some(sent) = sent {
+    fn learn_from(&mut self, status: http::StatusCode, ctx: &crate::forward::RequestCtx) {
+        self.learn = self.window.gradient.is_some() && status.is_success() && ctx.attempts() <= 1;
+        if let Some(sent) = ctx.first_sent_at().filter(|_| self.learn) {
             self.sent = self.sent.max(sent);
         }
     }
@@ -323,7 +323,7 @@ impl Middleware for Window {
             let ctx = &target.ctx;
             let mut slot = window.acquire(ctx.wait_deadline, ctx.priority).await?;
             let response = next.send(req).await?;
-            slot.learn_from(response.status(), ctx.attempts(), ctx.first_sent_at());
+            slot.learn_from(response.status(), ctx);
             Ok(response.map(|body| Guarded::wrap(body, slot)))
         }
     }

@@ -343,6 +343,20 @@ async fn permanent_429_is_not_retried() {
     assert_eq!(script.calls.load(Ordering::SeqCst), 1);
 }
 
+/// `n` requests at once against an upstream that answers `status` to everything: each gets
+/// `status` back; returns the attempts the upstream saw.
+async fn burst(cfg: &RetryConfig, seed: u64, status: u16, n: usize) -> usize {
+    let script = Script::new((0..10_000).map(|_| answer(status, &[], "{}")).collect());
+    let svc = retry(cfg, seed).layer(script.service());
+    let handles: Vec<_> = (0..n)
+        .map(|_| tokio::spawn(svc.clone().oneshot(request(Duration::from_secs(600)))))
+        .collect();
+    for h in handles {
+        assert_eq!(h.await.unwrap().unwrap().status(), status);
+    }
+    script.calls.load(Ordering::SeqCst)
+}
+
 /// Bare 429s (no wait named) are retried through the rate limiter, which paces them; past the
 /// first few of one request they spend the failure budget too, so a pacer that fails to pace
 /// (none here: the service answers at once) cannot turn each request into 50 attempts.
@@ -353,16 +367,8 @@ async fn bare_throttles_past_the_first_few_spend_the_budget() {
         budget_ratio: 0.0,
         ..config(Jitter::Full)
     };
-    let script = Script::new((0..10_000).map(|_| answer(429, &[], "{}")).collect());
-    let svc = retry(&cfg, 7).layer(script.service());
-    let handles: Vec<_> = (0..20)
-        .map(|_| tokio::spawn(svc.clone().oneshot(request(Duration::from_secs(600)))))
-        .collect();
-    for h in handles {
-        assert_eq!(h.await.unwrap().unwrap().status(), 429);
-    }
+    let calls = burst(&cfg, 7, 429, 20).await;
     // Three each free, then the budget's reserve (1 a second over 10 s): not 20 x 51.
-    let calls = script.calls.load(Ordering::SeqCst);
     assert!(calls <= 20 * 4 + 15, "{calls} attempts");
     assert!(
         calls >= 20 * 4,
@@ -380,16 +386,7 @@ async fn the_budget_caps_retries_during_an_outage() {
         max_retries: 6,
         ..config(Jitter::Full)
     };
-    let script = Script::new((0..10_000).map(|_| answer(503, &[], "down")).collect());
-    let layer = retry(&cfg, 6);
-    let svc = layer.layer(script.service());
-    let handles: Vec<_> = (0..100)
-        .map(|_| tokio::spawn(svc.clone().oneshot(request(Duration::from_secs(600)))))
-        .collect();
-    for h in handles {
-        assert_eq!(h.await.unwrap().unwrap().status(), 503);
-    }
-    let calls = script.calls.load(Ordering::SeqCst);
+    let calls = burst(&cfg, 6, 503, 100).await;
     assert!(
         calls <= 100 + 35,
         "{calls} attempts: the budget let too many retries through"

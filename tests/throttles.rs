@@ -279,6 +279,67 @@ async fn an_admission_storm_costs_its_hints_and_leaves_no_crawl() {
     }
 }
 
+/// A gateway's queue refuses each request twice with a bare `429` and `retry-after: 1` (no
+/// rate-limit headers), whatever the rate, then serves it. A bucket refilled over the hint
+/// would take the first send after the pause; this one refuses it, so each refusal is the
+/// request's own wait: forty parallel clients are done after about two hints, as each would
+/// be honouring `retry-after` alone, with three attempts each. (Read as a bucket's edge, each
+/// refusal paused everything for a second and cut the pace: one attempt a second.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateways_queue_refusing_whatever_the_rate_costs_only_its_hints() {
+    let seen: Arc<Mutex<HashMap<bytes::Bytes, u32>>> = Arc::default();
+    let s = Arc::clone(&seen);
+    let upstream = MockUpstream::start(move |req| {
+        let n = {
+            let mut seen = s.lock().unwrap();
+            let n = seen.entry(req.body.clone()).or_default();
+            *n += 1;
+            *n
+        };
+        async move {
+            if n <= 2 {
+                let mut r = json(
+                    429,
+                    serde_json::json!({"error": {"message": "Server busy: queue full",
+                        "type": "server_busy", "code": "queue_full"}}),
+                );
+                with_headers(&mut r, &[("retry-after", "1")]);
+                r
+            } else {
+                json(200, serde_json::json!({"ok": true}))
+            }
+        }
+    })
+    .await;
+    let corral = Corral::start(&one_upstream(&upstream, "")).await;
+    let c = client();
+    let url = corral.url("/v1/chat/completions");
+    let start = Instant::now();
+    let clients: Vec<_> = (0..40)
+        .map(|i| {
+            let (c, url) = (c.clone(), url.clone());
+            tokio::spawn(async move {
+                let mut req = post(&url, &format!(r#"{{"model":"m","input":"queued {i}"}}"#));
+                req.headers_mut()
+                    .insert("x-corral-deadline-ms", "20000".parse().unwrap());
+                send(&c, req).await.0.status
+            })
+        })
+        .collect();
+    for t in clients {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    // Two hints of 1 s (plus their jitter): about 2.5 s; 8 s on a loaded machine.
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(8), "took {took:?}");
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 40);
+    assert!(
+        seen.values().all(|&n| n == 3),
+        "attempts per request: {seen:?}"
+    );
+}
+
 /// Two models on one key: the slow model's long 429 pauses its own partition only, and the
 /// fast model's requests go at once; `/status` counts two partitions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -288,6 +288,8 @@ pub struct Pacer {
     next_send: Instant,
     /// Admitted and not yet answered, in admission order.
     unanswered: VecDeque<Ticket>,
+    /// When the latest attempt answered with a success had been sent.
+    last_ok_sent: Option<Instant>,
     throttle_log: Throttles,
     cap: Option<Cap>,
     /// The cap was set by the fleet (a peer's refusal, or the replicas' shares), for a key
@@ -358,6 +360,7 @@ impl Pacer {
             handshake: None,
             next_send: now,
             unanswered: VecDeque::new(),
+            last_ok_sent: None,
             throttle_log: Throttles::default(),
             cap: None,
             peer_cap: false,
@@ -488,6 +491,10 @@ impl Pacer {
             let rtt = now.saturating_duration_since(ticket.sent_at).as_secs_f64();
             self.min_rtt = Some(self.min_rtt.map_or(rtt, |m| m.min(rtt)));
             let units = ticket.cost.max(1.0);
+            self.last_ok_sent = Some(
+                self.last_ok_sent
+                    .map_or(ticket.sent_at, |s| s.max(ticket.sent_at)),
+            );
             self.admitted.record(now, ticket.sent_at, units);
             self.recover(ticket, units, rtt);
         }
@@ -505,6 +512,13 @@ impl Pacer {
         }
         match report {
             Some(r) => self.learn_headers(ticket, answer, r, now),
+            // A refusal that was not the bucket's took nothing from it: its slot back.
+            None if answer == Answer::RefusedElsewhere
+                && self.source == Source::SlowStart
+                && !self.consented(ticket) =>
+            {
+                self.level += 1.0;
+            }
             None if answer == Answer::Ok && self.source == Source::SlowStart => {
                 // Its slot back and one more, unless its silence already gave them.
                 if !self.consented(ticket) {

@@ -441,12 +441,20 @@ impl RateLimitShared {
             }
             (other, _) => other,
         };
+        let mut result = result;
         let outcome = Outcome::of(&result);
         let response = result.as_ref().ok();
         let throttle = response.and_then(|r| r.extensions().get::<Throttle>());
         if tickets.is_some() || outcome == Outcome::Throttled(429) {
             let headers = response.map(Response::headers);
-            partition.observe(tickets, outcome, throttle, headers, Some(sent_at), m);
+            let own = partition.observe(tickets, outcome, throttle, headers, Some(sent_at), m);
+            // An admission control's refusal: the retry waits its hint for this request
+            // alone (`Partition::admission_control`).
+            if let Some(t) = result.as_mut().ok().filter(|_| own) {
+                if let Some(t) = t.extensions_mut().get_mut::<Throttle>() {
+                    t.own_wait = true;
+                }
+            }
         }
         result
     }

@@ -107,6 +107,13 @@ impl Pause {
         u64::try_from(at.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX)
     }
 
+    /// The end of the last pause, when it has passed by `now`.
+    fn ended(&self, now: Instant) -> Option<Instant> {
+        let nanos = self.until.load(Ordering::Acquire);
+        let until = self.origin + Duration::from_nanos(nanos);
+        (nanos > 0 && until <= now).then_some(until)
+    }
+
     /// The end of the pause in force at `now`, if any.
     fn until(&self, now: Instant) -> Option<Instant> {
         let nanos = self.until.load(Ordering::Acquire);
@@ -140,6 +147,9 @@ pub struct Partition {
     pause: Arc<Pause>,
     /// Set by 429s that name none: a wait corral chose, so it only delays (see the module doc).
     guessed_pause: Pause,
+    /// Until when hinted 429s are read as an admission control's, each the refused request's
+    /// own wait (see `Partition::admission_control`).
+    admission: Pause,
     /// With `[fleet]`: the lease on the fleet's shared buckets (instead of the configured
     /// ceilings, which then live in Redis).
     lease: Option<Arc<Lease>>,
@@ -275,6 +285,7 @@ impl Partition {
             pause,
             lease,
             guessed_pause: Pause::new(),
+            admission: Pause::new(),
             release_jitter: config.retry.floor_jitter.0,
             default_pause: config.retry.base.0,
             rng: Mutex::new(SmallRng::from_os_rng()),

@@ -196,6 +196,18 @@ impl Pacer {
         self.handshake = Some(secs);
     }
 
+    /// Whether the attempt admitted with `ticket` left at or after `since` with nothing of this
+    /// pacer's sent since then ahead of it still in flight or taken by the upstream: a
+    /// refusal of it is a refusal of the first send after `since`.
+    pub fn first_since(&self, ticket: Ticket, since: Instant) -> bool {
+        ticket.sent_at >= since
+            && self.last_ok_sent.is_none_or(|s| s < since)
+            && !self
+                .unanswered
+                .iter()
+                .any(|t| t.sent_at >= since && t.seq < ticket.seq)
+    }
+
     /// Whether the attempt admitted with `ticket` was confirmed by its silence.
     pub(super) fn consented(&self, ticket: Ticket) -> bool {
         ticket.cost > 0.0 && ticket.seq <= self.consented_seq

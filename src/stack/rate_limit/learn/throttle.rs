@@ -335,6 +335,18 @@ impl Pacer {
         }
     }
 
+    /// The 429s that cut this pace were an admission control's, not the bucket's edge (see
+    /// `Partition::admission_control`): the pace goes back to where they found it, the ramp
+    /// it was on when nothing had refused it.
+    pub fn forget_cuts(&mut self) {
+        if self.source == Source::Aimd && self.cap.is_some_and(|c| c.before.is_some()) {
+            self.cap = None;
+            self.floor = None;
+            self.source = Source::SlowStart;
+            self.level = self.level.max(0.0);
+        }
+    }
+
     /// Cut the pace by `BETA` (`GUESS_BETA` from slow start before any answer; from the
     /// measured send rate when nothing paces yet), never below what the upstream admitted over
     /// the last window.

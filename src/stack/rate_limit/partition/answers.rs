@@ -30,10 +30,16 @@ struct Reading<'a> {
     now: Instant,
 }
 
+/// How long hinted 429s are read as an admission control's after the last of them
+/// ([`Partition::admission_control`]).
+const ADMISSION_MEMORY: Duration = Duration::from_secs(10);
+
 /// What the pacers learned from one answer ([`Partition::learn`]).
 struct Learned {
     /// The wait was the request's own: the partition does not pause.
     own_wait_kept: bool,
+    /// The 429 was an admission control's: the refused request waits its own hint.
+    admission: bool,
     /// The refusing pacer's time for the attempt, on a 429 that says a bucket is empty.
     pause: Option<Duration>,
     /// Whether the requests and the tokens buckets refused.
@@ -51,7 +57,8 @@ impl Partition {
     ///
     /// In order: read the answer, teach the pacers ([`Self::learn`], with their lock held),
     /// choose the pause ([`Self::pause_for`]) and set it ([`Self::extend_pause`]), then wake
-    /// the waiters that wait for answers.
+    /// the waiters that wait for answers. Returns whether the refused request waits its 429's
+    /// hint on its own (an admission control's refusal: the partition goes on).
     pub fn observe(
         &self,
         tickets: Option<Tickets>,
@@ -60,7 +67,7 @@ impl Partition {
         headers: Option<&HeaderMap>,
         sent_at: Option<Instant>,
         metrics: &UpstreamMetrics,
-    ) {
+    ) -> bool {
         let now = Instant::now();
         if let Some(lease) = &self.lease {
             lease.answered();
@@ -86,6 +93,7 @@ impl Partition {
         };
         let mut learned = Learned {
             own_wait_kept: false,
+            admission: false,
             pause: None,
             refused: (rate_limited, false),
             edge: rate_limited,
@@ -100,6 +108,7 @@ impl Partition {
         if self.queued.load(Ordering::Acquire) > 0 {
             self.answered.notify_waiters();
         }
+        learned.admission
     }
 
     /// Teach both pacers what the answer to the attempt admitted with `tickets` says of their
@@ -140,19 +149,21 @@ impl Partition {
         // alike say too little to tell an admission control's queue from a bucket's edge,
         // and the edge is what corrals on one key meet.
         let own_wait = own_wait && !reading.rounded;
+        let reported = requests_report.is_some() || tokens_report.is_some();
+        let admission = self.admission_control(p, tickets, reading, reported);
         let full_after = (
             own_wait && for_requests == Answer::RateLimited && p.requests.had_headroom(),
             own_wait && for_tokens == Answer::RateLimited && p.tokens.had_headroom(),
         );
         for (answer, own) in [
-            (&mut for_requests, full_after.0),
-            (&mut for_tokens, full_after.1),
+            (&mut for_requests, full_after.0 || admission),
+            (&mut for_tokens, full_after.1 || admission),
         ] {
-            if own {
+            if own && *answer == Answer::RateLimited {
                 *answer = Answer::RefusedElsewhere;
             }
         }
-        let own_wait_kept = full_after.0 || full_after.1;
+        let own_wait_kept = full_after.0 || full_after.1 || admission;
         if let Some(lease) = &self.lease {
             let [(requests, divided), (tokens, _)] = lease.undivided();
             p.requests.among(requests);
@@ -197,10 +208,52 @@ impl Partition {
         let blind = |p: &Pacer| !matches!(p.source(), Source::Headers | Source::Observed);
         Learned {
             own_wait_kept,
+            admission,
             pause: learned_pause,
             refused,
             edge: (refused.0 && blind(&p.requests)) || (refused.1 && blind(&p.tokens)),
         }
+    }
+
+    /// Whether a 429 that names a wait is an admission control's, not a bucket's edge: the
+    /// first attempt sent after the last named pause had passed was refused again, where a
+    /// bucket refilled over the wait it named would have taken it (a gateway's or a
+    /// self-hosted server's queue refuses each request a few times whatever the rate). From
+    /// then until [`ADMISSION_MEMORY`] after the last such refusal, each hinted refusal is its
+    /// request's own wait: the request waits its hint, the partition goes on at its pace and
+    /// no pace is cut, as a client honouring `retry-after` alone would do. Only for 429s with
+    /// no rate-limit report (a report says which bucket refused, and `Throttle::own_wait`
+    /// reads it) and for a corral alone on its key: a fleet's replicas share the refill a
+    /// pause ends with, so the bucket refuses the first sends of all but one.
+    fn admission_control(
+        &self,
+        p: &mut Pacers,
+        tickets: Tickets,
+        reading: &Reading<'_>,
+        reported: bool,
+    ) -> bool {
+        let hinted = reading
+            .throttle
+            .is_some_and(|t| t.named && t.hint.is_some_and(|h| !h.is_zero()));
+        if !reading.rate_limited || !hinted || reported || self.lease.is_some() {
+            return false;
+        }
+        let now = reading.now;
+        let known = self.admission.until(now).is_some();
+        let found = !known
+            && self
+                .pause
+                .ended(now)
+                .is_some_and(|end| p.requests.first_since(tickets.requests, end));
+        if found {
+            // The cuts its refusals made before it was found were no bucket's either.
+            p.requests.forget_cuts();
+            p.tokens.forget_cuts();
+        }
+        if known || found {
+            self.admission.extend(now + ADMISSION_MEMORY);
+        }
+        known || found
     }
 
     /// Set the pacing gauges from the pacers (`p`, their lock held), and note whether the

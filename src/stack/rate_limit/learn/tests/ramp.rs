@@ -1,5 +1,6 @@
-//! Fleet replicas without headers ramp as one corral: what each built alone is split among them
-//! once their count is known ([`Pacer::among`]).
+//! The ramp before the bucket's edge is known: fleet replicas without headers ramp as one
+//! corral (what each built alone is split among them once their count is known,
+//! [`Pacer::among`]), and a report that names no refill leaves the ramp to silence.
 
 use super::*;
 
@@ -71,4 +72,29 @@ fn a_cut_guessed_alone_is_split_an_estimate_is_not() {
     });
     estimated.among(4);
     assert_eq!(estimated.cap.expect("capped").rate, split.rate, "evidence");
+}
+
+/// A report of a full bucket (an overload's 429 before anything was used: `remaining` =
+/// `limit`, reset `0s`) names no refill. A tokens pacer's confirmed window starts below one
+/// request's tokens; the silence of its sends grows it, and the level within it, so requests
+/// go on before any answer (of 10 s here) comes back. (Before, the level waited for the next
+/// report: one request per round trip.)
+#[test]
+fn a_report_of_a_full_bucket_leaves_the_ramp_to_silence() {
+    let start = Instant::now();
+    let mut pacer = Pacer::new(Kind::Tokens, 10, 1.0, start);
+    pacer.handshake(0.0001);
+    let first = pacer.admit_anyway(19.0, start);
+    let full = fine_report(2_000_000.0, 2_000_000.0, Duration::ZERO);
+    let refused = start + Duration::from_millis(2);
+    pacer.observe(first, Answer::Overloaded, Some(full), refused);
+    assert_eq!(pacer.source(), Source::Headers);
+    let mut sent = 0;
+    for step in 0..500 {
+        let now = refused + Duration::from_millis(step);
+        while pacer.try_acquire(19.0, now).is_ok() {
+            sent += 1;
+        }
+    }
+    assert!(sent >= 50, "sent {sent} in 500 ms of silence");
 }

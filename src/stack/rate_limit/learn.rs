@@ -407,6 +407,25 @@ impl Pacer {
         })
     }
 
+    /// Whether `r` counts a long window rather than the bucket that refuses first: it is full
+    /// again only hours from now, or (a requests report with a fine reset) the refill it
+    /// implies would take hours to fill it from empty. Groq's requests per day read `remaining`
+    /// 14,378 of 14,400 and a reset of 2m12s, the time to refill the 22 used at a day's pace:
+    /// read as a bucket, that paced a key that takes 20 a second at one request per 6 s. A
+    /// coarse reset (whole seconds, rounded up) says too little: one request of 10,000 a
+    /// minute reads as a window of hours.
+    fn long_window(&self, r: &Report) -> bool {
+        let Some(reset) = r.reset else {
+            return false;
+        };
+        let used = r.limit - r.remaining;
+        reset > LONG_REPORT
+            || (self.kind == Kind::Requests
+                && !r.coarse
+                && used > 0.0
+                && reset.as_secs_f64() * r.limit / used > LONG_REPORT.as_secs_f64())
+    }
+
     /// Units this pacer sent after the attempt whose answer reported `last_remaining`: the
     /// report has not seen them.
     pub fn unseen(&self) -> f64 {
@@ -475,12 +494,12 @@ impl Pacer {
         self.refill(now);
         self.quiet_since = now;
         self.forget(ticket, now);
-        // A report whose bucket is full again only hours from now counts a long window (a
-        // per-day quota, as Groq's request headers do): its rate is a day's average and its
-        // `remaining` the day's, nothing about the bucket that refuses first. The pacer learns
-        // as without headers; the quota's own 429 is read as a long window.
+        // A report of a long window (a per-day quota, as Groq's request headers are): its rate
+        // is a day's average and its `remaining` the day's, nothing about the bucket that
+        // refuses first. The pacer learns as without headers; the quota's own 429 is read as
+        // a long window.
         let report = match report {
-            Some(r) if r.reset.is_some_and(|d| d > LONG_REPORT) => {
+            Some(r) if self.long_window(&r) => {
                 self.last_remaining = Some(r.remaining);
                 self.remaining_seq = Some(ticket.seq);
                 None

@@ -1,4 +1,5 @@
-//! The refill rate read from reports whose resets are rounded to whole seconds.
+//! The refill rate read from reports whose resets are rounded to whole seconds, and reports
+//! that count a long window.
 
 use super::*;
 
@@ -72,4 +73,28 @@ async fn an_instants_wait_counts_from_the_send() {
         "{} per second, true 20",
         pacer.header_rate
     );
+}
+
+/// Groq's requests per day: `remaining` 14,378 of 14,400 and a reset of 2m12s (the 22 used,
+/// refilled at a day's pace) count a long window, not the bucket that refuses: the pacer
+/// learns as without headers. A per-minute report (OpenAI's 4,999 of 5,000, reset 12ms) is a
+/// bucket; so is a coarse one whose rounding alone makes the window long.
+#[test]
+fn a_report_whose_refill_takes_hours_is_a_long_window() {
+    let now = Instant::now();
+    let read = |report: Report| {
+        let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
+        let ticket = pacer.admit_anyway(1.0, now);
+        pacer.observe(ticket, Answer::Ok, Some(report), now);
+        pacer.source()
+    };
+    let day = fine_report(14_400.0, 14_378.0, Duration::from_secs(132));
+    assert_eq!(read(day), Source::SlowStart, "a day's quota");
+    let minute = fine_report(5_000.0, 4_999.0, Duration::from_millis(12));
+    assert_eq!(read(minute), Source::Headers, "a minute's bucket");
+    let coarse = Report {
+        coarse: true,
+        ..fine_report(10_000.0, 9_999.0, Duration::from_secs(1))
+    };
+    assert_eq!(read(coarse), Source::Headers, "rounded up, not long");
 }

@@ -9,7 +9,9 @@
 //!   outcome to now), and the window's error rate reaches `open_error_rate`. The rate is the
 //!   mean of the slots' own error rates, so each slot weighs the same however many outcomes it
 //!   holds: 20 requests that failed at one instant are one slot, one event, and cannot open the
-//!   breaker alone (their span is zero), nor outweigh the healthy seconds around them.
+//!   breaker alone (their span is zero), nor outweigh the healthy seconds around them. The
+//!   failures' share of the window's outcomes must reach it too: a failure refused at the door
+//!   comes back before the successes sent beside it, so a slot can hold it alone.
 //! - Open: for a cool-down of `cooldown * 2^(consecutive opens - 1)`, capped at `max_cooldown`,
 //!   jittered to 75-100% so several corrals don't probe in step; then half-open. The doubling
 //!   restarts from `cooldown` once the breaker has been closed for `healthy_reset` without its
@@ -176,6 +178,18 @@ impl Window {
             .map(|s| f64::from(s.failures) / f64::from(s.outcomes))
             .sum();
         sum / self.slots.len() as f64
+    }
+
+    /// Failures over outcomes, each outcome weighing the same. A failure comes back at once
+    /// (an overload refused at the door) where a success takes the service time: after a
+    /// pause, the slot of a burst's sends holds its failures alone and its successes land in
+    /// later slots, so 5% of answers refused as overloaded read as a slot mean of 50%. The
+    /// breaker opens only when the count agrees.
+    fn counted_rate(&self) -> f64 {
+        if self.outcomes == 0 {
+            return 0.0;
+        }
+        self.failures as f64 / self.outcomes as f64
     }
 
     fn clear(&mut self) {
@@ -350,6 +364,7 @@ impl Breaker {
                     && self.window.outcomes >= u64::from(config.min_samples)
                     && self.window.span(now) >= config.min_span.0
                     && rate >= config.open_error_rate
+                    && self.window.counted_rate() >= config.open_error_rate
                 {
                     self.open(now, jitter);
                     return true;

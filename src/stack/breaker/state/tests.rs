@@ -491,3 +491,29 @@ fn every_phase_has_its_series_from_the_first_scrape() {
     }
     assert_eq!(phases.len(), crate::metrics::BREAKER_PHASES.len());
 }
+
+/// Bursts after pauses: each second a burst's one overload comes back at once, alone in its
+/// slot, and its 19 successes a service time later in the next: a slot mean of 50%, 5% of
+/// answers. The breaker stays closed (it opened at 1 s when the mean alone decided); an
+/// upstream failing half its answers still opens it.
+#[tokio::test(start_paused = true)]
+async fn fast_failures_beside_slow_successes_are_counted_not_averaged() {
+    let mut b = Breaker::new(BreakerConfig {
+        window: 50,
+        min_samples: 20,
+        min_span: HumanDuration::from_secs(1),
+        ..config()
+    });
+    let start = Instant::now();
+    for second in 0..10u32 {
+        let t = start + 1000 * MS * second;
+        assert!(!b.record(true, None, t, 1.0), "opened at {second} s");
+        for i in 0..19 {
+            assert!(!b.record(false, None, t + 200 * MS + i * MS, 1.0));
+        }
+    }
+    assert_eq!(b.phase(), Phase::Closed);
+    let t = start + 20_000 * MS;
+    let opened = (0..100u32).any(|i| b.record(i % 2 == 0, None, t + 100 * MS * i, 1.0));
+    assert!(opened, "half its answers failed");
+}

@@ -152,7 +152,8 @@ const LONG_REPORT: Duration = Duration::from_secs(3600);
 /// An estimate from the 429s this many times the headers' rate says the report counts another
 /// window than the bucket that refuses.
 const OTHER_UNIT: f64 = 2.0;
-/// A named wait this long makes the cuts before it recover by doubling.
+/// A named wait longer than this makes the cuts before it recover by doubling. A whole second
+/// is what a `retry-after` rounded up to seconds names for a bucket's next token.
 pub const STORM: Duration = Duration::from_secs(1);
 /// A cut never goes below what the upstream admitted over this window.
 const ADMITTED_WINDOW: Duration = Duration::from_secs(1);

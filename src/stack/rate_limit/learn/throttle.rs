@@ -324,11 +324,11 @@ impl Pacer {
         }
     }
 
-    /// The upstream named a long wait ([`STORM`] or more): what follows is a storm, not a
+    /// The upstream named a long wait (longer than [`STORM`]): what follows is a storm, not a
     /// bucket's edge found by pacing, so a cut's way back is by doubling per round trip
     /// (TCP's slow start after a timeout) rather than by its slow growth.
     pub fn long_pause(&mut self, wait: Duration) {
-        if wait >= STORM {
+        if wait > STORM {
             if let Some(cap) = self.cap.as_mut().filter(|c| c.before.is_some()) {
                 cap.recovering = true;
             }

@@ -37,7 +37,10 @@ fn a_cut_is_bounded_by_what_was_admitted_and_recovers_by_doubling() {
     let low = pacer.cap.unwrap().rate;
     let before = pacer.cap.unwrap().before.unwrap();
     // Without a long wait named, the cut grows slowly (a bucket's edge); with one, it doubles.
+    // A second is a rounded-up `retry-after: 1`: a bucket's next token, not a storm.
     pacer.long_pause(STORM);
+    assert!(!pacer.cap.unwrap().recovering, "a whole second");
+    pacer.long_pause(2 * STORM);
     // Successes sent after the last cut, answered in 100 ms: the pace doubles per round trip.
     let mut rate = low;
     for round in 0..12 {

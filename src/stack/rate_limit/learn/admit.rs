@@ -131,8 +131,8 @@ impl Pacer {
     /// Confirm the attempts unanswered for twice the slowest recent refusal ([`CONSENT`] before
     /// one is seen): a bucket refuses at once, so one that has not refused them by then
     /// admitted them. Each grows the ramp as a success would (in slow start the level and
-    /// window, with headers the confirmed headroom and the level within it, up to what the
-    /// last report left), and its answer later adds nothing.
+    /// window, with headers the confirmed headroom, and a tokens pacer's level within it when
+    /// no refill is known), and its answer later adds nothing.
     pub(super) fn consent(&mut self, now: Instant) {
         if !matches!(self.source, Source::SlowStart | Source::Headers) {
             return;
@@ -157,13 +157,17 @@ impl Pacer {
             // holds no rate).
             self.level += 2.0 * units;
             self.burst = self.burst.max(self.level);
-        } else if let Some(remaining) = self.last_remaining.filter(|_| self.header_rate <= 0.0) {
+        } else if let Some(remaining) = self
+            .last_remaining
+            .filter(|_| self.header_rate <= 0.0 && self.kind == Kind::Tokens)
+        {
             // With headers the level is the report's headroom, less what was sent since,
             // within the confirmed window, and the refill raises it between reports. A report
-            // of a full bucket names no refill (no use to measure): the window grew, so does
-            // the level, as in slow start. Else a tokens pacer whose window held less than one
-            // request's tokens sent nothing more until answers of 10 s came back. (With a
-            // refill known, growing it here too drew a third more 429s on a shared key.)
+            // of a full bucket names no refill (no use to measure): a tokens pacer's window
+            // grew, so does its level, as in slow start. Else, its window holding less than one
+            // request's tokens, it sent nothing more until answers of 10 s came back. (With a
+            // refill known, growing it here too drew a third more 429s on a shared key; a
+            // requests pacer's window holds whole requests, and the answers pace its ramp.)
             let headroom = (remaining - self.floor.unwrap_or(0.0)) / self.part() - self.unseen();
             let grown = (self.level + 2.0 * units).min(headroom).min(self.verified);
             self.level = self.level.max(grown);

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Worlds written elsewhere: corral against what a user gets without it, in upstreams built from
+# the providers' documented behaviour by a helper that never read corral's source
+# (benches/worlds/upstream.py: OpenAI's quantized limits and overload 429s, two models on one
+# key, Anthropic's headers and 529s, Azure's 10 s sub-windows, Gemini's body hints, a
+# Together-like 503 share, a vLLM queue, a gateway's admission queue, Groq's per-day
+# requests report, no limit at all).
+#
+#   benches/worlds.sh                    # every world, N=500 clients fired at once
+#   WORLDS="admission groq-daily" N=100 benches/worlds.sh
+#
+# Per world (benches/worlds/drive.py), two runs against a fresh upstream: the official openai
+# SDK with its default retries straight at it ("sdk-alone"), and the same SDK with
+# max_retries=0 through a fresh, unconfigured corral (`corral --upstream URL`). Each client's
+# deadline is max(10 x the world's bound, 60 s). The upstream counts its refusals by cause:
+# "rate" (the bucket the sender emptied) and "other" (overload, admission, 5xx). Report:
+# bench-out/worlds/results.md (per-run JSON and logs beside it).
+#
+# Needs python3 with venv; installs openai and aiohttp from PyPI into $VENV
+# (bench-out/worlds/venv). Builds corral (cargo build --release) unless CORRAL_BIN is set.
+# Everything listens on 127.0.0.1; each upstream and corral is stopped by its PID. About 13
+# minutes for every world at N=500. The openai SDK itself takes about 1.5 s of the two cores
+# for 500 clients (the `nolimit` world's makespan against its 0.2 s service time).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+export OUT=${OUT:-$root/bench-out/worlds}
+VENV=${VENV:-$OUT/venv}
+N=${N:-500}
+WORLDS=${WORLDS:-"nolimit openai-quantized openai-overload two-models anthropic azure gemini together vllm admission groq-daily"}
+mkdir -p "$OUT"
+if [[ -z ${CORRAL_BIN:-} ]]; then
+    (cd "$root" && cargo build --release --locked)
+    export CORRAL_BIN=$root/target/release/corral
+fi
+if [[ ! -x $VENV/bin/python ]]; then
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install --quiet openai aiohttp
+fi
+for w in $WORLDS; do
+    timeout 900 "$VENV/bin/python" "$root/benches/worlds/drive.py" --world "$w" --n "$N"
+done
+"$VENV/bin/python" "$root/benches/worlds/report.py" "$N" > /dev/null
+echo "wrote $OUT/results.md"

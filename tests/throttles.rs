@@ -55,6 +55,28 @@ fn tokens_reported(r: &mut http::Response<corral::body::Body>, limit: u32) {
     );
 }
 
+/// Attempts seen per request body (a retry carries the same body): this one's count, from 1.
+type Seen = Arc<Mutex<HashMap<bytes::Bytes, u32>>>;
+
+fn count_attempt(seen: &Seen, body: &bytes::Bytes) -> u32 {
+    let mut seen = seen.lock().unwrap();
+    let n = seen.entry(body.clone()).or_default();
+    *n += 1;
+    *n
+}
+
+/// A chat request with `input` and a deadline of `ms` milliseconds.
+fn with_deadline(
+    url: &str,
+    input: &str,
+    ms: u64,
+) -> http::Request<http_body_util::Full<bytes::Bytes>> {
+    let mut req = post(url, &format!(r#"{{"model":"m","input":"{input}"}}"#));
+    req.headers_mut()
+        .insert("x-corral-deadline-ms", ms.to_string().parse().unwrap());
+    req
+}
+
 async fn status(c: &TestClient, corral: &Corral) -> serde_json::Value {
     let req = http::Request::get(corral.url("/status"))
         .body(http_body_util::Full::new(bytes::Bytes::new()))
@@ -85,15 +107,10 @@ async fn metrics(c: &TestClient, corral: &Corral) -> String {
 /// first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_429s_are_retried_like_503s_and_never_slow_the_pace() {
-    let seen: Arc<Mutex<HashMap<bytes::Bytes, u32>>> = Arc::default();
+    let seen: Seen = Arc::default();
     let s = Arc::clone(&seen);
     let upstream = MockUpstream::start(move |req| {
-        let n = {
-            let mut seen = s.lock().unwrap();
-            let n = seen.entry(req.body.clone()).or_default();
-            *n += 1;
-            *n
-        };
+        let n = count_attempt(&s, &req.body);
         // One request in five, as in the overload world (the breaker stays closed).
         let chosen = String::from_utf8_lossy(&req.body).contains(r#""overload":true"#);
         async move {
@@ -166,18 +183,13 @@ async fn overload_429s_are_retried_like_503s_and_never_slow_the_pace() {
 /// and none is refused by corral itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admission_storm_costs_its_hints_and_leaves_no_crawl() {
-    let seen: Arc<Mutex<HashMap<bytes::Bytes, u32>>> = Arc::default();
+    let seen: Seen = Arc::default();
     let arrivals: Arc<Mutex<Vec<(String, Instant)>>> = Arc::default();
     let (s, a) = (Arc::clone(&seen), Arc::clone(&arrivals));
     let upstream = MockUpstream::start(move |req| {
         let body = String::from_utf8_lossy(&req.body).into_owned();
         a.lock().unwrap().push((body.clone(), Instant::now()));
-        let n = {
-            let mut seen = s.lock().unwrap();
-            let n = seen.entry(req.body.clone()).or_default();
-            *n += 1;
-            *n
-        };
+        let n = count_attempt(&s, &req.body);
         async move {
             let refuse = body.contains("storm") && n <= 3;
             let mut r = if refuse {
@@ -213,9 +225,7 @@ async fn an_admission_storm_costs_its_hints_and_leaves_no_crawl() {
         .map(|i| {
             let (c, url) = (c.clone(), url.clone());
             tokio::spawn(async move {
-                let mut req = post(&url, &format!(r#"{{"model":"m","input":"storm {i}"}}"#));
-                req.headers_mut()
-                    .insert("x-corral-deadline-ms", "10000".parse().unwrap());
+                let req = with_deadline(&url, &format!("storm {i}"), 10_000);
                 let (parts, body) = send(&c, req).await;
                 (parts.status, format!("{parts:?} {body:?}"))
             })
@@ -287,15 +297,10 @@ async fn an_admission_storm_costs_its_hints_and_leaves_no_crawl() {
 /// refusal paused everything for a second and cut the pace: one attempt a second.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateways_queue_refusing_whatever_the_rate_costs_only_its_hints() {
-    let seen: Arc<Mutex<HashMap<bytes::Bytes, u32>>> = Arc::default();
+    let seen: Seen = Arc::default();
     let s = Arc::clone(&seen);
     let upstream = MockUpstream::start(move |req| {
-        let n = {
-            let mut seen = s.lock().unwrap();
-            let n = seen.entry(req.body.clone()).or_default();
-            *n += 1;
-            *n
-        };
+        let n = count_attempt(&s, &req.body);
         async move {
             if n <= 2 {
                 let mut r = json(
@@ -319,9 +324,7 @@ async fn a_gateways_queue_refusing_whatever_the_rate_costs_only_its_hints() {
         .map(|i| {
             let (c, url) = (c.clone(), url.clone());
             tokio::spawn(async move {
-                let mut req = post(&url, &format!(r#"{{"model":"m","input":"queued {i}"}}"#));
-                req.headers_mut()
-                    .insert("x-corral-deadline-ms", "20000".parse().unwrap());
+                let req = with_deadline(&url, &format!("queued {i}"), 20_000);
                 send(&c, req).await.0.status
             })
         })

@@ -13,9 +13,9 @@
 //!
 //! **When it opens, how long, how it closes:** see [`state`]. In short: only on an error rate
 //! that lasts (`min_samples` outcomes spanning `min_span`, in 100 ms slots that weigh the same,
-//! so a burst of failures at one instant is one event, and the same share of the outcomes), for a growing, capped, jittered
-//! cool-down whose growth restarts after `healthy_reset` of health, then `half_open_probes`
-//! probes, of which not all need succeed.
+//! so a burst of failures at one instant is one event, and the same share of the outcomes),
+//! for a growing, capped, jittered cool-down whose growth restarts after `healthy_reset` of
+//! health, then `half_open_probes` probes, of which not all need succeed.
 //!
 //! **While open**, requests wait (up to their deadline) instead of failing, or with
 //! `on_open = "reject"` get a 503 with Retry-After. **When it closes**, each waiting request

@@ -77,6 +77,22 @@ fn with_deadline(
     req
 }
 
+/// `n` requests at once, inputs `{prefix} {i}`, each with a deadline of `ms` milliseconds.
+fn at_once(
+    c: &TestClient,
+    url: &str,
+    prefix: &str,
+    n: usize,
+    ms: u64,
+) -> Vec<tokio::task::JoinHandle<(http::response::Parts, bytes::Bytes)>> {
+    (0..n)
+        .map(|i| {
+            let (c, req) = (c.clone(), with_deadline(url, &format!("{prefix} {i}"), ms));
+            tokio::spawn(async move { send(&c, req).await })
+        })
+        .collect()
+}
+
 async fn status(c: &TestClient, corral: &Corral) -> serde_json::Value {
     let req = http::Request::get(corral.url("/status"))
         .body(http_body_util::Full::new(bytes::Bytes::new()))
@@ -221,18 +237,9 @@ async fn an_admission_storm_costs_its_hints_and_leaves_no_crawl() {
     let c = client();
     let url = corral.url("/v1/chat/completions");
     let start = Instant::now();
-    let storm: Vec<_> = (0..10)
-        .map(|i| {
-            let (c, url) = (c.clone(), url.clone());
-            tokio::spawn(async move {
-                let req = with_deadline(&url, &format!("storm {i}"), 10_000);
-                let (parts, body) = send(&c, req).await;
-                (parts.status, format!("{parts:?} {body:?}"))
-            })
-        })
-        .collect();
-    for t in storm {
-        let (status, what) = t.await.unwrap();
+    for t in at_once(&c, &url, "storm", 10, 10_000) {
+        let (parts, body) = t.await.unwrap();
+        let (status, what) = (parts.status, format!("{parts:?} {body:?}"));
         if status != 200 {
             let text = metrics(&c, &corral).await;
             let gave_up: Vec<_> = text
@@ -251,10 +258,7 @@ async fn an_admission_storm_costs_its_hints_and_leaves_no_crawl() {
 
     // After the storm: requests with a 2 s deadline, one alone, then twenty at once.
     let sent = Instant::now();
-    let mut req = post(&url, r#"{"model":"m","input":"after"}"#);
-    req.headers_mut()
-        .insert("x-corral-deadline-ms", "2000".parse().unwrap());
-    let (parts, _) = send(&c, req).await;
+    let (parts, _) = send(&c, with_deadline(&url, "after", 2000)).await;
     assert_eq!(parts.status, 200);
     let reached = arrivals
         .lock()
@@ -267,20 +271,9 @@ async fn an_admission_storm_costs_its_hints_and_leaves_no_crawl() {
     // one a second) would hold it a second, and a refusal would never reach the upstream.
     let waited = reached - sent;
     assert!(waited < Duration::from_millis(300), "held {waited:?}");
-    let followers: Vec<_> = (0..20)
-        .map(|i| {
-            let (c, url) = (c.clone(), url.clone());
-            tokio::spawn(async move {
-                let mut req = post(&url, &format!(r#"{{"model":"m","input":"later {i}"}}"#));
-                req.headers_mut()
-                    .insert("x-corral-deadline-ms", "2000".parse().unwrap());
-                let (parts, _) = send(&c, req).await;
-                (parts.status, parts.headers.contains_key("x-corral-error"))
-            })
-        })
-        .collect();
-    for t in followers {
-        let (status, corrals_own) = t.await.unwrap();
+    for t in at_once(&c, &url, "later", 20, 2000) {
+        let (parts, _) = t.await.unwrap();
+        let (status, corrals_own) = (parts.status, parts.headers.contains_key("x-corral-error"));
         assert!(
             !corrals_own,
             "corral refused a request on a pace it guessed"
@@ -320,17 +313,8 @@ async fn a_gateways_queue_refusing_whatever_the_rate_costs_only_its_hints() {
     let c = client();
     let url = corral.url("/v1/chat/completions");
     let start = Instant::now();
-    let clients: Vec<_> = (0..40)
-        .map(|i| {
-            let (c, url) = (c.clone(), url.clone());
-            tokio::spawn(async move {
-                let req = with_deadline(&url, &format!("queued {i}"), 20_000);
-                send(&c, req).await.0.status
-            })
-        })
-        .collect();
-    for t in clients {
-        assert_eq!(t.await.unwrap(), 200);
+    for t in at_once(&c, &url, "queued", 40, 20_000) {
+        assert_eq!(t.await.unwrap().0.status, 200);
     }
     // Two hints of 1 s (plus their jitter): about 2.5 s; 8 s on a loaded machine.
     let took = start.elapsed();

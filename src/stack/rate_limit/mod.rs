@@ -435,13 +435,12 @@ impl RateLimitShared {
             other => other,
         };
         let tickets = unanswered.tickets.take();
-        let result = match (result, tickets) {
+        let mut result = match (result, tickets) {
             (Ok(response), Some(t)) if t.charged_tokens() > 0.0 => {
                 Ok(self.settle_on_usage(response, partition, t, estimate))
             }
             (other, _) => other,
         };
-        let mut result = result;
         let outcome = Outcome::of(&result);
         let response = result.as_ref().ok();
         let throttle = response.and_then(|r| r.extensions().get::<Throttle>());

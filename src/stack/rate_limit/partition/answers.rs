@@ -11,7 +11,7 @@ use super::{Pacers, Partition, Tickets};
 use crate::classify::{Outcome, Reason, Throttle};
 use crate::metrics::UpstreamMetrics;
 use crate::provider::{self, Report};
-use crate::stack::rate_limit::learn::{Answer, Pacer, Source};
+use crate::stack::rate_limit::learn::{Answer, Pacer, Source, STORM};
 use crate::sync::lock;
 /// One attempt's answer as [`Partition::observe`] reads it.
 struct Reading<'a> {
@@ -223,8 +223,9 @@ impl Partition {
     /// request's own wait: the request waits its hint, the partition goes on at its pace and
     /// no pace is cut, as a client honouring `retry-after` alone would do. Only for 429s with
     /// no rate-limit report (a report says which bucket refused, and `Throttle::own_wait`
-    /// reads it) and for a corral alone on its key: a fleet's replicas share the refill a
-    /// pause ends with, so the bucket refuses the first sends of all but one.
+    /// reads it), naming a wait of a second or more, and for a corral alone on its key: a
+    /// fleet's replicas share the refill a pause ends with, so the bucket refuses the first
+    /// sends of all but one.
     fn admission_control(
         &self,
         p: &mut Pacers,
@@ -232,9 +233,14 @@ impl Partition {
         reading: &Reading<'_>,
         reported: bool,
     ) -> bool {
+        // A queue names a wait in seconds ("come back in a second"); a bucket that names one
+        // to the millisecond (`retry-after-ms`, Gemini's `retryDelay`) is telling when its next
+        // token comes, and when another sender on the key took it the first send after the
+        // pause is refused too: four corrals without shared state read Gemini's refusals as a
+        // queue's, stopped cutting, and drew 14,000 429s.
         let hinted = reading
             .throttle
-            .is_some_and(|t| t.named && t.hint.is_some_and(|h| !h.is_zero()));
+            .is_some_and(|t| t.named && t.hint.is_some_and(|h| h >= STORM));
         if !reading.rate_limited || !hinted || reported || self.lease.is_some() {
             return false;
         }

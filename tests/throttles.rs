@@ -503,3 +503,56 @@ async fn a_client_accepting_gzip_still_gets_its_429_read() {
     let seen = upstream.seen.lock().unwrap();
     assert_eq!(seen[0].headers["accept-encoding"], "identity");
 }
+
+/// A bucket of 20 refilled at 20 a second, with no rate-limit headers, that names
+/// `retry-after: 1` when empty (Together's shape: the next token is 50 ms away, rounded up
+/// to a second). Each named pause says when the bucket takes its next send: a level banked
+/// over the pause and spent at its end in one burst is refused past what the bucket holds.
+/// 160 clients at once through an unconfigured corral, answers in 20 ms: each pause ends
+/// with sends spread at the pace, so the first refusal stops them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_pause_ends_at_the_pace_not_in_a_burst() {
+    let bucket = Arc::new(Mutex::new((20.0_f64, Instant::now())));
+    let refused = Arc::new(Mutex::new(0_u32));
+    let (b, r) = (Arc::clone(&bucket), Arc::clone(&refused));
+    let upstream = MockUpstream::start(move |_req| {
+        let taken = {
+            let mut b = b.lock().unwrap();
+            let now = Instant::now();
+            b.0 = (b.0 + 20.0 * (now - b.1).as_secs_f64()).min(20.0);
+            b.1 = now;
+            let taken = b.0 >= 1.0;
+            if taken {
+                b.0 -= 1.0;
+            }
+            taken
+        };
+        if !taken {
+            *r.lock().unwrap() += 1;
+        }
+        async move {
+            if !taken {
+                let mut r = json(
+                    429,
+                    serde_json::json!({"error": {"message": "You have been rate limited.",
+                        "type": "rate_limit", "code": "rate_limit_exceeded"}}),
+                );
+                with_headers(&mut r, &[("retry-after", "1")]);
+                return r;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            json(200, serde_json::json!({"ok": true}))
+        }
+    })
+    .await;
+    let corral = Corral::start(&one_upstream(&upstream, "")).await;
+    let c = client();
+    let url = corral.url("/v1/chat/completions");
+    for t in at_once(&c, &url, "paced", 160, 60_000) {
+        assert_eq!(t.await.unwrap().0.status, 200);
+    }
+    // The ramp's edge costs a few, then about one per pause (the bound takes 7 s, a pause a
+    // second or more): 12 at most (4-5 measured). A burst at each pause's end cost 21-27.
+    let refused = *refused.lock().unwrap();
+    assert!(refused <= 12, "the bucket refused {refused} sends");
+}

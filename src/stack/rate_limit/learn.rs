@@ -254,6 +254,8 @@ pub struct Pacer {
     level: f64,
     /// When the level was last refilled.
     last: Instant,
+    /// The level refills from this instant on ([`Pacer::hold`]).
+    held_until: Option<Instant>,
     /// The `remaining` at which the upstream refuses (per-minute reports count from an offset).
     floor: Option<f64>,
     /// The refill rate the headers imply, `(limit - remaining) / reset`, smoothed.
@@ -343,6 +345,7 @@ impl Pacer {
             burst: level.max(1.0),
             level,
             last: now,
+            held_until: None,
             floor: None,
             header_rate: 0.0,
             header_rate_loose: false,
@@ -469,7 +472,8 @@ impl Pacer {
     }
 
     fn refill(&mut self, now: Instant) {
-        let dt = now.saturating_duration_since(self.last).as_secs_f64();
+        let from = self.held_until.map_or(self.last, |h| h.max(self.last));
+        let dt = now.saturating_duration_since(from).as_secs_f64();
         self.last = now;
         if self.source == Source::Observed && self.distrust_until.is_some_and(|until| now >= until)
         {

@@ -335,6 +335,20 @@ impl Pacer {
         }
     }
 
+    /// This pacer's bucket refused and the upstream named when it takes the next send
+    /// (`until`): a level only corral keeps (no report resynchronises it) starts from nothing
+    /// then, not from what its pace would have banked over the wait. Banked, it went out in
+    /// one burst when the pause ended, and the bucket refused all of it past what it held
+    /// (`together`, a bucket of 20 refilled at 20/s naming `retry-after: 1`: 34 sent within
+    /// 3 ms of each pause's end, 12 refused). From nothing, the sends are spread at the pace
+    /// and the first refusal stops them.
+    pub fn hold(&mut self, until: Instant) {
+        if matches!(self.source, Source::Aimd | Source::Observed) {
+            self.level = self.level.min(0.0);
+            self.held_until = Some(self.held_until.map_or(until, |h| h.max(until)));
+        }
+    }
+
     /// The 429s that cut this pace were an admission control's, not the bucket's edge (see
     /// `Partition::admission_control`): the pace goes back to where they found it, the ramp
     /// it was on when nothing had refused it.

@@ -194,6 +194,15 @@ impl Partition {
         if let Some(wait) = named_wait {
             p.requests.long_pause(wait);
             p.tokens.long_pause(wait);
+            if !own_wait_kept {
+                let until = now + wait.min(provider::hints::MAX_HINT);
+                if refused.0 {
+                    p.requests.hold(until);
+                }
+                if refused.1 {
+                    p.tokens.hold(until);
+                }
+            }
         }
         let mut learned_pause: Option<Duration> = None;
         if rate_limited {

@@ -49,6 +49,23 @@ struct Learned {
     edge: bool,
 }
 
+/// The upstream named a wait on a 429 that says a bucket is empty: a storm's cuts recover by
+/// doubling after a long one ([`Pacer::long_pause`]), and when the partition pauses for it
+/// (`pauses`) the refusing pacers' levels start from nothing at its end ([`Pacer::hold`]).
+fn named_pause(p: &mut Pacers, wait: Duration, refused: (bool, bool), pauses: bool, now: Instant) {
+    p.requests.long_pause(wait);
+    p.tokens.long_pause(wait);
+    if pauses {
+        let until = now + wait.min(provider::hints::MAX_HINT);
+        if refused.0 {
+            p.requests.hold(until);
+        }
+        if refused.1 {
+            p.tokens.hold(until);
+        }
+    }
+}
+
 impl Partition {
     /// Learn from one attempt's answer, with what its 429 was read as (`throttle`). A 429 that
     /// says the bucket is empty (rate, unknown) pauses the partition until its hint passes (a
@@ -192,17 +209,7 @@ impl Partition {
             p.tokens.full_after();
         }
         if let Some(wait) = named_wait {
-            p.requests.long_pause(wait);
-            p.tokens.long_pause(wait);
-            if !own_wait_kept {
-                let until = now + wait.min(provider::hints::MAX_HINT);
-                if refused.0 {
-                    p.requests.hold(until);
-                }
-                if refused.1 {
-                    p.tokens.hold(until);
-                }
-            }
+            named_pause(p, wait, refused, !own_wait_kept, now);
         }
         let mut learned_pause: Option<Duration> = None;
         if rate_limited {

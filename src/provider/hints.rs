@@ -79,14 +79,19 @@ pub fn parse_go_duration(value: &str) -> Option<Duration> {
 
 /// An RFC 3339 instant, as time from `now` (zero if already past).
 pub fn parse_rfc3339_until(value: &str, now: SystemTime) -> Option<Duration> {
+    parse_rfc3339_from(value, now).map(|(ahead, _)| ahead)
+}
+
+/// An RFC 3339 instant against `now`: how far ahead of it (capped at [`MAX_HINT`]), and how
+/// far behind it (each zero when the other is not).
+pub fn parse_rfc3339_from(value: &str, now: SystemTime) -> Option<(Duration, Duration)> {
     let at = humantime::parse_rfc3339_weak(value.trim().trim_end_matches('Z'))
         .or_else(|_| humantime::parse_rfc3339(value.trim()))
         .ok()?;
-    Some(
-        at.duration_since(now)
-            .unwrap_or(Duration::ZERO)
-            .min(MAX_HINT),
-    )
+    Some(match at.duration_since(now) {
+        Ok(ahead) => (ahead.min(MAX_HINT), Duration::ZERO),
+        Err(e) => (Duration::ZERO, e.duration()),
+    })
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {

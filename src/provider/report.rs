@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, HeaderName};
 
-use super::hints::{parse_go_duration, parse_rfc3339_until};
+use super::hints::{parse_go_duration, parse_rfc3339_from};
 use super::Kind;
 
 /// What one response's headers say about one bucket.
@@ -26,6 +26,10 @@ pub struct Report {
     /// the upstream counted when the request arrived, so the wait it meant is longer by the
     /// time since (a whole service time for a completed answer).
     pub instant: bool,
+    /// How far the instant lay behind this clock when the answer came (zero when ahead, and
+    /// for durations): a whole-second instant before the attempt was even sent was truncated,
+    /// not rounded up.
+    pub past: Duration,
 }
 
 /// The reports of both kinds (requests, then tokens). Most answers of an upstream that
@@ -58,19 +62,30 @@ pub fn report(headers: &HeaderMap, kind: Kind, now_wall: SystemTime) -> Option<R
         Kind::Requests => &REQUESTS,
         Kind::Tokens => &TOKENS,
     };
-    let (limit, remaining, reset, coarse, instant) = if let Some(limit) = num(limit_h) {
+    let (limit, remaining, reset, coarse, instant, past) = if let Some(limit) = num(limit_h) {
         let value = get(reset_h);
         let reset = value.and_then(parse_go_duration);
         // Azure's integer seconds are rounded; OpenAI's Go durations ("1s", "6m0s") are exact.
         let coarse =
             reset.is_some() && value.is_some_and(|v| v.bytes().all(|b| b.is_ascii_digit()));
-        (limit, num(remaining_h)?, reset, coarse, false)
+        (
+            limit,
+            num(remaining_h)?,
+            reset,
+            coarse,
+            false,
+            Duration::ZERO,
+        )
     } else {
         let value = get(a_reset);
-        let reset = value.and_then(|v| parse_rfc3339_until(v, now_wall));
+        let read = value.and_then(|v| parse_rfc3339_from(v, now_wall));
+        let (reset, past) = (
+            read.map(|(ahead, _)| ahead),
+            read.map_or(Duration::ZERO, |r| r.1),
+        );
         // An instant with a fraction of a second ("...:30.25Z") is as fine as it says.
         let coarse = reset.is_some() && value.is_some_and(|v| !v.contains('.'));
-        (num(a_limit)?, num(a_remaining)?, reset, coarse, true)
+        (num(a_limit)?, num(a_remaining)?, reset, coarse, true, past)
     };
     (limit > 0.0 && remaining <= limit).then_some(Report {
         limit,
@@ -78,6 +93,7 @@ pub fn report(headers: &HeaderMap, kind: Kind, now_wall: SystemTime) -> Option<R
         reset,
         coarse,
         instant,
+        past,
     })
 }
 

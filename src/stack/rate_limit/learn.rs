@@ -260,6 +260,9 @@ pub struct Pacer {
     floor: Option<f64>,
     /// The refill rate the headers imply, `(limit - remaining) / reset`, smoothed.
     header_rate: f64,
+    /// The reports' whole-second instants are truncated, not rounded up: one lay before its
+    /// attempt was sent ([`Pacer::learn_headers`]).
+    truncated: bool,
     /// `header_rate` is only a bound from below (a reset rounded to whole seconds, under two):
     /// the bucket may refill much faster, so it is not shared as the key's rate.
     header_rate_loose: bool,
@@ -349,6 +352,7 @@ impl Pacer {
             floor: None,
             header_rate: 0.0,
             header_rate_loose: false,
+            truncated: false,
             sent: 0.0,
             meter: Meter {
                 bucket_start: now,

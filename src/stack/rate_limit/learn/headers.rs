@@ -12,6 +12,10 @@ use super::{
 
 use crate::provider::{Kind, Report};
 
+/// How far apart the upstream's clock and this one may be for an instant behind the send to
+/// show truncation ([`Pacer::learn_headers`]).
+const CLOCK_SKEW: Duration = Duration::from_millis(100);
+
 impl Pacer {
     fn demote(&mut self, now: Instant) {
         if self.distrust_until.is_none() {
@@ -29,7 +33,19 @@ impl Pacer {
             if r.limit > r.remaining {
                 let used = r.limit - r.remaining;
                 let secs = reset.as_secs_f64();
-                let sample = used / secs;
+                // Whole-second instants that are truncated (a formatter that drops the
+                // fraction), not rounded up, put the bucket's fill up to a second after them,
+                // and may lie behind the count: only `used / (secs - past + 1)` bounds the
+                // rate from below. Read as rounded up, one a few milliseconds ahead read as a
+                // refill of thousands a second (`anthropic` written elsewhere: 3,050/s for a
+                // bucket of 25/s, and the level resynchronised from it sent bursts: 18-39
+                // rate 429s in 500).
+                let truncated = self.truncated && r.instant && r.coarse;
+                let sample = if truncated {
+                    used / (secs - r.past.as_secs_f64() + 1.0).max(f64::MIN_POSITIVE)
+                } else {
+                    used / secs
+                };
                 // A reset in whole seconds (Anthropic's RFC 3339 instants, Azure's integers) is
                 // rounded up: the bucket is full in `secs - 1` to `secs`, so the rate is at
                 // least `used / secs` and, from two seconds on, less than `used / (secs - 1)`.
@@ -161,6 +177,16 @@ impl Pacer {
         } else {
             Duration::ZERO
         };
+        // The upstream counted the attempt after it was sent, and a bucket short of full is
+        // full after that: rounded up, its instant is after the send. One before it (by more
+        // than clocks kept by NTP differ) was truncated. What was learned from the
+        // instants before is then a bound from above, not below: it is learned anew.
+        if r.instant && r.coarse && r.limit > r.remaining && r.past > age + CLOCK_SKEW {
+            if !self.truncated {
+                self.header_rate = 0.0;
+            }
+            self.truncated = true;
+        }
         self.learn_rate(&r, age);
         let since = now.saturating_duration_since(ticket.sent_at).as_secs_f64();
         if self.distrust_until.is_some() {

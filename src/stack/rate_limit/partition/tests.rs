@@ -431,6 +431,7 @@ fn a_429_is_blamed_on_the_bucket_its_reports_show_empty() {
             reset: None,
             coarse: false,
             instant: false,
+            past: Duration::ZERO,
         })
     };
     let t = Outcome::Throttled(429);

@@ -38,6 +38,7 @@ fn fine_report(limit: f64, remaining: f64, reset: Duration) -> Report {
         reset: Some(reset),
         coarse: false,
         instant: false,
+        past: Duration::ZERO,
     }
 }
 

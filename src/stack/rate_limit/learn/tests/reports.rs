@@ -11,6 +11,7 @@ fn azure(used: f64, reset_secs: u64) -> Report {
         reset: Some(Duration::from_secs(reset_secs)),
         coarse: true,
         instant: false,
+        past: Duration::ZERO,
     }
 }
 
@@ -66,12 +67,54 @@ async fn an_instants_wait_counts_from_the_send() {
         reset: Some(Duration::from_millis(1500)),
         coarse: true,
         instant: true,
+        past: Duration::ZERO,
     };
     pacer.observe(ticket, Answer::Ok, Some(report), now);
     assert!(
         (pacer.header_rate - 20.0).abs() < 1e-6,
         "{} per second, true 20",
         pacer.header_rate
+    );
+}
+
+/// Whole-second instants may be truncated, not rounded up (a formatter that drops the
+/// fraction): a bucket of 25/s reported as 1,500 a minute, 5 used, full 0.2 s after the count,
+/// truncated to the second the count fell in (behind it) or the next. Read as rounded up, an
+/// instant a few milliseconds ahead is a refill of thousands a second. One instant that lay
+/// before its attempt was sent shows the truncation: the rate is then learned as
+/// `used / (ahead - behind + 1)`, at most the true one, and near it once the count fell late
+/// in its second.
+#[tokio::test(start_paused = true)]
+async fn a_truncated_instant_is_no_refill_of_thousands() {
+    let start = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, start);
+    // Answers 10 ms after their send (and count), `frac` into its second.
+    for (i, frac) in [0.5, 0.9, 0.3, 0.79, 0.95, 0.6].into_iter().enumerate() {
+        let sent = start + Duration::from_secs(i as u64);
+        let ticket = pacer.admit_anyway(1.0, sent);
+        let now = sent + Duration::from_millis(10);
+        // floor(count + 0.2 s), against the clock when the answer came.
+        let instant = if frac + 0.2 >= 1.0 { 1.0 - frac } else { -frac };
+        let ahead = instant - 0.01;
+        let (reset, past) = if ahead >= 0.0 {
+            (Duration::from_secs_f64(ahead), Duration::ZERO)
+        } else {
+            (Duration::ZERO, Duration::from_secs_f64(-ahead))
+        };
+        let report = Report {
+            limit: 1_500.0,
+            remaining: 1_495.0,
+            reset: Some(reset),
+            coarse: true,
+            instant: true,
+            past,
+        };
+        pacer.observe(ticket, Answer::Ok, Some(report), now);
+    }
+    let rate = pacer.header_rate;
+    assert!(
+        (20.0..=25.0 + 1e-6).contains(&rate),
+        "{rate} per second, true 25"
     );
 }
 

@@ -8,12 +8,12 @@ use super::*;
 async fn a_report_caught_lying_is_demoted_then_trusted_again() {
     let mut now = Instant::now();
     let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
-    let report = |remaining: f64| Report {
-        limit: 1200.0,
-        remaining,
-        reset: Some(Duration::from_secs_f64((1200.0 - remaining) / 20.0)),
-        coarse: false,
-        instant: false,
+    let report = |remaining: f64| {
+        fine_report(
+            1200.0,
+            remaining,
+            Duration::from_secs_f64((1200.0 - remaining) / 20.0),
+        )
     };
     let t = pacer.try_acquire(1.0, now).unwrap();
     pacer.observe(t, Answer::RateLimited, Some(report(1150.0)), now);
@@ -147,6 +147,7 @@ async fn a_rate_bounded_only_from_below_is_not_shared() {
             reset: Some(reset),
             coarse,
             instant: false,
+            past: Duration::ZERO,
         };
         pacer.observe(ticket, Answer::Ok, Some(r), now);
         pacer.upstream_model()
@@ -274,12 +275,9 @@ fn an_overload_with_headers_leaves_the_confirmed_window_alone() {
 /// shows 20,000 left (`now` is moved past it).
 fn demoted_tokens_pacer(now: &mut Instant) -> Pacer {
     let mut pacer = Pacer::new(Kind::Tokens, 10, 1.0, *now);
-    let report = |remaining: f64| Report {
-        limit: 30_000.0,
-        remaining,
-        reset: Some(Duration::from_secs_f64((30_000.0 - remaining) / 500.0)),
-        coarse: false,
-        instant: false,
+    let report = |remaining: f64| {
+        let reset = Duration::from_secs_f64((30_000.0 - remaining) / 500.0);
+        fine_report(30_000.0, remaining, reset)
     };
     let t = pacer.admit_anyway(100.0, *now);
     pacer.observe(t, Answer::RateLimited, Some(report(1_000.0)), *now);
@@ -378,13 +376,7 @@ fn a_request_beyond_a_demoted_burst_owes_at_most_one_burst() {
 fn a_resync_from_an_old_report_owes_at_most_one_burst() {
     let now = Instant::now();
     let mut pacer = Pacer::new(Kind::Tokens, 10, 1.0, now);
-    let report = |remaining: f64| Report {
-        limit: 1_000.0,
-        remaining,
-        reset: Some(Duration::from_secs(1)),
-        coarse: false,
-        instant: false,
-    };
+    let report = |remaining: f64| fine_report(1_000.0, remaining, Duration::from_secs(1));
     let t = pacer.admit_anyway(10.0, now);
     pacer.observe(t, Answer::Ok, Some(report(990.0)), now);
     assert_eq!(pacer.source(), Source::Headers);

@@ -519,3 +519,39 @@ async fn a_request_queued_before_a_token_limit_was_learned_is_charged_when_it_go
         sent - start
     );
 }
+
+/// A queue names its wait in seconds; a bucket naming one to the millisecond says when its
+/// next token comes. The first send after a pause refused again reads as an admission
+/// control's only after a wait of a second or more: after one of 50 ms it is a bucket whose
+/// token another sender took (four corrals sharing nothing on a Gemini-like key read it as a
+/// queue, stopped cutting, and drew 14,000 429s).
+#[tokio::test(start_paused = true)]
+async fn only_a_wait_of_seconds_names_an_admission_queue() {
+    let metrics = crate::metrics::Metrics::new().upstream("t");
+    let refused_after_pause = |hint: (&'static str, &'static str)| {
+        let metrics = &metrics;
+        async move {
+            let partition = Partition::new(&config(), None);
+            let far = Instant::now() + Duration::from_secs(60);
+            let h = provider::header_map(&[hint]);
+            let t = read(&h);
+            let throttled = |tickets| {
+                partition.observe(
+                    tickets,
+                    Outcome::Throttled(429),
+                    Some(&t),
+                    Some(&h),
+                    Some(Instant::now()),
+                    metrics,
+                )
+            };
+            let first = partition.acquire(1, far, Priority::Interactive, "t").await;
+            assert!(!throttled(first.unwrap()), "a first refusal is a bucket's");
+            tokio::time::sleep(t.hint.unwrap() + Duration::from_millis(1)).await;
+            let after = partition.acquire(1, far, Priority::Interactive, "t").await;
+            throttled(after.unwrap())
+        }
+    };
+    assert!(refused_after_pause(("retry-after", "1")).await);
+    assert!(!refused_after_pause(("retry-after-ms", "50")).await);
+}

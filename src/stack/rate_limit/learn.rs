@@ -64,6 +64,12 @@
 //!   it each success of an attempt sent after the last cut adds its units per its own round
 //!   trip, so the pace doubles per round trip back to where it was before the cuts (TCP's slow
 //!   start after a timeout): one storm leaves no crawl behind it.
+//! - **A named pause ends at the pace.** The bucket that named a wait was empty: a level no
+//!   report resynchronises (no headers, or demoted ones) banks nothing over the pause, so its
+//!   end sends at the pace, not in one burst ([`Pacer::hold`]).
+//! - **Instants rounded either way.** A whole-second reset instant is read as rounded up until
+//!   one lies before its attempt was sent: then it was truncated, and the rate is learned from
+//!   a second more than it says.
 //! - **Settled, never owed.** A request larger than the burst goes at once, charged nothing
 //!   here (the upstream's answer is the truth, and its report resynchronises the level); a
 //!   request admitted past the pace is charged at most the burst, and the level never owes

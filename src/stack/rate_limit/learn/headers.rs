@@ -47,8 +47,9 @@ impl Pacer {
                     used / secs
                 };
                 // A reset in whole seconds (Anthropic's RFC 3339 instants, Azure's integers) is
-                // rounded up: the bucket is full in `secs - 1` to `secs`, so the rate is at
-                // least `used / secs` and, from two seconds on, less than `used / (secs - 1)`.
+                // read as rounded up (an instant until one shows truncation, above): the
+                // bucket is full in `secs - 1` to `secs`, so the rate is at least
+                // `used / secs` and, from two seconds on, less than `used / (secs - 1)`.
                 // The estimate is the largest lower bound, lowered only to an upper bound (a
                 // lowered limit). A sample below it is no evidence: it was a decay of 2% per
                 // such sample, and a fleet that sends a little under the rate keeps its bucket

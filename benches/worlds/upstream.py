@@ -448,12 +448,7 @@ class World:
         if ok:
             day.force(1)
             tok.force(pt + mt)
-        h["x-ratelimit-limit-requests"] = str(int(day.cap))
-        h["x-ratelimit-remaining-requests"] = str(day.remaining())
-        h["x-ratelimit-reset-requests"] = go_duration(day.to_full())
-        h["x-ratelimit-limit-tokens"] = str(int(tok.cap))
-        h["x-ratelimit-remaining-tokens"] = str(tok.remaining())
-        h["x-ratelimit-reset-tokens"] = go_duration(tok.to_full())
+        self.openai_headers(h, day, tok)  # requests counted per day
         if not ok:
             wait = enf.wait()
             h["retry-after"] = str(max(1, math.ceil(wait)))

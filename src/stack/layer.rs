@@ -3,8 +3,8 @@
 //! clones of it to each service, and a call that may wait before and after the rest of the
 //! stack. Written once here; each layer implements [`Middleware::call`] only.
 //!
-//! Also here: [`CatchPanicLayer`], tower-http's catch-panic in corral's shape (outermost in
-//! every stack). Std mutexes are taken with [`crate::sync::lock`].
+//! Also here: [`CatchPanicLayer`], outermost in every stack. Std mutexes are taken with
+//! [`crate::sync::lock`].
 
 use std::any::Any;
 use std::future::Future;
@@ -12,11 +12,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::{Request, Response};
-use tower::util::MapRequest;
-use tower_http::catch_panic::ResponseForPanic;
+use http::Response;
 
-use crate::body::{self, Body};
+use crate::body::Body;
 use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
@@ -27,17 +25,12 @@ pub type BoxFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, ProxyErr
 /// What every layer's call comes to: the response head, or corral's refusal.
 pub type Answer = Result<Response<Body>, ProxyError>;
 
-/// The body of a stack's answer: tower-http's catch-panic boxes every body it passes, in its
-/// own wrapper type, which goes on as it is (one box, not a second one around it).
-pub type StackBody = tower_http::body::UnsyncBoxBody<bytes::Bytes, body::BoxError>;
-
 /// The future of a whole stack (its [`CatchPanic`], outermost).
-pub type StackFuture =
-    Pin<Box<dyn Future<Output = Result<Response<StackBody>, ProxyError>> + Send>>;
+pub type StackFuture = BoxFuture;
 
 /// The rest of the stack below a layer. Layers call each other through this, not through
 /// tower's `Service`, and by reference: a request's way down the stack is one future, boxed
-/// once at the stack's top ([`Top`]), which holds the one reference count a request takes on
+/// once at the stack's top ([`CatchPanic`]), which holds the one reference count a request takes on
 /// the layers. Every worker thread shares those counts, and each change of one moves its
 /// cache line between cores: a clone per layer would cost every request a dozen such moves.
 pub trait Next: Send + Sync + 'static {
@@ -150,31 +143,6 @@ impl<M: Middleware, S: Next + Clone> tower::Service<ProxyRequest> for Wrapped<M,
     }
 }
 
-/// The layers of a stack behind one `Arc`, as the tower service [`CatchPanicLayer`] wraps:
-/// a call takes one reference count, and its future owns it while the layers below borrow.
-pub struct Top<S>(Arc<S>);
-
-impl<S> Clone for Top<S> {
-    fn clone(&self) -> Self {
-        Self(Arc::clone(&self.0))
-    }
-}
-
-impl<S: Next> tower::Service<ProxyRequest> for Top<S> {
-    type Response = Response<Body>;
-    type Error = ProxyError;
-    type Future = BoxFuture;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: ProxyRequest) -> BoxFuture {
-        let stack = Arc::clone(&self.0);
-        Box::pin(async move { stack.send(req).await })
-    }
-}
-
 // ===== catch panic =====
 
 /// What a panic below a [`CatchPanicLayer`] becomes: a 500 `internal` in corral's error shape,
@@ -182,10 +150,8 @@ impl<S: Next> tower::Service<ProxyRequest> for Top<S> {
 #[derive(Clone)]
 pub struct PanicAnswer(UpstreamMetrics);
 
-impl ResponseForPanic for PanicAnswer {
-    type ResponseBody = Body;
-
-    fn response_for_panic(&mut self, panic: Box<dyn Any + Send + 'static>) -> Response<Body> {
+impl PanicAnswer {
+    fn answer(&self, panic: &(dyn Any + Send)) -> Response<Body> {
         let message = panic
             .downcast_ref::<&str>()
             .copied()
@@ -202,11 +168,14 @@ impl ResponseForPanic for PanicAnswer {
     }
 }
 
-/// tower-http's catch-panic for a stack of corral layers: a panic in any layer's `call` or
-/// future below it (not in a response body already streaming: the client has its head, and
-/// the connection is cut) is answered by [`PanicAnswer`] instead of closing the connection
-/// with no reply. tower-http's service takes an `http::Request`, so a [`ProxyRequest`] rides in
-/// one as its body, and its answer's body is tower-http's box of it ([`StackBody`]).
+/// The outermost layer of every stack: a panic in any layer's `call` or future below it, or
+/// in the client (not in a response body already streaming: the client has its head, and
+/// the connection is cut), is answered by [`PanicAnswer`] instead of closing the connection
+/// with no reply. The layers below sit behind one `Arc`: a call takes one reference count, and
+/// its future, boxed once, owns it while the layers borrow. The catch is futures-util's
+/// `catch_unwind` around that one future. (tower-http's `CatchPanic` did this before: it takes
+/// an `http::Request`, which a [`ProxyRequest`] had to ride in, put its own future around the
+/// layers' boxed one, and boxed every response body again: two allocations a request.)
 #[derive(Clone)]
 pub struct CatchPanicLayer(PanicAnswer);
 
@@ -217,39 +186,52 @@ impl CatchPanicLayer {
 }
 
 impl<S> tower::Layer<S> for CatchPanicLayer {
-    type Service = CatchPanic<Top<S>>;
+    type Service = CatchPanic<S>;
 
-    fn layer(&self, inner: S) -> CatchPanic<Top<S>> {
-        let unwrap: fn(Request<ProxyRequest>) -> ProxyRequest = Request::into_body;
-        CatchPanic(tower_http::catch_panic::CatchPanic::custom(
-            MapRequest::new(Top(Arc::new(inner)), unwrap),
-            self.0.clone(),
-        ))
+    fn layer(&self, inner: S) -> CatchPanic<S> {
+        CatchPanic {
+            layers: Arc::new(inner),
+            answer: self.0.clone(),
+        }
     }
 }
 
-/// `inner` taking its [`ProxyRequest`] out of the `http::Request` tower-http hands it.
-type Unwrapped<S> = MapRequest<S, fn(Request<ProxyRequest>) -> ProxyRequest>;
+/// The service of a [`CatchPanicLayer`]: the layers below it, and what a panic becomes.
+pub struct CatchPanic<S> {
+    layers: Arc<S>,
+    answer: PanicAnswer,
+}
 
-/// The service of a [`CatchPanicLayer`].
-#[derive(Clone)]
-pub struct CatchPanic<S>(tower_http::catch_panic::CatchPanic<Unwrapped<S>, PanicAnswer>);
+impl<S> Clone for CatchPanic<S> {
+    fn clone(&self) -> Self {
+        Self {
+            layers: Arc::clone(&self.layers),
+            answer: self.answer.clone(),
+        }
+    }
+}
 
-impl<S> tower::Service<ProxyRequest> for CatchPanic<S>
-where
-    S: tower::Service<ProxyRequest, Response = Response<Body>, Error = ProxyError, Future: Send>
-        + Send
-        + 'static,
-{
-    type Response = Response<StackBody>;
+impl<S: Next> tower::Service<ProxyRequest> for CatchPanic<S> {
+    type Response = Response<Body>;
     type Error = ProxyError;
-    type Future = StackFuture;
+    type Future = BoxFuture;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
-        self.0.poll_ready(cx)
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
+        Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: ProxyRequest) -> StackFuture {
-        Box::pin(self.0.call(Request::new(req)))
+    fn call(&mut self, req: ProxyRequest) -> BoxFuture {
+        use futures_util::FutureExt;
+        let (layers, answer) = (Arc::clone(&self.layers), self.answer.clone());
+        Box::pin(async move {
+            // The layers' `call`s run inside the caught future too: `send` is lazy.
+            match std::panic::AssertUnwindSafe(async { layers.send(req).await })
+                .catch_unwind()
+                .await
+            {
+                Ok(answer) => answer,
+                Err(panic) => Ok(answer.answer(&*panic)),
+            }
+        })
     }
 }

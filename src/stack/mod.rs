@@ -44,13 +44,14 @@ use std::sync::Arc;
 use http::Response;
 use tower::ServiceBuilder;
 
+use crate::body::Body;
 use crate::client::{Handshakes, UpstreamClient};
 use crate::config::{ConcurrencyMode, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::fleet::Fleet;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
-use crate::stack::layer::{CatchPanicLayer, StackBody, StackFuture};
+use crate::stack::layer::{CatchPanicLayer, StackFuture};
 
 /// A built stack: clone it per request (clones share all state, and a clone is one reference
 /// count). Every layer is always ready, so it is called without waiting for readiness.
@@ -82,7 +83,7 @@ impl<S> Call for S
 where
     S: tower::Service<
             ProxyRequest,
-            Response = Response<StackBody>,
+            Response = Response<Body>,
             Error = ProxyError,
             Future = StackFuture,
         > + Clone
@@ -95,7 +96,7 @@ where
 }
 
 impl tower::Service<ProxyRequest> for Stack {
-    type Response = Response<StackBody>;
+    type Response = Response<Body>;
     type Error = ProxyError;
     type Future = StackFuture;
 

@@ -17,6 +17,10 @@
 #      floor                     wrk -> benches/overhead/floor (hyper 1 + hyper-util: body
 #                                buffered, response streamed, pooled client, mimalloc, fat LTO;
 #                                its own crate and lock file) -> nginx
+#      floor + duties            the floor with `duties`: per request a copy of the headers kept
+#                                to replay, a per-try timeout (tokio's time driver on), the
+#                                attempt timed: what any proxy that retries and bounds each try
+#                                pays, so what corral costs beyond it is corral's own
 #      corral (RUST_LOG=warn), corral (access_log = all), and with CORRAL_BEFORE_BIN the older
 #      corral's two cases: the same
 #    Each case gets a 2 s warm-up, then a measured run; each proxy is started fresh for its case
@@ -32,7 +36,10 @@
 #    hides its queueing; a fixed rate does not.
 # 3. Instructions (needs valgrind and oha): the floor and corral under callgrind, counting
 #    exactly INSTR_REQUESTS requests after a warm-up: user-space instructions per request, a
-#    figure this machine's drifting speed does not move.
+#    figure this machine's drifting speed does not move. Also the floor with `duties` (its
+#    third argument): per request, a copy of the headers kept to replay, a per-try timeout
+#    (tokio's time driver on) and the attempt timed, what any proxy that retries and bounds
+#    each try pays; the rest of corral's difference is its own.
 #
 # Fairness: nginx runs one process with one event loop, the same fixed upstream for every case.
 # haproxy (one thread per CPU, its 2.6 default), corral and the floor (one tokio worker per CPU)
@@ -430,6 +437,12 @@ run_round() {
     measure floor "http://127.0.0.1:$FLOOR_PORT/v1/chat/completions" "$pid"
     stop_pid "$pid"
 
+    start "$TMP/floor-duties.log" "$FLOOR" "127.0.0.1:$FLOOR_PORT" "127.0.0.1:$NGINX_PORT" duties
+    pid=$STARTED
+    wait_listening "$FLOOR_PORT" "$pid" "floor + duties" "$TMP/floor-duties.log"
+    measure "floor + duties" "http://127.0.0.1:$FLOOR_PORT/v1/chat/completions" "$pid"
+    stop_pid "$pid"
+
     corral_case "corral (RUST_LOG=warn)" "$TMP/corral-warn.log" "$CORRAL_PORT" \
         env RUST_LOG=warn "$CORRAL" --config "$plain"
     corral_case "corral (access_log = all)" "$TMP/corral-all.log" "$CORRAL_PORT" \
@@ -548,6 +561,7 @@ instructions() { # name command... ; the proxy must listen on INSTR_PORT
 if [[ -n $VALGRIND && -n $OHA ]]; then
     pick_port INSTR_PORT
     instructions floor "$FLOOR" "127.0.0.1:$INSTR_PORT" "127.0.0.1:$NGINX_PORT"
+    instructions "floor + duties" "$FLOOR" "127.0.0.1:$INSTR_PORT" "127.0.0.1:$NGINX_PORT" duties
     sed "s|^listen = .*|listen = \"127.0.0.1:$INSTR_PORT\"|" "$TMP/corral.toml" >"$TMP/corral-instr.toml"
     # Not through `env`: callgrind would count `env` and let the program it runs go uncounted.
     RUST_LOG=warn instructions corral "$CORRAL" --config "$TMP/corral-instr.toml"
@@ -648,6 +662,14 @@ report() {
             "(<= +3: $(verdict "$cpu")); peak RSS ${RSS[$n]} MiB (< 20 MiB:" \
             "$(verdict "$(awk -v r="${RSS[$n]}" 'BEGIN { print (r < 20) }')"))"
     done
+    [[ -n ${RPS["floor + duties"]:-} ]] || return 0
+    echo
+    n="floor + duties"
+    echo "What a proxy that retries and bounds each try pays beyond the floor (\`$n\`):" \
+        "throughput $(ratio "${RPS[$n]}" "${RPS[floor]}") of the floor's, CPU ${CPU[$n]} µs/req;" \
+        "corral (RUST_LOG=warn) beyond it: throughput" \
+        "$(ratio "${RPS["corral (RUST_LOG=warn)"]}" "${RPS[$n]}") of its, CPU" \
+        "$(minus "${CPU["corral (RUST_LOG=warn)"]}" "${CPU[$n]}") µs/req."
 }
 
 open_report() {
@@ -693,12 +715,15 @@ instr_report() {
     echo "### Instructions per request (callgrind)"
     echo
     echo "User-space instructions per request over $INSTR_REQUESTS requests (oha -n, 4 connections)" \
-        "after a warm-up of 200, counted by valgrind's callgrind; corral with \`RUST_LOG=warn\`."
+        "after a warm-up of 200, counted by valgrind's callgrind; corral with \`RUST_LOG=warn\`." \
+        "\"floor + duties\" is the floor doing per request what any proxy that retries and bounds" \
+        "each try must (a copy of the headers kept to replay, a per-try timer, the attempt timed):" \
+        "what corral costs beyond it is corral's own."
     echo
     echo "| proxy | instructions / request | vs floor |"
     echo "| --- | ---: | ---: |"
     local n
-    for n in floor corral "before: corral"; do
+    for n in floor "floor + duties" corral "before: corral"; do
         [[ -n ${INSTR[$n]:-} ]] || continue
         printf '| %s | %s | %s |\n' "$n" "${INSTR[$n]}" "$(ratio "${INSTR[$n]}" "${INSTR[floor]}")"
     done

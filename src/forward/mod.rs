@@ -184,7 +184,7 @@ impl RequestCtx {
 /// The headers that carry a credential to an LLM API: `Authorization` (OpenAI and most others),
 /// `x-api-key` (Anthropic), `api-key` (Azure OpenAI), `x-goog-api-key` (Gemini). The first a
 /// request carries keys its rate-limit partition and its fleet bucket, in this order.
-pub const CREDENTIAL_HEADERS: [HeaderName; 4] = [
+pub static CREDENTIAL_HEADERS: [HeaderName; 4] = [
     header::AUTHORIZATION,
     HeaderName::from_static("x-api-key"),
     HeaderName::from_static("api-key"),
@@ -194,7 +194,7 @@ pub const CREDENTIAL_HEADERS: [HeaderName; 4] = [
 /// Headers a member may inject that name an API's version or features, never a secret: the
 /// client's own still reach every member (an Anthropic member answers 400 without
 /// `anthropic-version`).
-const PROTOCOL_HEADERS: [HeaderName; 3] = [
+static PROTOCOL_HEADERS: [HeaderName; 3] = [
     HeaderName::from_static("anthropic-version"),
     HeaderName::from_static("anthropic-beta"),
     HeaderName::from_static("openai-beta"),

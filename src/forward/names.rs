@@ -6,8 +6,6 @@
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-use super::CREDENTIAL_HEADERS;
-
 /// A header corral removes or rewrites.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Name {
@@ -110,23 +108,32 @@ pub fn scan<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a HeaderV
     headers.iter().find_map(|(n, v)| (n == name).then_some(v))
 }
 
-/// The value of the first of [`CREDENTIAL_HEADERS`] (in their order) that `headers` carry, in
+/// The value of the first of [`CREDENTIAL_HEADERS`](super::CREDENTIAL_HEADERS) (in their order) that `headers` carry, in
 /// one look at each name (see [`scan`]).
 pub fn credential(headers: &HeaderMap) -> Option<&HeaderValue> {
     headers
         .iter()
-        .filter_map(|(n, v)| {
-            CREDENTIAL_HEADERS
-                .iter()
-                .position(|c| c == n)
-                .map(|i| (i, v))
-        })
+        .filter_map(|(n, v)| credential_rank(n).map(|i| (i, v)))
         .min_by_key(|(i, _)| *i)
         .map(|(_, v)| v)
 }
 
+/// Where `name` stands in [`CREDENTIAL_HEADERS`](super::CREDENTIAL_HEADERS), if it is one: a match on the name's text
+/// (a length and at most a few bytes for each of a request's names), where looking through
+/// the array compared each name with all four.
+fn credential_rank(name: &HeaderName) -> Option<usize> {
+    match name.as_str() {
+        "authorization" => Some(0),
+        "x-api-key" => Some(1),
+        "api-key" => Some(2),
+        "x-goog-api-key" => Some(3),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::super::CREDENTIAL_HEADERS;
     use super::*;
 
     #[test]
@@ -157,6 +164,18 @@ mod tests {
         assert_eq!(Name::hop_by_hop("Keep-Alive"), Some(Name::KeepAlive));
         assert_eq!(Name::hop_by_hop("host"), None);
         assert!(!Present::of(&HeaderMap::new()).any_hop_by_hop());
+    }
+
+    #[test]
+    fn a_credentials_rank_is_its_place_in_the_list() {
+        for (i, name) in CREDENTIAL_HEADERS.iter().enumerate() {
+            assert_eq!(credential_rank(name), Some(i), "{name}");
+        }
+        assert_eq!(credential_rank(&http::header::CONTENT_TYPE), None);
+        assert_eq!(
+            credential_rank(&HeaderName::from_static("x-api-key2")),
+            None
+        );
     }
 
     #[test]

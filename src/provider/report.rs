@@ -99,7 +99,7 @@ pub fn report(headers: &HeaderMap, kind: Kind, now_wall: SystemTime) -> Option<R
 
 /// The header names of one kind: OpenAI's limit, remaining, reset, then Anthropic's. Made once
 /// (a `&str` key is parsed into a name at every lookup, and every answer is read for them).
-const REQUESTS: [HeaderName; 6] = [
+static REQUESTS: [HeaderName; 6] = [
     HeaderName::from_static("x-ratelimit-limit-requests"),
     HeaderName::from_static("x-ratelimit-remaining-requests"),
     HeaderName::from_static("x-ratelimit-reset-requests"),
@@ -107,7 +107,7 @@ const REQUESTS: [HeaderName; 6] = [
     HeaderName::from_static("anthropic-ratelimit-requests-remaining"),
     HeaderName::from_static("anthropic-ratelimit-requests-reset"),
 ];
-const TOKENS: [HeaderName; 6] = [
+static TOKENS: [HeaderName; 6] = [
     HeaderName::from_static("x-ratelimit-limit-tokens"),
     HeaderName::from_static("x-ratelimit-remaining-tokens"),
     HeaderName::from_static("x-ratelimit-reset-tokens"),

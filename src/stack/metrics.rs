@@ -87,7 +87,7 @@ impl Middleware for RecordMetrics {
     }
 }
 
-const STAINLESS_RETRY_COUNT: http::HeaderName =
+static STAINLESS_RETRY_COUNT: http::HeaderName =
     http::HeaderName::from_static("x-stainless-retry-count");
 
 /// The official SDKs' `x-stainless-retry-count`: how many times the client has retried.

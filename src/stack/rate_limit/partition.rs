@@ -36,7 +36,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::bucket::{ready_all, take_ready, Bucket};
-use super::learn::{Pacer, Ticket};
+use super::learn::{Pacer, Source, Ticket};
 use crate::client::Handshakes;
 use crate::config::{LearnMode, Priority, UpstreamConfig};
 use crate::error::ProxyError;
@@ -51,6 +51,18 @@ use crate::sync::lock;
 pub struct Pacers {
     pub requests: Pacer,
     pub tokens: Pacer,
+    /// What the pacing gauges last showed of each pacer (requests, tokens): an answer that
+    /// changed nothing of it sets none of them.
+    pub(super) shown: [Option<Shown>; 2],
+}
+
+/// A pacer as the pacing gauges show it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Shown {
+    pub(super) rate: f64,
+    pub(super) burst: f64,
+    pub(super) source: Source,
+    pub(super) remaining: Option<f64>,
 }
 
 /// Proofs of admission from both pacers, handed back with the answer.
@@ -211,6 +223,7 @@ impl Partition {
             Arc::new(Mutex::new(Pacers {
                 requests: Pacer::new(Kind::Requests, initial, a.rate_margin, now),
                 tokens: Pacer::new(Kind::Tokens, a.initial_burst, a.rate_margin, now),
+                shown: [None; 2],
             }))
         });
         let lease = fleet.map(|(fleet, credential)| {

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use http::HeaderMap;
 use tokio::time::Instant;
 
-use super::{Pacers, Partition, Tickets};
+use super::{Pacers, Partition, Shown, Tickets};
 use crate::classify::{Outcome, Reason, Throttle};
 use crate::metrics::UpstreamMetrics;
 use crate::provider::{self, Report};
@@ -280,15 +280,25 @@ impl Partition {
 
     /// Set the pacing gauges from the pacers (`p`, their lock held), and note whether the
     /// tokens pacer has learned anything.
-    fn publish(&self, p: &Pacers, metrics: &UpstreamMetrics) {
-        for pacer in [&p.requests, &p.tokens] {
+    fn publish(&self, p: &mut Pacers, metrics: &UpstreamMetrics) {
+        for (pacer, shown) in [&p.requests, &p.tokens].into_iter().zip(&mut p.shown) {
+            let now_shown = Shown {
+                rate: pacer.rate(),
+                burst: pacer.burst(),
+                source: pacer.source(),
+                remaining: pacer.last_remaining,
+            };
+            if *shown == Some(now_shown) {
+                continue;
+            }
+            *shown = Some(now_shown);
             let kind = pacer.kind().label();
             let gauges = self
                 .gauges
                 .get_or_init(|| metrics.pacing(&self.metric_model));
-            gauges.learned(kind, pacer.rate(), pacer.burst());
-            gauges.limit_source(kind, pacer.source().label());
-            if let Some(r) = pacer.last_remaining {
+            gauges.learned(kind, now_shown.rate, now_shown.burst);
+            gauges.limit_source(kind, now_shown.source.label());
+            if let Some(r) = now_shown.remaining {
                 gauges.remaining(kind, r);
             }
         }

@@ -108,8 +108,8 @@ pub fn scan<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a HeaderV
     headers.iter().find_map(|(n, v)| (n == name).then_some(v))
 }
 
-/// The value of the first of [`CREDENTIAL_HEADERS`](super::CREDENTIAL_HEADERS) (in their order) that `headers` carry, in
-/// one look at each name (see [`scan`]).
+/// The value of the first of [`CREDENTIAL_HEADERS`](super::CREDENTIAL_HEADERS) (in their
+/// order) that `headers` carry, in one look at each name (see [`scan`]).
 pub fn credential(headers: &HeaderMap) -> Option<&HeaderValue> {
     headers
         .iter()
@@ -118,9 +118,9 @@ pub fn credential(headers: &HeaderMap) -> Option<&HeaderValue> {
         .map(|(_, v)| v)
 }
 
-/// Where `name` stands in [`CREDENTIAL_HEADERS`](super::CREDENTIAL_HEADERS), if it is one: a match on the name's text
-/// (a length and at most a few bytes for each of a request's names), where looking through
-/// the array compared each name with all four.
+/// Where `name` stands in [`CREDENTIAL_HEADERS`](super::CREDENTIAL_HEADERS), if it is one: a
+/// match on the name's text (a length and at most a few bytes for each of a request's names),
+/// where looking through the `const` array made and dropped its four names for each one.
 fn credential_rank(name: &HeaderName) -> Option<usize> {
     match name.as_str() {
         "authorization" => Some(0),

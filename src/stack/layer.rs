@@ -30,9 +30,10 @@ pub type StackFuture = BoxFuture;
 
 /// The rest of the stack below a layer. Layers call each other through this, not through
 /// tower's `Service`, and by reference: a request's way down the stack is one future, boxed
-/// once at the stack's top ([`CatchPanic`]), which holds the one reference count a request takes on
-/// the layers. Every worker thread shares those counts, and each change of one moves its
-/// cache line between cores: a clone per layer would cost every request a dozen such moves.
+/// once at the stack's top ([`CatchPanic`]), which holds the one reference count a request
+/// takes on the layers. Every worker thread shares those counts, and each change of one moves
+/// its cache line between cores: a clone per layer would cost every request a dozen such
+/// moves.
 pub trait Next: Send + Sync + 'static {
     /// Send `req` through the rest of the stack.
     fn send(&self, req: ProxyRequest) -> impl Future<Output = Answer> + Send + '_;

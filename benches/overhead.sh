@@ -24,7 +24,8 @@
 #      corral (RUST_LOG=warn), corral (access_log = all), and with CORRAL_BEFORE_BIN the older
 #      corral's two cases: the same
 #    Each case gets a 2 s warm-up, then a measured run; each proxy is started fresh for its case
-#    and stopped after it. Per proxy: requests/s, p50 and p99 latency (wrk), CPU microseconds
+#    and stopped after it. Each round starts one case further on than the round before, so the
+#    machine's drift within a round falls on every case in turn. Per proxy: requests/s, p50 and p99 latency (wrk), CPU microseconds
 #    per request (utime + stime from /proc/PID/stat across the measured run, all threads,
 #    divided by the requests wrk completed) and peak RSS (VmHWM; each proxy is one process).
 #    The report has each case's medians, a round-by-round table (haproxy / corral / floor) and
@@ -413,46 +414,65 @@ corral_case() {
     stop_pid "$pid"
 }
 
-run_round() {
+# The closed-loop cases, one function each, so that a round can take them in any order.
+case_direct() {
     measure direct "http://127.0.0.1:$NGINX_PORT/v1/chat/completions" ""
-
+}
+case_haproxy() {
     start "$TMP/haproxy.log" "$HAPROXY" -db -f "$TMP/haproxy.cfg"
     pid=$STARTED
     wait_listening "$HAPROXY_PORT" "$pid" haproxy "$TMP/haproxy.log"
     measure haproxy "http://127.0.0.1:$HAPROXY_PORT/v1/chat/completions" "$pid"
     stop_pid "$pid"
+}
+case_floor() { # [duties]
+    local name=floor log="$TMP/floor.log"
+    [[ -z ${1:-} ]] || { name="floor + duties" log="$TMP/floor-duties.log"; }
+    start "$log" "$FLOOR" "127.0.0.1:$FLOOR_PORT" "127.0.0.1:$NGINX_PORT" ${1:+"$1"}
+    pid=$STARTED
+    wait_listening "$FLOOR_PORT" "$pid" "$name" "$log"
+    measure "$name" "http://127.0.0.1:$FLOOR_PORT/v1/chat/completions" "$pid"
+    stop_pid "$pid"
+}
+case_floor_duties() { case_floor duties; }
+case_corral_info() {
+    corral_case "corral (default logging)" "$TMP/corral-info.log" "$CORRAL_PORT" \
+        env -u RUST_LOG "$CORRAL" --config "$TMP/corral.toml"
+}
+case_corral_warn() {
+    corral_case "corral (RUST_LOG=warn)" "$TMP/corral-warn.log" "$CORRAL_PORT" \
+        env RUST_LOG=warn "$CORRAL" --config "$TMP/corral.toml"
+}
+case_corral_all() {
+    corral_case "corral (access_log = all)" "$TMP/corral-all.log" "$CORRAL_PORT" \
+        env -u RUST_LOG "$CORRAL" --config "$TMP/corral-all.toml"
+}
+case_before_warn() {
+    corral_case "before: corral (RUST_LOG=warn)" "$TMP/before-warn.log" "$CORRAL_PORT" \
+        env RUST_LOG=warn "$BEFORE" --config "$TMP/corral.toml"
+}
+case_before_info() {
+    corral_case "before: corral (default logging)" "$TMP/before-info.log" "$CORRAL_PORT" \
+        env -u RUST_LOG "$BEFORE" --config "$TMP/corral.toml"
+}
 
+run_round() {
     # What `corral --upstream URL` runs, plus `drain_delay = "0s"`: stopped by SIGTERM at once
     # instead of serving on for the 5 s a load balancer needs (and being killed).
-    local plain="$TMP/corral.toml" all="$TMP/corral-all.toml"
     printf 'listen = "127.0.0.1:%s"\ndrain_delay = "0s"\n[[upstream]]\nname = "openai"\nroute = "/v1"\nbase_url = "http://127.0.0.1:%s/v1"\n' \
-        "$CORRAL_PORT" "$NGINX_PORT" >"$plain"
-    { echo 'access_log = "all"'; cat "$plain"; } >"$all"
-    corral_case "corral (default logging)" "$TMP/corral-info.log" "$CORRAL_PORT" \
-        env -u RUST_LOG "$CORRAL" --config "$plain"
-
-    start "$TMP/floor.log" "$FLOOR" "127.0.0.1:$FLOOR_PORT" "127.0.0.1:$NGINX_PORT"
-    pid=$STARTED
-    wait_listening "$FLOOR_PORT" "$pid" floor "$TMP/floor.log"
-    measure floor "http://127.0.0.1:$FLOOR_PORT/v1/chat/completions" "$pid"
-    stop_pid "$pid"
-
-    start "$TMP/floor-duties.log" "$FLOOR" "127.0.0.1:$FLOOR_PORT" "127.0.0.1:$NGINX_PORT" duties
-    pid=$STARTED
-    wait_listening "$FLOOR_PORT" "$pid" "floor + duties" "$TMP/floor-duties.log"
-    measure "floor + duties" "http://127.0.0.1:$FLOOR_PORT/v1/chat/completions" "$pid"
-    stop_pid "$pid"
-
-    corral_case "corral (RUST_LOG=warn)" "$TMP/corral-warn.log" "$CORRAL_PORT" \
-        env RUST_LOG=warn "$CORRAL" --config "$plain"
-    corral_case "corral (access_log = all)" "$TMP/corral-all.log" "$CORRAL_PORT" \
-        env -u RUST_LOG "$CORRAL" --config "$all"
-    if [[ -n $BEFORE ]]; then
-        corral_case "before: corral (RUST_LOG=warn)" "$TMP/before-warn.log" "$CORRAL_PORT" \
-            env RUST_LOG=warn "$BEFORE" --config "$plain"
-        corral_case "before: corral (default logging)" "$TMP/before-info.log" "$CORRAL_PORT" \
-            env -u RUST_LOG "$BEFORE" --config "$plain"
-    fi
+        "$CORRAL_PORT" "$NGINX_PORT" >"$TMP/corral.toml"
+    { echo 'access_log = "all"'; cat "$TMP/corral.toml"; } >"$TMP/corral-all.toml"
+    local cases=(case_direct case_haproxy case_corral_info case_floor case_floor_duties
+        case_corral_warn case_corral_all) k
+    [[ -z $BEFORE ]] || cases+=(case_before_warn case_before_info)
+    # Each round starts one case further on: this machine's speed drifts within a round (nginx's
+    # own CPU per request, the same work in every case, has risen by four fifths from a
+    # round's first case to its last), and a case always measured first would carry that
+    # drift into every round's figure and so into its median. The tables keep the first
+    # round's order.
+    for ((k = 0; k < ${#cases[@]}; k++)); do
+        "${cases[$(((k + ROUND - 1) % ${#cases[@]}))]}"
+    done
 }
 
 # ----- open loop: added latency at a fixed request rate -----

@@ -24,8 +24,8 @@
 #      corral (RUST_LOG=warn), corral (access_log = all), and with CORRAL_BEFORE_BIN the older
 #      corral's two cases: the same
 #    Each case gets a 2 s warm-up, then a measured run; each proxy is started fresh for its case
-#    and stopped after it. Each round starts one case further on than the round before, so the
-#    machine's drift within a round falls on every case in turn. Per proxy: requests/s, p50 and p99 latency (wrk), CPU microseconds
+#    and stopped after it. Each round starts further on in the list of cases (by its length
+#    over ROUNDS), so the machine's drift within a round falls on every case in turn. Per proxy: requests/s, p50 and p99 latency (wrk), CPU microseconds
 #    per request (utime + stime from /proc/PID/stat across the measured run, all threads,
 #    divided by the requests wrk completed) and peak RSS (VmHWM; each proxy is one process).
 #    The report has each case's medians, a round-by-round table (haproxy / corral / floor) and
@@ -465,13 +465,15 @@ run_round() {
     local cases=(case_direct case_haproxy case_corral_info case_floor case_floor_duties
         case_corral_warn case_corral_all) k
     [[ -z $BEFORE ]] || cases+=(case_before_warn case_before_info)
-    # Each round starts one case further on: this machine's speed drifts within a round (nginx's
-    # own CPU per request, the same work in every case, has risen by four fifths from a
-    # round's first case to its last), and a case always measured first would carry that
-    # drift into every round's figure and so into its median. The tables keep the first
-    # round's order.
-    for ((k = 0; k < ${#cases[@]}; k++)); do
-        "${cases[$(((k + ROUND - 1) % ${#cases[@]}))]}"
+    # Each round starts further on in the list, by its length over the rounds: this machine's
+    # speed drifts within a round (nginx's own CPU per request, the same work in every case,
+    # has risen by four fifths from a round's first case to its last), and a case always
+    # measured early or late would carry that drift into every round's figure and so into its
+    # median. (A step of one case a round left the last cases in the later half of every
+    # round of four.) The tables keep the first round's order.
+    local n=${#cases[@]} step=$((${#cases[@]} / ROUNDS > 1 ? ${#cases[@]} / ROUNDS : 1))
+    for ((k = 0; k < n; k++)); do
+        "${cases[$(((k + (ROUND - 1) * step) % n))]}"
     done
 }
 

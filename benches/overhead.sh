@@ -25,9 +25,10 @@
 #      corral's two cases: the same
 #    Each case gets a 2 s warm-up, then a measured run; each proxy is started fresh for its case
 #    and stopped after it. Each round starts further on in the list of cases (by its length
-#    over ROUNDS), so the machine's drift within a round falls on every case in turn. Per proxy: requests/s, p50 and p99 latency (wrk), CPU microseconds
-#    per request (utime + stime from /proc/PID/stat across the measured run, all threads,
-#    divided by the requests wrk completed) and peak RSS (VmHWM; each proxy is one process).
+#    over ROUNDS), so the machine's drift within a round falls on every case in turn. Per
+#    proxy: requests/s, p50 and p99 latency (wrk), CPU microseconds per request (utime + stime
+#    from /proc/PID/stat across the measured run, all threads, divided by the requests wrk
+#    completed) and peak RSS (VmHWM; each proxy is one process).
 #    The report has each case's medians, a round-by-round table (haproxy / corral / floor) and
 #    the targets against the floor.
 # 2. Open loop, per round (needs oha: `cargo install oha --locked`): direct, the floor and

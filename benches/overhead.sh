@@ -436,25 +436,16 @@ case_floor() { # [duties]
     stop_pid "$pid"
 }
 case_floor_duties() { case_floor duties; }
-case_corral_info() {
-    corral_case "corral (default logging)" "$TMP/corral-info.log" "$CORRAL_PORT" \
-        env -u RUST_LOG "$CORRAL" --config "$TMP/corral.toml"
-}
-case_corral_warn() {
-    corral_case "corral (RUST_LOG=warn)" "$TMP/corral-warn.log" "$CORRAL_PORT" \
-        env RUST_LOG=warn "$CORRAL" --config "$TMP/corral.toml"
-}
-case_corral_all() {
-    corral_case "corral (access_log = all)" "$TMP/corral-all.log" "$CORRAL_PORT" \
-        env -u RUST_LOG "$CORRAL" --config "$TMP/corral-all.toml"
-}
-case_before_warn() {
-    corral_case "before: corral (RUST_LOG=warn)" "$TMP/before-warn.log" "$CORRAL_PORT" \
-        env RUST_LOG=warn "$BEFORE" --config "$TMP/corral.toml"
-}
-case_before_info() {
-    corral_case "before: corral (default logging)" "$TMP/before-info.log" "$CORRAL_PORT" \
-        env -u RUST_LOG "$BEFORE" --config "$TMP/corral.toml"
+case_corral() { # corral|before info|warn|all: the binary, then its logging or its config
+    local bin=$CORRAL prefix="" logging=(env -u RUST_LOG) config="$TMP/corral.toml" what
+    [[ $1 == corral ]] || { bin=$BEFORE prefix="before: "; }
+    case $2 in
+        info) what="default logging" ;;
+        warn) what="RUST_LOG=warn" logging=(env RUST_LOG=warn) ;;
+        all) what="access_log = all" config="$TMP/corral-all.toml" ;;
+    esac
+    corral_case "${prefix}corral ($what)" "$TMP/$1-$2.log" "$CORRAL_PORT" \
+        "${logging[@]}" "$bin" --config "$config"
 }
 
 run_round() {
@@ -463,9 +454,9 @@ run_round() {
     printf 'listen = "127.0.0.1:%s"\ndrain_delay = "0s"\n[[upstream]]\nname = "openai"\nroute = "/v1"\nbase_url = "http://127.0.0.1:%s/v1"\n' \
         "$CORRAL_PORT" "$NGINX_PORT" >"$TMP/corral.toml"
     { echo 'access_log = "all"'; cat "$TMP/corral.toml"; } >"$TMP/corral-all.toml"
-    local cases=(case_direct case_haproxy case_corral_info case_floor case_floor_duties
-        case_corral_warn case_corral_all) k
-    [[ -z $BEFORE ]] || cases+=(case_before_warn case_before_info)
+    local cases=(case_direct case_haproxy "case_corral corral info" case_floor case_floor_duties
+        "case_corral corral warn" "case_corral corral all") k
+    [[ -z $BEFORE ]] || cases+=("case_corral before warn" "case_corral before info")
     # Each round starts further on in the list, by its length over the rounds: this machine's
     # speed drifts within a round (nginx's own CPU per request, the same work in every case,
     # has risen by four fifths from a round's first case to its last), and a case always
@@ -474,7 +465,8 @@ run_round() {
     # round of four.) The tables keep the first round's order.
     local n=${#cases[@]} step=$((${#cases[@]} / ROUNDS > 1 ? ${#cases[@]} / ROUNDS : 1))
     for ((k = 0; k < n; k++)); do
-        "${cases[$(((k + (ROUND - 1) * step) % n))]}"
+        # A case is a function's name and its words.
+        ${cases[$(((k + (ROUND - 1) * step) % n))]}
     done
 }
 

@@ -4,7 +4,11 @@
 # (benches/worlds/upstream.py: OpenAI's quantized limits and overload 429s, two models on one
 # key, Anthropic's headers and 529s, Azure's 10 s sub-windows, Gemini's body hints, a
 # Together-like 503 share, a vLLM queue, a gateway's admission queue, Groq's per-day
-# requests report, no limit at all).
+# requests report, no limit at all; and openai-tokens: a tokens-per-minute limit that binds
+# before requests, prompt + max_tokens charged at admission and settled from usage;
+# openai-stream: SSE answers with include_usage, done only when read to the end; staggered:
+# Poisson arrivals at 50/s into a 20/s key; tier-up: a key's limit raised from 10/s to 40/s
+# 10 s in; sglang: a server that answers 503 when its queue is full, no rate-limit headers).
 #
 #   benches/worlds.sh                    # every world, N=500 clients fired at once
 #   WORLDS="admission groq-daily" N=100 benches/worlds.sh
@@ -12,13 +16,14 @@
 # Per world (benches/worlds/drive.py), two runs against a fresh upstream: the official openai
 # SDK with its default retries straight at it ("sdk-alone"), and the same SDK with
 # max_retries=0 through a fresh, unconfigured corral (`corral --upstream URL`). Each client's
-# deadline is max(10 x the world's bound, 60 s). The upstream counts its refusals by cause:
-# "rate" (the bucket the sender emptied) and "other" (overload, admission, 5xx). Report:
-# bench-out/worlds/results.md (per-run JSON and logs beside it).
+# deadline is max(10 x the world's bound, 60 s), at most 120 s in the five added worlds. The
+# upstream counts its refusals by cause: "rate" (the bucket the sender emptied) and "other"
+# (overload, admission, 5xx). Report: bench-out/worlds/results.md (per-run JSON and logs
+# beside it).
 #
 # Needs python3 with venv; installs openai and aiohttp from PyPI into $VENV
 # (bench-out/worlds/venv). Builds corral (cargo build --release) unless CORRAL_BIN is set.
-# Everything listens on 127.0.0.1; each upstream and corral is stopped by its PID. About 13
+# Everything listens on 127.0.0.1; each upstream and corral is stopped by its PID. About 22
 # minutes for every world at N=500. The openai SDK itself takes about 1.5 s of the two cores
 # for 500 clients (the `nolimit` world's makespan against its 0.2 s service time).
 set -euo pipefail
@@ -27,7 +32,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export OUT=${OUT:-$root/bench-out/worlds}
 VENV=${VENV:-$OUT/venv}
 N=${N:-500}
-WORLDS=${WORLDS:-"nolimit openai-quantized openai-overload two-models anthropic azure gemini together vllm admission groq-daily"}
+WORLDS=${WORLDS:-"nolimit openai-quantized openai-overload two-models anthropic azure gemini together vllm admission groq-daily
+    openai-tokens openai-stream staggered tier-up sglang"}
 mkdir -p "$OUT"
 if [[ -z ${CORRAL_BIN:-} ]]; then
     (cd "$root" && cargo build --release --locked)

@@ -7,6 +7,7 @@ Starts upstream.py for the world and (per corral run) a fresh corral, stops both
 import argparse
 import asyncio
 import json
+import math
 import os
 import signal
 import socket
@@ -21,7 +22,13 @@ import openai
 from openai import AsyncOpenAI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import upstream as U  # noqa: E402  (shared task shapes, arrival times)
+
 PY = sys.executable
+# the added worlds bound their clients' deadlines so a run stays within ~2 minutes
+DEADLINE_CAP = {w: 120.0 for w in U.NEW_BOUNDS}
+STREAM_WORLDS = ("openai-stream",)
 CORRAL = os.environ.get("CORRAL_BIN", os.path.join(HERE, "..", "..", "target", "release", "corral"))
 OUT = os.environ.get("OUT", os.path.join(HERE, "..", "..", "bench-out", "worlds"))
 
@@ -75,16 +82,34 @@ def stop(proc):
             proc.wait(timeout=5)
 
 
-async def one_task(client, i, model, deadline, t_start):
-    rec = {"i": i, "model": model}
-    try:
-        raw = await asyncio.wait_for(
-            client.chat.completions.with_raw_response.create(
-                model=model, max_tokens=16,
-                messages=[{"role": "user", "content": f"task {i}: say ok"}]),
-            timeout=deadline)
+async def call(client, kw, stream, rec):
+    """One request; returns (raw response, ok). A stream counts only when read to its end with usage;
+    rec["ttft"] gets the time from the call to its first chunk."""
+    if not stream:
+        raw = await client.chat.completions.with_raw_response.create(**kw)
         comp = raw.parse()
-        rec["ok"] = bool(comp.usage is not None and comp.choices)
+        return raw, bool(comp.usage is not None and comp.choices)
+    t0 = time.monotonic()
+    raw = await client.chat.completions.with_raw_response.create(
+        stream=True, stream_options={"include_usage": True}, **kw)
+    chunks, usage, done = 0, None, False
+    async for ch in raw.parse():
+        if not chunks:
+            rec["ttft"] = time.monotonic() - t0
+        chunks += 1
+        usage = ch.usage or usage
+        done = done or any(c.finish_reason for c in ch.choices)
+    return raw, bool(usage is not None and done and chunks >= U.STREAM_CHUNKS)
+
+
+async def one_task(client, i, model, deadline, t_start, kw=None, stream=False, delay=0.0):
+    rec = {"i": i, "model": model}
+    kw = dict(kw or U.task_request("", i), model=model)
+    if delay:
+        await asyncio.sleep(max(0.0, delay - (time.monotonic() - t_start)))
+    t_arr = time.monotonic() - t_start
+    try:
+        raw, rec["ok"] = await asyncio.wait_for(call(client, kw, stream, rec), timeout=deadline)
         rec["status"] = raw.status_code
         rec["headers"] = dict(raw.headers)
         rec["retries"] = raw.retries_taken
@@ -107,20 +132,32 @@ async def one_task(client, i, model, deadline, t_start):
         rec["ok"] = False
         rec["err"] = "other:" + repr(e)[:200]
     rec["t"] = time.monotonic() - t_start
+    rec["lat"] = rec["t"] - t_arr
     return rec
 
 
-async def run_mode(base_url, n, deadline, max_retries, models):
+async def run_mode(base_url, n, deadline, max_retries, models, world=""):
     limits = httpx2.Limits(max_connections=2000, max_keepalive_connections=2000)
     timeout = httpx2.Timeout(deadline, connect=deadline)
     async with httpx2.AsyncClient(limits=limits, timeout=timeout) as hc:
         kw = {} if max_retries is None else {"max_retries": max_retries}
         client = AsyncOpenAI(base_url=base_url, api_key="sk-harness-key", http_client=hc, timeout=timeout, **kw)
         t_start = time.monotonic()
-        tasks = [asyncio.create_task(one_task(client, i, models[i % len(models)], deadline, t_start))
+        arr = U.arrivals(world, n)
+        stream = world in STREAM_WORLDS
+        tasks = [asyncio.create_task(one_task(client, i, models[i % len(models)], deadline, t_start,
+                                              U.task_request(world, i), stream, arr[i]))
                  for i in range(n)]
         recs = await asyncio.gather(*tasks)
         return recs
+
+
+def spread(ts):
+    """first / median / last of a list of times, and how many came after the first second"""
+    ts = sorted(ts)
+    if not ts:
+        return None
+    return {"first": ts[0], "p50": ts[len(ts) // 2], "last": ts[-1], "after_1s": sum(t >= 1.0 for t in ts)}
 
 
 def summarize(recs, stats, bound, n):
@@ -171,6 +208,12 @@ def summarize(recs, stats, bound, n):
         "n": n, "failed": len(failed), "makespan": round(makespan, 3), "last_ok": round(last_ok, 3),
         "bound": bound["total"], "vs_bound": round(makespan / bound["total"], 2) if bound["total"] else None,
         "median": round(med, 3) if med is not None else None,
+        "median_latency": round(statistics.median([r["lat"] for r in ok]), 3) if ok else None,
+        "stream_aborted": stats.get("stream_aborted"),
+        "median_ttft": round(statistics.median([r["ttft"] for r in ok]), 3) if ok and "ttft" in ok[0] else None,
+        "rate429_times": spread(stats.get("rate_times") or []),
+        "upstream_first_ok_t": stats.get("first_ok_t"),
+        "upstream_refusal_headers": {k: v for k, v in stats.items() if k.startswith("hdr_")},
         "rate429": stats.get("rate", 0), "other": stats.get("other", 0),
         "upstream_requests": stats.get("requests"), "upstream_ok": stats.get("ok"),
         "upstream_by_cause": stats.get("by_cause"), "upstream_inflight_max": stats.get("inflight_max"),
@@ -209,7 +252,8 @@ def main():
         wait_port(uport, up)
         info = http_json(f"http://127.0.0.1:{uport}/world?n={a.n}")
         bound = info["bound"]
-        deadline = max(10 * bound["total"], 60.0)
+        deadline = min(max(10 * bound["total"], 60.0), DEADLINE_CAP.get(a.world, math.inf))
+        last_arrival = max(U.arrivals(a.world, a.n))
         print(f"[{a.world}] service={info['service']} bound={bound} deadline={deadline}s", flush=True)
         results["bound"] = bound
         results["deadline"] = deadline
@@ -230,8 +274,9 @@ def main():
                     base = f"http://127.0.0.1:{uport}/v1"
                     mr = None  # SDK default (2)
                 t0 = time.monotonic()
-                # hard wall-clock cap on the whole run: deadline + 30 s
-                recs = asyncio.run(asyncio.wait_for(run_mode(base, a.n, deadline, mr, models), deadline + 30))
+                # hard wall-clock cap on the whole run: last arrival + deadline + 30 s
+                recs = asyncio.run(asyncio.wait_for(run_mode(base, a.n, deadline, mr, models, a.world),
+                                                    last_arrival + deadline + 30))
                 wall = time.monotonic() - t0
             finally:
                 if cp is not None:
@@ -241,7 +286,8 @@ def main():
             s["wall"] = round(wall, 2)
             results[mode] = s
             print(f"[{a.world}] {mode}: failed={s['failed']} makespan={s['makespan']}s bound={s['bound']:.2f}s "
-                  f"x{s['vs_bound']} median={s['median']} rate429={s['rate429']} other={s['other']} "
+                  f"x{s['vs_bound']} median={s['median']} median_lat={s['median_latency']} ttft={s['median_ttft']} rate429={s['rate429']} other={s['other']} "
+                  f"rate429_times={s['rate429_times']} "
                   f"upstream_req={s['upstream_requests']} nonstd_hdr_answers={s['answers_with_nonstandard_headers']} "
                   f"no_upstream_id={s['answers_without_upstream_id']} fail_kinds={s['fail_kinds']} "
                   f"nonstd_on_failed={s['nonstandard_header_names_on_failed']} per_model="

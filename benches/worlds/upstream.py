@@ -14,6 +14,7 @@ answers produced by the upstream from answers a proxy produced itself.
 """
 import argparse
 import asyncio
+import copy
 import datetime as dt
 import json
 import math
@@ -24,10 +25,51 @@ import uuid
 from aiohttp import web
 
 WORLDS = ["openai-quantized", "openai-overload", "two-models", "anthropic", "azure", "gemini",
-          "together", "vllm", "admission", "nolimit", "groq-daily"]
+          "together", "vllm", "admission", "nolimit", "groq-daily",
+          "openai-tokens", "openai-stream", "staggered", "tier-up", "sglang"]
 
 # default service time per world (seconds); overridable with --service
-DEFAULT_SERVICE = {"vllm": 0.5, "openai-overload": 10.0}
+DEFAULT_SERVICE = {"vllm": 0.5, "openai-overload": 10.0, "openai-stream": 1.0, "sglang": 0.5}
+
+# openai-tokens: the key's per-minute limits (tokens bind long before requests)
+TOK_TPM, TOK_RPM = 500_000, 5000
+# openai-stream / staggered: reported per minute, enforced per second (quantized)
+Q_RPM, Q_RPS = 1200, 20
+# tier-up: (seconds after the first request, requests per second) -- limit raised at 10 s
+TIER_SCHED = [(0.0, 10), (10.0, 40)]
+# staggered: Poisson arrivals, mean rate per second
+STAGGER_RATE = 50.0
+# sglang: running slots and --max-queued-requests
+SGL_RUNNING, SGL_QUEUE = 16, 48
+STREAM_CHUNKS = 20
+FILLER = "the quick brown fox jumps over the lazy dog "
+
+
+def task_request(world, i):
+    """Request kwargs for task i (shared by drive.py and the bound). Worlds other than
+    openai-tokens keep the original tiny request."""
+    if world != "openai-tokens":
+        return {"max_tokens": 16, "messages": [{"role": "user", "content": f"task {i}: say ok"}]}
+    r = random.Random(1000 + i)
+    ptoks, mx = r.randint(200, 2000), r.randint(100, 1000)
+    text = f"task {i}: " + (FILLER * (ptoks * 4 // len(FILLER) + 1))[:ptoks * 4]
+    return {"max_tokens": mx, "messages": [{"role": "user", "content": text}]}
+
+
+def arrivals(world, n, seed=7):
+    """Start offset (s) of each task: all at 0, except `staggered` (Poisson, STAGGER_RATE/s)."""
+    if world != "staggered":
+        return [0.0] * n
+    r, t, out = random.Random(seed), 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += r.expovariate(STAGGER_RATE)
+    return out
+
+
+def completion_tokens(prompt_t, max_t):
+    """Tokens the model 'generates': 30-100 % of max_tokens, deterministic per request."""
+    return max(1, int(max_t * (0.3 + 0.7 * ((prompt_t * 7919 + max_t) % 101) / 100)))
 
 
 def go_duration(d: float) -> str:
@@ -90,6 +132,70 @@ class Bucket:
         self._refill()
         return (self.cap - self.level) / self.rate
 
+    def give(self, n):  # refund (settling an over-charge)
+        self._refill()
+        self.level = min(self.cap, self.level + n)
+
+
+class ScheduledBucket(Bucket):
+    """Token bucket whose limit changes at set times: sched = [(t after origin, cap, rate)], the
+    first at 0. A raise adds the new headroom to the level (remaining = new limit - used)."""
+
+    def __init__(self, sched, origin, clock=time.monotonic):
+        super().__init__(sched[0][1], sched[0][2])
+        self.sched, self.origin, self.clock, self.idx = sched, origin, clock, 0
+        self.t = origin
+
+    def _fill(self, until):
+        self.level = min(self.cap, self.level + max(0.0, until - self.t) * self.rate)
+        self.t = max(self.t, until)
+
+    def next_switch(self):
+        if self.idx + 1 < len(self.sched):
+            return self.origin + self.sched[self.idx + 1][0]
+        return math.inf
+
+    def advance(self, now):
+        while self.next_switch() <= now:
+            self._fill(self.next_switch())
+            _, cap, rate = self.sched[self.idx + 1]
+            self.level += cap - self.cap
+            self.cap, self.rate, self.idx = float(cap), float(rate), self.idx + 1
+        self._fill(now)
+
+    def _refill(self):
+        self.advance(self.clock())
+
+    def wait(self, n=1.0) -> float:
+        """Exact time until `n` is available, across limit changes."""
+        now = self.clock()
+        self.advance(now)
+        b, t = copy.copy(self), now
+        while b.level < n - 1e-9:
+            t_need = t + (n - b.level) / b.rate
+            t = min(t_need, b.next_switch())
+            b.advance(t)
+            if t == t_need:
+                break
+        return t - now
+
+
+def ideal_finish(arrival_times, sched, service):
+    """Ideal makespan through one bucket: each task admitted at the earliest instant the bucket
+    allows, in arrival order, no wasted attempts."""
+    vt = [0.0]
+    b = ScheduledBucket(sched, 0.0, clock=lambda: vt[0])
+    last = 0.0
+    for a in sorted(arrival_times):
+        vt[0] = max(a, last)
+        vt[0] += b.wait(1.0)
+        b.force(1.0)
+        last = vt[0]
+    return last + service
+
+
+NEW_BOUNDS = ("openai-tokens", "openai-stream", "staggered", "tier-up", "sglang")
+
 
 def est_tokens(body):
     msgs = body.get("messages") or []
@@ -145,6 +251,33 @@ class World:
             self.day = lambda key: self._bk(("day",) + key, 14400, 14400 / 86400)
             self.enf = lambda key: self._bk(("enf",) + key, 20, 20)
             self.tok = lambda key: self._bk(("tok",) + key, 600_000, 600_000 / 60)
+        self.reset_new_worlds()
+
+    def reset_new_worlds(self):
+        n = self.name
+        if n == "openai-tokens":
+            # PROVIDERS.md: "OpenAI and Azure charge `max_tokens` at admission and settle later; the
+            # final answer carries `usage` ... and `x-ratelimit-remaining-tokens` on the next answer
+            # shows what was really charged." Honest per-minute buckets: capacity = the limit.
+            self.minute = lambda key: self._bk(("min",) + key, TOK_RPM, TOK_RPM / 60)
+            self.tok = lambda key: self._bk(("tok",) + key, TOK_TPM, TOK_TPM / 60)
+        elif n in ("openai-stream", "staggered"):
+            # PROVIDERS.md: "limits may be quantized, e.g. 60,000 requests/minute enforced as 1,000
+            # requests/second": 1200/min reported, 20/s (capacity 20) enforced.
+            self.enf = lambda key: self._bk(("enf",) + key, Q_RPS, Q_RPS)
+            self.minute = lambda key: self._bk(("min",) + key, Q_RPM, Q_RPS)
+            self.tok = lambda key: self._bk(("tok",) + key, 2_000_000, 2_000_000 / 60)
+            self.stats["stream_aborted"] = 0
+        elif n == "tier-up":
+            # the same quantized key, its limit raised 10/s -> 40/s (600 -> 2400/min) 10 s in;
+            # headers report whichever limit is in force
+            self.enf = lambda key: self._sbk(("enf",) + key, [(t, r, r) for t, r in TIER_SCHED])
+            self.minute = lambda key: self._sbk(("min",) + key, [(t, 60 * r, r) for t, r in TIER_SCHED])
+            self.tok = lambda key: self._bk(("tok",) + key, 2_000_000, 2_000_000 / 60)
+        elif n == "sglang":
+            # PROVIDERS.md: "SGLang with `--max-queued-requests` answers 503 when its queue is full."
+            self.slots = asyncio.Semaphore(SGL_RUNNING)
+            self.in_server = 0
 
     def _bk(self, k, cap, rate):
         b = self.buckets.get(k)
@@ -152,10 +285,18 @@ class World:
             b = self.buckets[k] = Bucket(cap, rate)
         return b
 
+    def _sbk(self, k, sched):  # limit schedule counted from the run's first request
+        b = self.buckets.get(k)
+        if b is None:
+            b = self.buckets[k] = ScheduledBucket(sched, self.t0)
+        return b
+
     def bound(self, n):
         """Ideal makespan for n tasks all started at t=0 (perfect knowledge, no wasted attempts)."""
         s = self.service
         w = self.name
+        if w in NEW_BOUNDS:
+            return getattr(self, "bound_" + w.replace("-", "_"))(n)
         if w == "openai-quantized" or w == "gemini" or w == "together" or w == "groq-daily":
             return {"total": max(0, n - 20) / 20 + s}
         if w == "anthropic":
@@ -176,6 +317,33 @@ class World:
             return {"total": 2 * 1 + s}
         return {"total": s}
 
+    def bound_openai_tokens(self, n):
+        """Token bucket: what the tasks really use (prompt + generated, after settling) beyond the
+        minute's capacity, at TPM/60 per second. A lower bound: admission also needs max_tokens
+        headroom. `if_unsettled`: the same if max_tokens were never refunded."""
+        used = charged = 0
+        for i in range(n):
+            pt, mt = est_tokens(task_request(self.name, i))
+            used += pt + completion_tokens(pt, mt)
+            charged += pt + mt
+        rate = TOK_TPM / 60
+        return {"total": max(0, used - TOK_TPM) / rate + self.service,
+                "if_unsettled": max(0, charged - TOK_TPM) / rate + self.service}
+
+    def bound_openai_stream(self, n):
+        return {"total": ideal_finish([0.0] * n, [(0.0, Q_RPS, Q_RPS)], self.service)}
+
+    def bound_staggered(self, n):
+        arr = arrivals(self.name, n)
+        return {"total": ideal_finish(arr, [(0.0, Q_RPS, Q_RPS)], self.service),
+                "last_arrival": arr[-1]}
+
+    def bound_tier_up(self, n):
+        return {"total": ideal_finish([0.0] * n, [(t, r, r) for t, r in TIER_SCHED], self.service)}
+
+    def bound_sglang(self, n):
+        return {"total": math.ceil(n / SGL_RUNNING) * self.service}
+
     # ------------------------------------------------------------------ helpers
     def count(self, status, cause=None, model=None):
         st = self.stats
@@ -189,7 +357,10 @@ class World:
             bm[key] = bm.get(key, 0) + 1
         if status == 200:
             st["ok"] += 1
-        else:
+            st.setdefault("first_ok_t", round(time.monotonic() - self.t0, 3))
+        elif cause == "rate" and len(st.setdefault("rate_times", [])) < 5000:
+            st["rate_times"].append(round(time.monotonic() - self.t0, 3))  # when each rate 429 left
+        if status != 200:
             st[cause] += 1
             ck = f"{status}:{cause}"
             st["by_cause"][ck] = st["by_cause"].get(ck, 0) + 1
@@ -246,6 +417,9 @@ class World:
 
     def err(self, status, payload, h, cause, model=None):
         self.count(status, cause, model)
+        if status != 200:  # the headers of the first and last refusal of each cause, for the report
+            self.stats.setdefault(f"hdr_first_{cause}", dict(h))
+            self.stats[f"hdr_last_{cause}"] = dict(h)
         return web.Response(status=status, text=json.dumps(payload), headers=h,
                             content_type="application/json")
 
@@ -456,6 +630,113 @@ class World:
                 "message": f"Rate limit reached for model `{model}` in organization `org_harness` service tier `on_demand` on requests per second (RPS): Limit 20, Used 20, Requested 1. Please try again in {go_duration(wait)}.",
                 "type": "requests", "code": "rate_limit_exceeded"}}, h, "rate")
         return await self.serve_ok(body, pt, mt, h)
+
+    # ------------------------------------------------------------------ added worlds
+    def openai_429(self, h, model, minute, tok, wait, kind, used, limit, asked):
+        """OpenAI's 429: per-minute headers, retry-after-ms and retry-after, rate_limit_exceeded."""
+        self.openai_headers(h, minute, tok)
+        h["retry-after-ms"] = str(max(1, round(wait * 1000)))
+        h["retry-after"] = str(max(1, math.ceil(wait)))
+        unit = {"requests": "requests per min (RPM)", "tokens": "tokens per min (TPM)"}[kind]
+        return self.err(429, {"error": {
+            "message": (f"Rate limit reached for {model} in organization org-harness on {unit}: "
+                        f"Limit {limit}, Used {used}, Requested {asked}. Please try again in {go_duration(wait)}. "
+                        "Visit https://platform.openai.com/account/rate-limits to learn more."),
+            "type": kind, "param": None, "code": "rate_limit_exceeded"}}, h, "rate")
+
+    def quantized_gate(self, h, key, model):
+        """Admit one request through a quantized key (enf per second, minute reported) or 429."""
+        enf, minute, tok = self.enf(key), self.minute(key), self.tok(key)
+        if enf.take():
+            return None
+        used = int(minute.cap) - minute.remaining()
+        return self.openai_429(h, model, minute, tok, enf.wait(), "requests", used, int(minute.cap), 1)
+
+    # --- OpenAI key where tokens per minute bind: prompt + max_tokens charged at admission,
+    #     the unused part of max_tokens refunded when the answer is complete
+    async def w_openai_tokens(self, req, body, key, model, pt, mt, h):
+        key = key + (model,)
+        minute, tok = self.minute(key), self.tok(key)
+        if not tok.take(pt + mt):
+            used = int(tok.cap) - tok.remaining()
+            return self.openai_429(h, model, minute, tok, tok.wait(pt + mt), "tokens", used, int(tok.cap), pt + mt)
+        minute.force(1)
+        self.openai_headers(h, minute, tok)
+        await asyncio.sleep(self.service)
+        ct = completion_tokens(pt, mt)
+        tok.give(mt - ct)
+        self.count(200)
+        return web.json_response(self.completion_usage(body, pt, ct), headers=h)
+
+    def completion_usage(self, body, pt, ct):
+        c = self.completion(body, pt, ct)
+        c["choices"][0]["message"]["content"] = "ok " * ct
+        c["usage"] = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
+        return c
+
+    # --- quantized OpenAI key, answers streamed as SSE chunks over the service time
+    async def w_openai_stream(self, req, body, key, model, pt, mt, h):
+        key = key + (model,)
+        refused = self.quantized_gate(h, key, model)
+        if refused is not None:
+            return refused
+        self.minute(key).force(1)
+        self.tok(key).force(pt + mt)
+        self.openai_headers(h, self.minute(key), self.tok(key))
+        h["content-type"] = "text/event-stream; charset=utf-8"
+        resp = web.StreamResponse(status=200, headers=h)
+        try:
+            await resp.prepare(req)
+            await self.stream_chunks(resp, model, pt, min(mt, STREAM_CHUNKS))
+            await resp.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.stats["stream_aborted"] += 1
+            raise
+        self.count(200)
+        return resp
+
+    async def stream_chunks(self, resp, model, pt, ct):
+        cid, created = "chatcmpl-" + uuid.uuid4().hex[:24], int(time.time())
+
+        def chunk(choices, usage=None):
+            return ("data: " + json.dumps({
+                "id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                "system_fingerprint": "fp_harness", "choices": choices, "usage": usage}) + "\n\n").encode()
+        for k in range(STREAM_CHUNKS):
+            await asyncio.sleep(self.service / STREAM_CHUNKS)
+            delta = {"role": "assistant", "content": ""} if k == 0 else {"content": "ok "}
+            fin = "stop" if k == STREAM_CHUNKS - 1 else None
+            await resp.write(chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": fin}]))
+        # stream_options.include_usage: a last chunk with empty choices and the usage
+        await resp.write(chunk([], {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}))
+        await resp.write(b"data: [DONE]\n\n")
+
+    # --- the quantized key, clients arriving as a Poisson stream (drive.py staggers them)
+    async def w_staggered(self, req, body, key, model, pt, mt, h):
+        key = key + (model,)
+        refused = self.quantized_gate(h, key, model)
+        if refused is not None:
+            return refused
+        self.minute(key).force(1)
+        self.tok(key).force(pt + mt)
+        self.openai_headers(h, self.minute(key), self.tok(key))
+        return await self.serve_ok(body, pt, mt, h)
+
+    # --- limit raised mid-run (same gate, scheduled buckets)
+    async def w_tier_up(self, req, body, key, model, pt, mt, h):
+        return await self.w_staggered(req, body, key, model, pt, mt, h)
+
+    # --- SGLang: SGL_RUNNING slots, SGL_QUEUE waiting; beyond that 503 at once, no headers
+    async def w_sglang(self, req, body, key, model, pt, mt, h):
+        if self.in_server >= SGL_RUNNING + SGL_QUEUE:
+            return self.err(503, {"object": "error", "message": "The request queue is full.",
+                                  "type": "ServiceUnavailable", "param": None, "code": 503}, h, "other")
+        self.in_server += 1
+        try:
+            async with self.slots:
+                return await self.serve_ok(body, pt, mt, h)
+        finally:
+            self.in_server -= 1
 
 
 def main():

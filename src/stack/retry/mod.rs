@@ -32,6 +32,7 @@
 
 pub mod backoff;
 mod body;
+mod room;
 
 pub(crate) use self::body::replay;
 pub mod policy;
@@ -52,6 +53,7 @@ use tower::retry::budget::{Budget, TpsBudget};
 use self::backoff::Backoff;
 use self::body::Buffered;
 use self::policy::{judge_response, Verdict};
+use self::room::{Room, Waited};
 use crate::body::Body;
 use crate::classify::{Outcome, Reason, Throttle};
 use crate::config::RetryConfig;
@@ -82,6 +84,8 @@ pub struct RetryShared {
     /// Final answers that were not failures (below 500), across every request: a request that
     /// failed while this moved was unlucky, not facing an outage (backoff does not escalate).
     served: AtomicU64,
+    /// Attempts in flight and retries waiting for a place (`room`).
+    room: Room,
 }
 
 impl RetryShared {
@@ -107,6 +111,7 @@ impl RetryShared {
             config: config.clone(),
             metrics,
             served: AtomicU64::new(0),
+            room: Room::default(),
         })
     }
 
@@ -170,6 +175,19 @@ struct Retryable {
     hint: Option<Duration>,
     /// The 429's reading, for a throttle.
     throttle: Option<Throttle>,
+    /// A refusal for lack of room (503, an overload) that names no wait (`room`).
+    full: bool,
+}
+
+/// What the loop waits for before the next attempt.
+enum Wait {
+    /// A throttle: the rate limiter below paces it.
+    Throttle(Duration),
+    /// A place freed at a full upstream (`room`): no budget spent.
+    Room(Duration),
+    /// A failure's backoff, within the budget; `waited` of it already spent waiting for a
+    /// place.
+    Failure { sleep: Duration, waited: Duration },
 }
 
 /// How corral gives up: the arguments of [`give_up`] besides the last answer.
@@ -192,6 +210,8 @@ async fn run<S: Next>(inner: &S, req: ProxyRequest, shared: &RetryShared) -> Ans
     // (bounded by the deadline and `max_throttle_retries`).
     let mut retries = 0u32;
     let mut throttles = 0u32;
+    // Retries of refusals for lack of room after a place freed (bounded like throttles).
+    let mut rooms = 0u32;
     // The backoff's exponent: failures in a row while no other request was served, and the
     // count of requests served when the last one was judged.
     let mut rung = 0u32;
@@ -199,19 +219,23 @@ async fn run<S: Next>(inner: &S, req: ProxyRequest, shared: &RetryShared) -> Ans
     let mut previous = Duration::ZERO;
     let mut previous_answer: Option<Last> = None;
     loop {
-        let attempts = retries + throttles;
+        let attempts = retries + throttles + rooms;
+        let (sending, sent) = (shared.room.sending(), Instant::now());
         let result = inner.send(req.clone()).await;
+        drop(sending);
         let Retryable {
             last,
             reason,
             hint,
             throttle,
+            full,
         } = match result {
             Ok(response) => match read_response(response, &req, shared).await {
                 Ok(retryable) => retryable,
                 Err(done) => {
                     if !done.status().is_server_error() {
                         shared.served.fetch_add(1, Ordering::Relaxed);
+                        shared.room.served(sent.elapsed());
                     }
                     return Ok(done);
                 }
@@ -240,13 +264,31 @@ async fn run<S: Next>(inner: &S, req: ProxyRequest, shared: &RetryShared) -> Ans
             rung = 0;
             served = now_served;
         }
-        let sleep = match &throttle {
-            Some(t) => throttle_sleep(t, hint, throttles, attempts, &req, shared),
-            None => failure_sleep(hint, retries, rung, previous, attempts, shared),
+        let wait = match &throttle {
+            Some(t) => {
+                throttle_sleep(t, hint, throttles, attempts, &req, shared).map(Wait::Throttle)
+            }
+            None if full
+                && rooms < shared.config.max_throttle_retries
+                && shared.room.holds_others() =>
+            {
+                room_wait(retries, rung, previous, attempts, &req, shared).await
+            }
+            None => failure_sleep(hint, retries, rung, previous, attempts, shared).map(|sleep| {
+                Wait::Failure {
+                    sleep,
+                    waited: Duration::ZERO,
+                }
+            }),
         };
-        let sleep = match sleep {
-            Ok(sleep) => sleep,
+        let wait = match wait {
+            Ok(wait) => wait,
             Err(g) => return give_up(last, g.attempts, g.why, g.retry_after, shared),
+        };
+        let (sleep, waited) = match wait {
+            Wait::Throttle(sleep) => (sleep, sleep),
+            Wait::Room(waited) => (Duration::ZERO, waited),
+            Wait::Failure { sleep, waited } => (sleep.saturating_sub(waited), sleep.max(waited)),
         };
         if Instant::now() + sleep >= req.ctx().deadline {
             // A throttle the deadline cannot wait for is marked even on its first answer: the
@@ -256,7 +298,7 @@ async fn run<S: Next>(inner: &S, req: ProxyRequest, shared: &RetryShared) -> Ans
         }
         previous_answer = Some(last);
         metrics.retry(reason);
-        metrics.backoff.observe(sleep.as_secs_f64());
+        metrics.backoff.observe(waited.as_secs_f64());
         if let Some(h) = hint {
             metrics.hints_honoured.inc();
             metrics.hint_seconds.inc_by(h.as_secs_f64());
@@ -265,17 +307,55 @@ async fn run<S: Next>(inner: &S, req: ProxyRequest, shared: &RetryShared) -> Ans
             upstream = metrics.name(),
             reason,
             retry = attempts + 1,
-            sleep_ms = sleep.as_millis() as u64,
+            sleep_ms = waited.as_millis() as u64,
             "retrying"
         );
         tokio::time::sleep(sleep).await;
-        if throttle.is_some() {
-            throttles += 1;
-        } else {
-            retries += 1;
-            rung += 1;
+        match wait {
+            Wait::Throttle(sleep) => {
+                throttles += 1;
+                previous = sleep;
+            }
+            Wait::Room(_) => rooms += 1,
+            Wait::Failure { .. } => {
+                retries += 1;
+                rung += 1;
+                previous = waited;
+            }
         }
-        previous = sleep;
+    }
+}
+
+/// A 503 naming no wait while the upstream holds other attempts: wait for a place (`room`);
+/// if nothing is served for the patience, the failure path decides, the wait counted as its
+/// backoff.
+async fn room_wait(
+    retries: u32,
+    rung: u32,
+    previous: Duration,
+    attempts: u32,
+    req: &ProxyRequest,
+    shared: &RetryShared,
+) -> Result<Wait, GiveUp> {
+    let backoff = shared.sleep_for(rung, previous, None);
+    let patience = shared.room.patience(backoff, shared.config.base.0 * 2);
+    let start = Instant::now();
+    let served = || shared.served.load(Ordering::Relaxed);
+    match shared.room.wait(patience, req.ctx().deadline, served).await {
+        Waited::Freed => Ok(Wait::Room(start.elapsed())),
+        Waited::Silent => {
+            failure_sleep(None, retries, rung, previous, attempts, shared).map(|sleep| {
+                Wait::Failure {
+                    sleep,
+                    waited: start.elapsed(),
+                }
+            })
+        }
+        Waited::Deadline => Err(GiveUp {
+            attempts,
+            why: "deadline",
+            retry_after: None,
+        }),
     }
 }
 
@@ -313,7 +393,9 @@ async fn read_response(
                 || crate::provider::retry_hint(&parts.headers, SystemTime::now()),
                 |t| t.hint,
             );
-            let throttle = match Outcome::of_head(parts.status, &parts.extensions) {
+            let outcome = Outcome::of_head(parts.status, &parts.extensions);
+            let full = outcome == Outcome::ServerError(503) && hint.is_none();
+            let throttle = match outcome {
                 Outcome::Throttled(_) => Some(read.unwrap_or(Throttle {
                     reason: Reason::Unknown,
                     hint,
@@ -327,6 +409,7 @@ async fn read_response(
                 reason,
                 hint,
                 throttle,
+                full,
             })
         }
     }
@@ -348,6 +431,7 @@ fn read_error(e: ProxyError) -> Result<Retryable, ProxyError> {
         reason,
         hint: None,
         throttle: None,
+        full: false,
     })
 }
 

@@ -394,6 +394,92 @@ async fn the_budget_caps_retries_during_an_outage() {
     assert!(calls > 100, "some retries were allowed");
 }
 
+/// A server with `held` places (served in `service`) that answers 503 at once, no hint, when
+/// they are all taken: SGLang with `--max-queued-requests`. Returns the attempts it saw.
+fn bounded_queue(held: usize, service: Duration) -> (impl Next + Clone, Arc<AtomicUsize>) {
+    let (taken, calls) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let seen = Arc::clone(&calls);
+    let svc = Tower(tower::service_fn(move |_req: ProxyRequest| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        let taken = Arc::clone(&taken);
+        async move {
+            if taken.fetch_add(1, Ordering::SeqCst) >= held {
+                taken.fetch_sub(1, Ordering::SeqCst);
+                return Ok::<_, ProxyError>(answer(503, &[], r#"{"message":"queue full"}"#));
+            }
+            tokio::time::sleep(service).await;
+            taken.fetch_sub(1, Ordering::SeqCst);
+            Ok(answer(200, &[], "ok"))
+        }
+    }));
+    (svc, calls)
+}
+
+/// A full queue is not an outage: 60 requests at once against 4 places of 500 ms, with a
+/// budget of about 22 retries, all succeed, each refused one retried when a place frees (not
+/// on a timer, so no refusal is wasted), in about the time the places take. Before, the budget
+/// ran out in the first instant and most were given up with `x-should-retry: false`.
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_s_refusals_wait_for_a_place_and_spend_no_budget() {
+    let cfg = RetryConfig {
+        budget_min_per_second: 1,
+        budget_ratio: 0.2,
+        ..config(Jitter::Full)
+    };
+    let (server, calls) = bounded_queue(4, Duration::from_millis(500));
+    let svc = retry(&cfg, 3).layer(server);
+    let start = Instant::now();
+    let handles: Vec<_> = (0..60)
+        .map(|_| tokio::spawn(svc.clone().oneshot(request(Duration::from_secs(600)))))
+        .collect();
+    for h in handles {
+        assert_eq!(h.await.unwrap().unwrap().status(), 200);
+    }
+    // 15 rounds of 4 places; the bound is 7.5 s.
+    assert!(
+        start.elapsed() <= Duration::from_secs(8),
+        "{:?}",
+        start.elapsed()
+    );
+    let calls = calls.load(Ordering::SeqCst);
+    assert!(
+        calls <= 60 + 56 + 4,
+        "{calls} attempts: refusals retried before a place freed"
+    );
+}
+
+/// In an outage (every attempt refused at once, nothing served) a refusal waits no longer
+/// than the failure path would have slept before it, and the budget bounds the retries as
+/// before: nobody waits for a place that never frees.
+#[tokio::test(start_paused = true)]
+async fn an_outage_s_refusals_do_not_wait_for_a_place_beyond_the_backoff() {
+    let cfg = RetryConfig {
+        budget_min_per_second: 1,
+        budget_ratio: 0.2,
+        ..config(Jitter::Full)
+    };
+    let (server, calls) = bounded_queue(0, Duration::ZERO);
+    let svc = retry(&cfg, 5).layer(server);
+    let start = Instant::now();
+    let handles: Vec<_> = (0..50)
+        .map(|_| tokio::spawn(svc.clone().oneshot(request(Duration::from_secs(600)))))
+        .collect();
+    for h in handles {
+        assert_eq!(h.await.unwrap().unwrap().status(), 503);
+    }
+    let calls = calls.load(Ordering::SeqCst);
+    assert!(
+        calls <= 50 + 30,
+        "{calls} attempts: the budget let too many through"
+    );
+    // Six backoffs of at most 30 s, not the 600 s deadline.
+    assert!(
+        start.elapsed() < Duration::from_secs(200),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn connection_errors_are_retried() {
     let calls = Arc::new(AtomicUsize::new(0));

@@ -1,0 +1,246 @@
+//! Refusals for lack of room. A server with a bounded queue (SGLang's
+//! `--max-queued-requests`, a gateway in front of a fixed pool) answers 503 at once when it
+//! is full, with no hint, while it serves what it holds. Such a refusal says "full", not
+//! "down": retried on a timer within the failure budget, a herd of them spends the budget in
+//! the first second and the rest are given up (420 of 500 clients failed in the `sglang`
+//! world written apart, where the SDK alone lost 264), though the server drains them all.
+//!
+//! So a 503 that names no wait, answered while the upstream still holds other attempts of
+//! this corral, waits for a place: the next answer the upstream serves (a final answer below
+//! 500) wakes one such waiter, in the order they came, and its retry spends no budget. These
+//! retries go no faster than the upstream frees places, so they cannot multiply its load. If
+//! nothing is served for twice the time a served answer recently took (twice the backoff's
+//! base before any), or for the backoff it would have slept if that is longer, the upstream
+//! may be down: the wait ends and the failure path (the budget, the backoff's escalation)
+//! takes over as for any failure. Overloads (529, a 429 read as one) are not a full queue but
+//! a service refusing arrivals at random, and keep the failure path.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// One upstream's attempts in flight and the retries waiting for a place.
+#[derive(Default)]
+pub(super) struct Room {
+    /// Attempts sent and not yet answered (their heads).
+    in_flight: AtomicU32,
+    /// Retries waiting for a place.
+    waiting: AtomicU32,
+    /// One permit per answer served while some wait.
+    freed: Notify,
+    /// How long served answers took (from their attempt's send), smoothed, in microseconds;
+    /// 0 before the first.
+    answer_micros: AtomicU64,
+}
+
+/// How a wait for a place ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Waited {
+    /// The upstream served an answer: a place is free.
+    Freed,
+    /// Nothing served for as long as the backoff: the upstream may be down.
+    Silent,
+    /// The request's deadline came first.
+    Deadline,
+}
+
+/// An attempt in flight, counted until it is answered or dropped.
+pub(super) struct Sending<'a>(&'a Room);
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Room {
+    /// Count an attempt in flight while the guard lives.
+    pub(super) fn sending(&self) -> Sending<'_> {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        Sending(self)
+    }
+
+    /// Whether the upstream holds attempts of this corral's besides the one just answered.
+    pub(super) fn holds_others(&self) -> bool {
+        self.in_flight.load(Ordering::Relaxed) > 0
+    }
+
+    /// The upstream served an answer `took` after its attempt was sent: wake the longest
+    /// waiting retry, if any.
+    pub(super) fn served(&self, took: Duration) {
+        let micros = took.as_micros().min(u128::from(u64::MAX)) as u64;
+        let old = self.answer_micros.load(Ordering::Relaxed);
+        // An exponential average over about eight answers (a lost update under a race only
+        // drops one sample).
+        let new = if old == 0 {
+            micros
+        } else {
+            old - old / 8 + micros / 8
+        };
+        self.answer_micros.store(new.max(1), Ordering::Relaxed);
+        if self.waiting.load(Ordering::Relaxed) > 0 {
+            self.freed.notify_one();
+        }
+    }
+
+    /// How long a retry waits for a place with nothing served before it reads the upstream
+    /// as down: twice a served answer's recent time, or `before_any` before the first; at
+    /// least `backoff`.
+    pub(super) fn patience(&self, backoff: Duration, before_any: Duration) -> Duration {
+        let micros = self.answer_micros.load(Ordering::Relaxed);
+        let answers = if micros == 0 {
+            before_any
+        } else {
+            Duration::from_micros(micros.saturating_mul(2))
+        };
+        answers.max(backoff)
+    }
+
+    /// Wait for a place: until an answer is served, or `patience` passes with none served
+    /// by anyone (`served` reads the upstream's count of them), or `deadline`.
+    pub(super) async fn wait(
+        &self,
+        patience: Duration,
+        deadline: Instant,
+        served: impl Fn() -> u64,
+    ) -> Waited {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let _waiting = Waiting(&self.waiting);
+        // One `Notified` for the whole wait keeps this retry's place in the queue.
+        let freed = self.freed.notified();
+        tokio::pin!(freed);
+        let mut seen = served();
+        loop {
+            let until = (Instant::now() + patience).min(deadline);
+            tokio::select! {
+                () = freed.as_mut() => return Waited::Freed,
+                () = tokio::time::sleep_until(until) => {}
+            }
+            if Instant::now() >= deadline {
+                return Waited::Deadline;
+            }
+            let now = served();
+            if now == seen {
+                return Waited::Silent;
+            }
+            // Others were served meanwhile, those ahead of this one: still full, not down.
+            seen = now;
+        }
+    }
+}
+
+/// A retry counted as waiting while the guard lives.
+struct Waiting<'a>(&'a AtomicU32);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
+
+    /// A room and its served count, as `RetryShared` keeps them.
+    fn room() -> (Arc<Room>, Arc<AtomicU64>) {
+        (Arc::new(Room::default()), Arc::new(AtomicU64::new(0)))
+    }
+
+    fn serve(room: &Room, served: &AtomicU64) {
+        served.fetch_add(1, Ordering::Relaxed);
+        room.served(Duration::from_millis(400));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_answer_served_frees_one_waiter_in_the_order_they_came() {
+        let (room, served) = room();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut waiters = Vec::new();
+        for i in 0..3 {
+            let (room, served) = (Arc::clone(&room), Arc::clone(&served));
+            waiters.push(tokio::spawn(async move {
+                let w = room
+                    .wait(Duration::from_secs(1), deadline, || {
+                        served.load(Ordering::Relaxed)
+                    })
+                    .await;
+                (i, w, Instant::now())
+            }));
+            tokio::task::yield_now().await;
+        }
+        let start = Instant::now();
+        // Answers served every 400 ms: each wakes the oldest waiter, and those still waiting
+        // see the upstream serving (their patience of 1 s renews), so none gives up.
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            serve(&room, &served);
+        }
+        for (n, waiter) in waiters.into_iter().enumerate() {
+            let (i, w, at) = waiter.await.unwrap();
+            assert_eq!((i, w), (n, Waited::Freed));
+            assert_eq!(at - start, Duration::from_millis(400 * (n as u64 + 1)));
+        }
+        assert_eq!(room.waiting.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_upstream_that_serves_nothing_ends_the_wait_after_the_patience() {
+        let (room, served) = room();
+        let start = Instant::now();
+        let w = room
+            .wait(
+                Duration::from_millis(300),
+                start + Duration::from_secs(60),
+                || served.load(Ordering::Relaxed),
+            )
+            .await;
+        assert_eq!(w, Waited::Silent);
+        assert_eq!(start.elapsed(), Duration::from_millis(300));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_ends_the_wait_first() {
+        let (room, served) = room();
+        let start = Instant::now();
+        let w = room
+            .wait(
+                Duration::from_secs(5),
+                start + Duration::from_millis(200),
+                || served.load(Ordering::Relaxed),
+            )
+            .await;
+        assert_eq!(w, Waited::Deadline);
+        assert_eq!(start.elapsed(), Duration::from_millis(200));
+    }
+
+    #[test]
+    fn patience_is_twice_a_served_answer_s_time_and_at_least_the_backoff() {
+        let room = Room::default();
+        let (ms, s) = (Duration::from_millis, Duration::from_secs);
+        assert_eq!(room.patience(ms(100), s(1)), s(1));
+        room.served(ms(400));
+        assert_eq!(room.patience(ms(100), s(1)), ms(800));
+        assert_eq!(room.patience(s(2), s(1)), s(2));
+        // Smoothed: one slow answer moves it by an eighth of the difference.
+        room.served(ms(1200));
+        assert_eq!(room.patience(ms(0), s(1)), ms(1000));
+    }
+
+    #[test]
+    fn attempts_are_counted_while_in_flight() {
+        let room = Room::default();
+        assert!(!room.holds_others());
+        let a = room.sending();
+        let b = room.sending();
+        drop(a);
+        assert!(room.holds_others());
+        drop(b);
+        assert!(!room.holds_others());
+    }
+}

@@ -200,36 +200,92 @@ struct GiveUp {
 /// Throttle retries of one request with no wait named that go without the failure budget.
 const UNBUDGETED_THROTTLES: u32 = 3;
 
+/// One request's retries so far, by kind, and what its backoff remembers.
+#[derive(Default)]
+struct Tally {
+    /// Failures retried (bounded by `max_retries` and the budget).
+    retries: u32,
+    /// Throttles retried (bounded by the deadline and `max_throttle_retries`).
+    throttles: u32,
+    /// Refusals for lack of room retried after a place freed (bounded like throttles).
+    rooms: u32,
+    /// The backoff's exponent: failures in a row while no other request was served.
+    rung: u32,
+    /// The last failure's or throttle's wait.
+    previous: Duration,
+}
+
+impl Tally {
+    fn attempts(&self) -> u32 {
+        self.retries + self.throttles + self.rooms
+    }
+
+    /// What to wait for before retrying `answer`, or how to give up on it.
+    async fn next_wait(
+        &self,
+        answer: &Retryable,
+        req: &ProxyRequest,
+        shared: &RetryShared,
+    ) -> Result<Wait, GiveUp> {
+        let (attempts, hint) = (self.attempts(), answer.hint);
+        match &answer.throttle {
+            Some(t) => {
+                throttle_sleep(t, hint, self.throttles, attempts, req, shared).map(Wait::Throttle)
+            }
+            None if answer.full
+                && self.rooms < shared.config.max_throttle_retries
+                && shared.room.holds_others() =>
+            {
+                room_wait(self, req, shared).await
+            }
+            None => failure_sleep(
+                hint,
+                self.retries,
+                self.rung,
+                self.previous,
+                attempts,
+                shared,
+            )
+            .map(|sleep| Wait::Failure {
+                sleep,
+                waited: Duration::ZERO,
+            }),
+        }
+    }
+
+    /// Count the retry `wait` led to (`waited` in all).
+    fn count(&mut self, wait: &Wait, waited: Duration) {
+        match *wait {
+            Wait::Throttle(sleep) => {
+                self.throttles += 1;
+                self.previous = sleep;
+            }
+            Wait::Room(_) => self.rooms += 1,
+            Wait::Failure { .. } => {
+                self.retries += 1;
+                self.rung += 1;
+                self.previous = waited;
+            }
+        }
+    }
+}
+
 /// Send the request, then judge the answer (`read_response`, `read_error`), then wait
-/// (`throttle_sleep` for a throttle, `failure_sleep` for a failure) and send it again, until
-/// an answer is final or a bound gives up.
+/// (`Tally::next_wait`: a throttle's, a place's or a failure's) and send it again, until an
+/// answer is final or a bound gives up.
 async fn run<S: Next>(inner: &S, req: ProxyRequest, shared: &RetryShared) -> Answer {
     let metrics = &shared.metrics;
     shared.budget.deposit();
-    // Failures retried (bounded by `max_retries` and the budget) and throttles retried
-    // (bounded by the deadline and `max_throttle_retries`).
-    let mut retries = 0u32;
-    let mut throttles = 0u32;
-    // Retries of refusals for lack of room after a place freed (bounded like throttles).
-    let mut rooms = 0u32;
-    // The backoff's exponent: failures in a row while no other request was served, and the
-    // count of requests served when the last one was judged.
-    let mut rung = 0u32;
+    let mut tally = Tally::default();
+    // The count of requests served when the last answer was judged.
     let mut served = shared.served.load(Ordering::Relaxed);
-    let mut previous = Duration::ZERO;
     let mut previous_answer: Option<Last> = None;
     loop {
-        let attempts = retries + throttles + rooms;
+        let attempts = tally.attempts();
         let (sending, sent) = (shared.room.sending(), Instant::now());
         let result = inner.send(req.clone()).await;
         drop(sending);
-        let Retryable {
-            last,
-            reason,
-            hint,
-            throttle,
-            full,
-        } = match result {
+        let answer = match result {
             Ok(response) => match read_response(response, &req, shared).await {
                 Ok(retryable) => retryable,
                 Err(done) => {
@@ -261,30 +317,20 @@ async fn run<S: Next>(inner: &S, req: ProxyRequest, shared: &RetryShared) -> Ans
         let now_served = shared.served.load(Ordering::Relaxed);
         if now_served != served {
             // Others were served since this request's last failure: this one was its own luck.
-            rung = 0;
+            tally.rung = 0;
             served = now_served;
         }
-        let wait = match &throttle {
-            Some(t) => {
-                throttle_sleep(t, hint, throttles, attempts, &req, shared).map(Wait::Throttle)
-            }
-            None if full
-                && rooms < shared.config.max_throttle_retries
-                && shared.room.holds_others() =>
-            {
-                room_wait(retries, rung, previous, attempts, &req, shared).await
-            }
-            None => failure_sleep(hint, retries, rung, previous, attempts, shared).map(|sleep| {
-                Wait::Failure {
-                    sleep,
-                    waited: Duration::ZERO,
-                }
-            }),
-        };
-        let wait = match wait {
+        let wait = match tally.next_wait(&answer, &req, shared).await {
             Ok(wait) => wait,
-            Err(g) => return give_up(last, g.attempts, g.why, g.retry_after, shared),
+            Err(g) => return give_up(answer.last, g.attempts, g.why, g.retry_after, shared),
         };
+        let Retryable {
+            last,
+            reason,
+            hint,
+            throttle,
+            ..
+        } = answer;
         let (sleep, waited) = match wait {
             Wait::Throttle(sleep) => (sleep, sleep),
             Wait::Room(waited) => (Duration::ZERO, waited),
@@ -311,18 +357,7 @@ async fn run<S: Next>(inner: &S, req: ProxyRequest, shared: &RetryShared) -> Ans
             "retrying"
         );
         tokio::time::sleep(sleep).await;
-        match wait {
-            Wait::Throttle(sleep) => {
-                throttles += 1;
-                previous = sleep;
-            }
-            Wait::Room(_) => rooms += 1,
-            Wait::Failure { .. } => {
-                retries += 1;
-                rung += 1;
-                previous = waited;
-            }
-        }
+        tally.count(&wait, waited);
     }
 }
 
@@ -330,13 +365,17 @@ async fn run<S: Next>(inner: &S, req: ProxyRequest, shared: &RetryShared) -> Ans
 /// if nothing is served for the patience, the failure path decides, the wait counted as its
 /// backoff.
 async fn room_wait(
-    retries: u32,
-    rung: u32,
-    previous: Duration,
-    attempts: u32,
+    tally: &Tally,
     req: &ProxyRequest,
     shared: &RetryShared,
 ) -> Result<Wait, GiveUp> {
+    let Tally {
+        retries,
+        rung,
+        previous,
+        ..
+    } = *tally;
+    let attempts = tally.attempts();
     let backoff = shared.sleep_for(rung, previous, None);
     let patience = shared.room.patience(backoff, shared.config.base.0 * 2);
     let start = Instant::now();

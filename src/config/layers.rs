@@ -107,8 +107,9 @@ pub enum Jitter {
 pub struct RetryConfig {
     /// Retries of failures (5xx, resets, timeouts) per request.
     pub max_retries: u32,
-    /// Retries of throttles (retryable 429s and 529s) per request: the last guard, since each
-    /// waits for the rate limiter like a first attempt and the deadline bounds them anyway.
+    /// Retries of throttles (retryable 429s) per request, and apart from them of a full
+    /// queue's 503s: the last guard, since each waits for the rate limiter, or for a place the
+    /// upstream freed, and the deadline bounds them anyway.
     pub max_throttle_retries: u32,
     pub base: HumanDuration,
     pub cap: HumanDuration,

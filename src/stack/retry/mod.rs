@@ -175,7 +175,7 @@ struct Retryable {
     hint: Option<Duration>,
     /// The 429's reading, for a throttle.
     throttle: Option<Throttle>,
-    /// A refusal for lack of room (503, an overload) that names no wait (`room`).
+    /// A 503 that names no wait: perhaps a full queue's refusal (`room`).
     full: bool,
 }
 

@@ -24,7 +24,8 @@ use tokio::time::Instant;
 /// One upstream's attempts in flight and the retries waiting for a place.
 #[derive(Default)]
 pub(super) struct Room {
-    /// Attempts sent and not yet answered (their heads).
+    /// Attempts sent down the stack and not yet answered (their heads; those the rate limiter
+    /// or the breaker below still holds included).
     in_flight: AtomicU32,
     /// Retries waiting for a place.
     waiting: AtomicU32,
@@ -40,7 +41,7 @@ pub(super) struct Room {
 pub(super) enum Waited {
     /// The upstream served an answer: a place is free.
     Freed,
-    /// Nothing served for as long as the backoff: the upstream may be down.
+    /// Nothing served for the patience: the upstream may be down.
     Silent,
     /// The request's deadline came first.
     Deadline,
@@ -62,7 +63,8 @@ impl Room {
         Sending(self)
     }
 
-    /// Whether the upstream holds attempts of this corral's besides the one just answered.
+    /// Whether attempts of this corral's besides the one just answered are on their way to
+    /// the upstream or held by it.
     pub(super) fn holds_others(&self) -> bool {
         self.in_flight.load(Ordering::Relaxed) > 0
     }

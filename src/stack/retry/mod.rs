@@ -362,7 +362,7 @@ async fn run<S: Next>(inner: &S, req: ProxyRequest, shared: &RetryShared) -> Ans
 }
 
 /// A 503 naming no wait while the upstream holds other attempts: wait for a place (`room`);
-/// if nothing is served for the patience, the failure path decides, the wait counted as its
+/// if it is not a full queue draining, the failure path decides, the wait counted as its
 /// backoff.
 async fn room_wait(
     tally: &Tally,
@@ -380,13 +380,20 @@ async fn room_wait(
     let patience = shared.room.patience(backoff, shared.config.base.0 * 2);
     let start = Instant::now();
     let served = || shared.served.load(Ordering::Relaxed);
-    match shared.room.wait(patience, req.ctx().deadline, served).await {
+    let waited = shared
+        .room
+        .wait(backoff, patience, req.ctx().deadline, served)
+        .await;
+    match waited {
         Waited::Freed => Ok(Wait::Room(start.elapsed())),
+        // The failure path's bounds (`max_retries`, the budget) decide; the wait was its
+        // backoff.
         Waited::Silent => {
-            failure_sleep(None, retries, rung, previous, attempts, shared).map(|sleep| {
+            failure_sleep(None, retries, rung, previous, attempts, shared).map(|_| {
+                let waited = start.elapsed();
                 Wait::Failure {
-                    sleep,
-                    waited: start.elapsed(),
+                    sleep: waited,
+                    waited,
                 }
             })
         }

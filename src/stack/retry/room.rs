@@ -8,11 +8,13 @@
 //! So a 503 that names no wait, answered while the upstream still holds other attempts of
 //! this corral, waits for a place: the next answer the upstream serves (a final answer below
 //! 500) wakes one such waiter, in the order they came, and its retry spends no budget. These
-//! retries go no faster than the upstream frees places, so they cannot multiply its load. If
-//! nothing is served for twice the time a served answer recently took (twice the backoff's
-//! base before any), or for the backoff it would have slept if that is longer, the upstream
-//! may be down: the wait ends and the failure path (the budget, the backoff's escalation)
-//! takes over as for any failure. Overloads (529, a 429 read as one) are not a full queue but
+//! retries go no faster than the upstream frees places, so they cannot multiply its load. When
+//! its backoff is up and nothing was served meanwhile, a retry whose upstream holds nothing of
+//! this corral's any more (a blip: every attempt refused together) goes on as any failure
+//! does, at that backoff; one whose upstream still holds others waits on, up to twice the time
+//! a served answer recently took (twice the backoff's base before any). Past that, with nothing
+//! served, the upstream may be down: the failure path (the budget, the backoff's escalation)
+//! takes over. Overloads (529, a 429 read as one) are not a full queue but
 //! a service refusing arrivals at random, and keep the failure path.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -20,6 +22,9 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+/// A waiting retry looks again this often at least (a backoff draw can be a millisecond).
+const RECHECK: Duration = Duration::from_millis(100);
 
 /// One upstream's attempts in flight and the retries waiting for a place.
 #[derive(Default)]
@@ -100,10 +105,16 @@ impl Room {
         answers.max(backoff)
     }
 
-    /// Wait for a place: until an answer is served, or `patience` passes with none served
-    /// by anyone (`served` reads the upstream's count of them), or `deadline`.
+    /// Wait for a place: until an answer is served (`Freed`), or `deadline`. At `backoff`,
+    /// then every [`RECHECK`] at least: if nothing was served since the last look (`served`
+    /// reads the upstream's count) and the upstream holds nothing of this corral's, or has
+    /// served nothing for `patience` (since the wait began or last saw one served), it is not
+    /// a full queue draining: `Silent`. So a blip
+    /// of refusals with nothing held ends each wait at its own backoff draw, spread as
+    /// before, never all at the patience.
     pub(super) async fn wait(
         &self,
+        backoff: Duration,
         patience: Duration,
         deadline: Instant,
         served: impl Fn() -> u64,
@@ -113,9 +124,10 @@ impl Room {
         // One `Notified` for the whole wait keeps this retry's place in the queue.
         let freed = self.freed.notified();
         tokio::pin!(freed);
-        let mut seen = served();
+        // When this wait began, or last saw an answer served.
+        let (mut moved, mut seen, mut look) = (Instant::now(), served(), backoff);
         loop {
-            let until = (Instant::now() + patience).min(deadline);
+            let until = (Instant::now() + look).min(deadline);
             tokio::select! {
                 () = freed.as_mut() => return Waited::Freed,
                 () = tokio::time::sleep_until(until) => {}
@@ -124,11 +136,13 @@ impl Room {
                 return Waited::Deadline;
             }
             let now = served();
-            if now == seen {
+            if now != seen {
+                // Others were served meanwhile, those ahead of this one: full, not down.
+                (seen, moved) = (now, Instant::now());
+            } else if !self.holds_others() || moved.elapsed() >= patience {
                 return Waited::Silent;
             }
-            // Others were served meanwhile, those ahead of this one: still full, not down.
-            seen = now;
+            look = backoff.max(RECHECK);
         }
     }
 }
@@ -168,9 +182,12 @@ mod tests {
             let (room, served) = (Arc::clone(&room), Arc::clone(&served));
             waiters.push(tokio::spawn(async move {
                 let w = room
-                    .wait(Duration::from_secs(1), deadline, || {
-                        served.load(Ordering::Relaxed)
-                    })
+                    .wait(
+                        Duration::from_secs(1),
+                        Duration::from_secs(5),
+                        deadline,
+                        || served.load(Ordering::Relaxed),
+                    )
                     .await;
                 (i, w, Instant::now())
             }));
@@ -178,7 +195,7 @@ mod tests {
         }
         let start = Instant::now();
         // Answers served every 400 ms: each wakes the oldest waiter, and those still waiting
-        // see the upstream serving (their patience of 1 s renews), so none gives up.
+        // see the upstream serving when their backoff of 1 s is up, so none gives up.
         for _ in 0..3 {
             tokio::time::sleep(Duration::from_millis(400)).await;
             serve(&room, &served);
@@ -192,12 +209,13 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn an_upstream_that_serves_nothing_ends_the_wait_after_the_patience() {
+    async fn an_upstream_that_holds_and_serves_nothing_ends_the_wait_at_the_backoff() {
         let (room, served) = room();
         let start = Instant::now();
         let w = room
             .wait(
                 Duration::from_millis(300),
+                Duration::from_secs(5),
                 start + Duration::from_secs(60),
                 || served.load(Ordering::Relaxed),
             )
@@ -207,12 +225,31 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn an_upstream_that_holds_others_but_serves_nothing_ends_it_after_the_patience() {
+        let (room, served) = room();
+        let _held = room.sending();
+        let start = Instant::now();
+        let w = room
+            .wait(
+                Duration::from_millis(300),
+                Duration::from_secs(1),
+                start + Duration::from_secs(60),
+                || served.load(Ordering::Relaxed),
+            )
+            .await;
+        assert_eq!(w, Waited::Silent);
+        // Looks at 0.3, 0.6, 0.9 and 1.2 s: the first past the patience ends it.
+        assert_eq!(start.elapsed(), Duration::from_millis(1200));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn the_deadline_ends_the_wait_first() {
         let (room, served) = room();
         let start = Instant::now();
         let w = room
             .wait(
                 Duration::from_secs(5),
+                Duration::from_secs(10),
                 start + Duration::from_millis(200),
                 || served.load(Ordering::Relaxed),
             )

@@ -674,15 +674,21 @@ class World:
         c["usage"] = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
         return c
 
+    def quantized_admit(self, h, key, model, pt, mt):
+        """The quantized key's gate; on admission its per-minute buckets charged and reported in h."""
+        refused = self.quantized_gate(h, key, model)
+        if refused is None:
+            self.minute(key).force(1)
+            self.tok(key).force(pt + mt)
+            self.openai_headers(h, self.minute(key), self.tok(key))
+        return refused
+
     # --- quantized OpenAI key, answers streamed as SSE chunks over the service time
     async def w_openai_stream(self, req, body, key, model, pt, mt, h):
         key = key + (model,)
-        refused = self.quantized_gate(h, key, model)
+        refused = self.quantized_admit(h, key, model, pt, mt)
         if refused is not None:
             return refused
-        self.minute(key).force(1)
-        self.tok(key).force(pt + mt)
-        self.openai_headers(h, self.minute(key), self.tok(key))
         h["content-type"] = "text/event-stream; charset=utf-8"
         resp = web.StreamResponse(status=200, headers=h)
         try:
@@ -714,12 +720,9 @@ class World:
     # --- the quantized key, clients arriving as a Poisson stream (drive.py staggers them)
     async def w_staggered(self, req, body, key, model, pt, mt, h):
         key = key + (model,)
-        refused = self.quantized_gate(h, key, model)
+        refused = self.quantized_admit(h, key, model, pt, mt)
         if refused is not None:
             return refused
-        self.minute(key).force(1)
-        self.tok(key).force(pt + mt)
-        self.openai_headers(h, self.minute(key), self.tok(key))
         return await self.serve_ok(body, pt, mt, h)
 
     # --- limit raised mid-run (same gate, scheduled buckets)

@@ -220,6 +220,7 @@ where
         .layer(timeout::layer(
             config.retry.per_try_timeout.0,
             metrics.clone(),
+            retry.room(),
         ))
         .service(client);
     let state = StackState {

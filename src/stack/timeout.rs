@@ -12,6 +12,7 @@ use crate::error::ProxyError;
 use crate::forward::ProxyRequest;
 use crate::metrics::UpstreamMetrics;
 use crate::stack::layer::{Answer, Middleware, Next, SharedLayer};
+use crate::stack::retry::room::Room;
 
 /// The per-try timeout layer.
 pub type TimeoutLayer = SharedLayer<TryTimeout>;
@@ -20,11 +21,18 @@ pub type TimeoutLayer = SharedLayer<TryTimeout>;
 pub struct TryTimeout {
     per_try: Duration,
     metrics: UpstreamMetrics,
+    /// Attempts on the wire and answers served, for retries waiting for a place.
+    room: Arc<Room>,
 }
 
-/// The per-try timeout layer for one upstream.
-pub fn layer(per_try: Duration, metrics: UpstreamMetrics) -> TimeoutLayer {
-    SharedLayer::new(Arc::new(TryTimeout { per_try, metrics }))
+/// The per-try timeout layer for one upstream; it counts its attempts in `room` (the retry
+/// layer's).
+pub fn layer(per_try: Duration, metrics: UpstreamMetrics, room: Arc<Room>) -> TimeoutLayer {
+    SharedLayer::new(Arc::new(TryTimeout {
+        per_try,
+        metrics,
+        room,
+    }))
 }
 
 impl Middleware for TryTimeout {
@@ -44,6 +52,7 @@ impl Middleware for TryTimeout {
         let fut = next.send(req);
         // Not past the deadline: `remaining` is counted from `start`.
         let until = start + per_try.min(remaining);
+        let sending = self.room.sending();
         let result = match tokio::time::timeout_at(until, fut).await {
             Ok(result) => result,
             Err(_) if per_try <= remaining => Err(ProxyError::TryTimeout {
@@ -66,8 +75,13 @@ impl Middleware for TryTimeout {
             Ok(response) => response.status() == http::StatusCode::TOO_MANY_REQUESTS,
             Err(e) => matches!(e, ProxyError::UpstreamConnect { .. }),
         };
+        drop(sending);
         if !unsent {
             ctx.reached_upstream();
+        }
+        if !unsent && result.as_ref().is_ok_and(|r| !r.status().is_server_error()) {
+            // A place the upstream held is free again.
+            self.room.served(start.elapsed());
         }
         metrics.attempt(outcome.label());
         if let Outcome::Throttled(code) | Outcome::Overloaded(code) = outcome {
@@ -93,7 +107,8 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(60)).await;
             Ok::<_, ProxyError>(http::Response::new(crate::body::full("")))
         });
-        let svc = layer(Duration::from_secs(5), m.clone()).layer(crate::stack::layer::Tower(slow));
+        let svc = layer(Duration::from_secs(5), m.clone(), Arc::default())
+            .layer(crate::stack::layer::Tower(slow));
         let err = svc
             .clone()
             .oneshot(request(Duration::from_secs(30)))

@@ -32,7 +32,7 @@
 
 pub mod backoff;
 mod body;
-mod room;
+pub mod room;
 
 pub(crate) use self::body::replay;
 pub mod policy;
@@ -84,8 +84,9 @@ pub struct RetryShared {
     /// Final answers that were not failures (below 500), across every request: a request that
     /// failed while this moved was unlucky, not facing an outage (backoff does not escalate).
     served: AtomicU64,
-    /// Attempts in flight and retries waiting for a place (`room`).
-    room: Room,
+    /// Attempts in flight at the upstream (counted by the per-try timeout layer) and retries
+    /// waiting for a place (`room`).
+    room: Arc<Room>,
 }
 
 impl RetryShared {
@@ -111,8 +112,13 @@ impl RetryShared {
             config: config.clone(),
             metrics,
             served: AtomicU64::new(0),
-            room: Room::default(),
+            room: Arc::default(),
         })
+    }
+
+    /// The room the per-try timeout layer counts attempts on the wire in.
+    pub fn room(&self) -> Arc<Room> {
+        Arc::clone(&self.room)
     }
 
     /// Take one retry from the budget for a group's hedge: a hedge is an extra attempt, and
@@ -282,16 +288,13 @@ async fn run<S: Next>(inner: &S, req: ProxyRequest, shared: &RetryShared) -> Ans
     let mut previous_answer: Option<Last> = None;
     loop {
         let attempts = tally.attempts();
-        let (sending, sent) = (shared.room.sending(), Instant::now());
         let result = inner.send(req.clone()).await;
-        drop(sending);
         let answer = match result {
             Ok(response) => match read_response(response, &req, shared).await {
                 Ok(retryable) => retryable,
                 Err(done) => {
                     if !done.status().is_server_error() {
                         shared.served.fetch_add(1, Ordering::Relaxed);
-                        shared.room.served(sent.elapsed());
                     }
                     return Ok(done);
                 }
@@ -379,10 +382,9 @@ async fn room_wait(
     let backoff = shared.sleep_for(rung, previous, None);
     let patience = shared.room.patience(backoff, shared.config.base.0 * 2);
     let start = Instant::now();
-    let served = || shared.served.load(Ordering::Relaxed);
     let waited = shared
         .room
-        .wait(backoff, patience, req.ctx().deadline, served)
+        .wait(backoff, patience, req.ctx().deadline)
         .await;
     match waited {
         Waited::Freed => Ok(Wait::Room(start.elapsed())),

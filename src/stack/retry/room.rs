@@ -6,15 +6,15 @@
 //! world written apart, where the SDK alone lost 264), though the server drains them all.
 //!
 //! So a 503 that names no wait, answered while the upstream still holds other attempts of
-//! this corral, waits for a place: the next answer the upstream serves (a final answer below
-//! 500) wakes one such waiter, in the order they came, and its retry spends no budget. These
-//! retries go no faster than the upstream frees places, so they cannot multiply its load. When
-//! its backoff is up and nothing was served meanwhile, a retry whose upstream holds nothing of
-//! this corral's any more (a blip: every attempt refused together) goes on as any failure
-//! does, at that backoff; one whose upstream still holds others waits on, up to twice the time
-//! a served answer recently took (twice the backoff's base before any). Past that, with nothing
-//! served, the upstream may be down: the failure path (the budget, the backoff's escalation)
-//! takes over. Overloads (529, a 429 read as one) are not a full queue but
+//! this corral, first sleeps the backoff a failure would (jittered: retries refused together
+//! stay spread). Then, if the upstream still holds others (a full queue draining), it waits
+//! for a place: the next answer the upstream serves (a final answer below 500) wakes one such
+//! waiter, in the order they came, and its retry spends no budget. These retries go no faster
+//! than the upstream frees places, so they cannot multiply its load. If the upstream holds
+//! nothing of this corral's any more (a blip: every attempt refused together), or serves
+//! nothing for twice the time a served answer recently took (twice the backoff's base before
+//! any), the failure path (the budget, the backoff's escalation) takes over, the wait counted
+//! as its backoff. Overloads (529, a 429 read as one) are not a full queue but
 //! a service refusing arrivals at random, and keep the failure path.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -26,12 +26,15 @@ use tokio::time::Instant;
 /// A waiting retry looks again this often at least (a backoff draw can be a millisecond).
 const RECHECK: Duration = Duration::from_millis(100);
 
-/// One upstream's attempts in flight and the retries waiting for a place.
+/// One upstream's attempts in flight and the retries waiting for a place: the retry layer
+/// waits, the per-try timeout layer (right before the wire) counts.
 #[derive(Default)]
-pub(super) struct Room {
-    /// Attempts sent down the stack and not yet answered (their heads; those the rate limiter
-    /// or the breaker below still holds included).
+pub struct Room {
+    /// Attempts on the wire to the upstream, not yet answered (their heads): past the breaker
+    /// and the rate limiter, whose held attempts the upstream does not hold.
     in_flight: AtomicU32,
+    /// Answers the upstream served (below 500, not a 429).
+    served_count: AtomicU64,
     /// Retries waiting for a place.
     waiting: AtomicU32,
     /// One permit per answer served while some wait.
@@ -53,7 +56,7 @@ pub(super) enum Waited {
 }
 
 /// An attempt in flight, counted until it is answered or dropped.
-pub(super) struct Sending<'a>(&'a Room);
+pub struct Sending<'a>(&'a Room);
 
 impl Drop for Sending<'_> {
     fn drop(&mut self) {
@@ -63,7 +66,7 @@ impl Drop for Sending<'_> {
 
 impl Room {
     /// Count an attempt in flight while the guard lives.
-    pub(super) fn sending(&self) -> Sending<'_> {
+    pub fn sending(&self) -> Sending<'_> {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         Sending(self)
     }
@@ -74,9 +77,10 @@ impl Room {
         self.in_flight.load(Ordering::Relaxed) > 0
     }
 
-    /// The upstream served an answer `took` after its attempt was sent: wake the longest
-    /// waiting retry, if any.
-    pub(super) fn served(&self, took: Duration) {
+    /// The upstream served an answer `took` after its attempt went on the wire: wake the
+    /// longest waiting retry, if any.
+    pub fn served(&self, took: Duration) {
+        self.served_count.fetch_add(1, Ordering::Relaxed);
         let micros = took.as_micros().min(u128::from(u64::MAX)) as u64;
         let old = self.answer_micros.load(Ordering::Relaxed);
         // An exponential average over about eight answers (a lost update under a race only
@@ -105,28 +109,43 @@ impl Room {
         answers.max(backoff)
     }
 
-    /// Wait for a place: until an answer is served (`Freed`), or `deadline`. At `backoff`,
-    /// then every [`RECHECK`] at least: if nothing was served since the last look (`served`
-    /// reads the upstream's count) and the upstream holds nothing of this corral's, or has
-    /// served nothing for `patience` (since the wait began or last saw one served), it is not
-    /// a full queue draining: `Silent`. So a blip
-    /// of refusals with nothing held ends each wait at its own backoff draw, spread as
-    /// before, never all at the patience.
+    /// First the backoff a failure would sleep (`backoff`: jittered, so retries refused
+    /// together stay spread); then, if the upstream still holds attempts of this corral's (a
+    /// full queue draining), wait for a place: until an answer is served (`Freed`), looking
+    /// every [`RECHECK`] at least. `Silent` when the upstream holds nothing of this corral's
+    /// at a look with nothing served since the last (a blip: everything was refused
+    /// together), or has served nothing for `patience` since the wait began or last saw an
+    /// answer served. `Deadline` when it comes first.
     pub(super) async fn wait(
         &self,
         backoff: Duration,
         patience: Duration,
         deadline: Instant,
-        served: impl Fn() -> u64,
     ) -> Waited {
+        let served = || self.served_count.load(Ordering::Relaxed);
+        let (mut moved, mut seen) = (Instant::now(), served());
+        tokio::time::sleep_until((moved + backoff).min(deadline)).await;
+        if Instant::now() >= deadline {
+            return Waited::Deadline;
+        }
+        if !self.holds_others() {
+            return Waited::Silent;
+        }
         self.waiting.fetch_add(1, Ordering::Relaxed);
         let _waiting = Waiting(&self.waiting);
         // One `Notified` for the whole wait keeps this retry's place in the queue.
         let freed = self.freed.notified();
         tokio::pin!(freed);
-        // When this wait began, or last saw an answer served.
-        let (mut moved, mut seen, mut look) = (Instant::now(), served(), backoff);
+        freed.as_mut().enable();
+        let look = backoff.max(RECHECK);
         loop {
+            let now = served();
+            if now != seen {
+                // Others were served meanwhile, those ahead of this one: full, not down.
+                (seen, moved) = (now, Instant::now());
+            } else if !self.holds_others() || moved.elapsed() >= patience {
+                return Waited::Silent;
+            }
             let until = (Instant::now() + look).min(deadline);
             tokio::select! {
                 () = freed.as_mut() => return Waited::Freed,
@@ -135,14 +154,6 @@ impl Room {
             if Instant::now() >= deadline {
                 return Waited::Deadline;
             }
-            let now = served();
-            if now != seen {
-                // Others were served meanwhile, those ahead of this one: full, not down.
-                (seen, moved) = (now, Instant::now());
-            } else if !self.holds_others() || moved.elapsed() >= patience {
-                return Waited::Silent;
-            }
-            look = backoff.max(RECHECK);
         }
     }
 }
@@ -160,33 +171,28 @@ impl Drop for Waiting<'_> {
 mod tests {
     use super::*;
 
-    use std::sync::atomic::AtomicU64;
     use std::sync::Arc;
 
-    /// A room and its served count, as `RetryShared` keeps them.
-    fn room() -> (Arc<Room>, Arc<AtomicU64>) {
-        (Arc::new(Room::default()), Arc::new(AtomicU64::new(0)))
-    }
-
-    fn serve(room: &Room, served: &AtomicU64) {
-        served.fetch_add(1, Ordering::Relaxed);
+    fn serve(room: &Room) {
         room.served(Duration::from_millis(400));
     }
 
     #[tokio::test(start_paused = true)]
     async fn each_answer_served_frees_one_waiter_in_the_order_they_came() {
-        let (room, served) = room();
+        let room = Arc::new(Room::default());
+        // The upstream holds another attempt: a full queue.
+        let _held = room.sending();
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut waiters = Vec::new();
         for i in 0..3 {
-            let (room, served) = (Arc::clone(&room), Arc::clone(&served));
+            let room = Arc::clone(&room);
             waiters.push(tokio::spawn(async move {
+                // Backoffs of 100, 110 and 120 ms: they queue for a place in that order.
                 let w = room
                     .wait(
-                        Duration::from_secs(1),
+                        Duration::from_millis(100 + 10 * i),
                         Duration::from_secs(5),
                         deadline,
-                        || served.load(Ordering::Relaxed),
                     )
                     .await;
                 (i, w, Instant::now())
@@ -195,14 +201,14 @@ mod tests {
         }
         let start = Instant::now();
         // Answers served every 400 ms: each wakes the oldest waiter, and those still waiting
-        // see the upstream serving when their backoff of 1 s is up, so none gives up.
+        // see the upstream serving (and holding), so none gives up.
         for _ in 0..3 {
             tokio::time::sleep(Duration::from_millis(400)).await;
-            serve(&room, &served);
+            serve(&room);
         }
         for (n, waiter) in waiters.into_iter().enumerate() {
             let (i, w, at) = waiter.await.unwrap();
-            assert_eq!((i, w), (n, Waited::Freed));
+            assert_eq!((i, w), (n as u64, Waited::Freed));
             assert_eq!(at - start, Duration::from_millis(400 * (n as u64 + 1)));
         }
         assert_eq!(room.waiting.load(Ordering::Relaxed), 0);
@@ -210,14 +216,13 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_upstream_that_holds_and_serves_nothing_ends_the_wait_at_the_backoff() {
-        let (room, served) = room();
+        let room = Arc::new(Room::default());
         let start = Instant::now();
         let w = room
             .wait(
                 Duration::from_millis(300),
                 Duration::from_secs(5),
                 start + Duration::from_secs(60),
-                || served.load(Ordering::Relaxed),
             )
             .await;
         assert_eq!(w, Waited::Silent);
@@ -226,7 +231,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_upstream_that_holds_others_but_serves_nothing_ends_it_after_the_patience() {
-        let (room, served) = room();
+        let room = Arc::new(Room::default());
         let _held = room.sending();
         let start = Instant::now();
         let w = room
@@ -234,7 +239,6 @@ mod tests {
                 Duration::from_millis(300),
                 Duration::from_secs(1),
                 start + Duration::from_secs(60),
-                || served.load(Ordering::Relaxed),
             )
             .await;
         assert_eq!(w, Waited::Silent);
@@ -244,14 +248,13 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_deadline_ends_the_wait_first() {
-        let (room, served) = room();
+        let room = Arc::new(Room::default());
         let start = Instant::now();
         let w = room
             .wait(
                 Duration::from_secs(5),
                 Duration::from_secs(10),
                 start + Duration::from_millis(200),
-                || served.load(Ordering::Relaxed),
             )
             .await;
         assert_eq!(w, Waited::Deadline);

@@ -415,6 +415,22 @@ fn bounded_queue(held: usize, service: Duration) -> (impl Next + Clone, Arc<Atom
     (svc, calls)
 }
 
+/// Retry over the per-try timeout layer, which counts the attempts on the wire in the retry
+/// layer's room, as the stack has them.
+fn counted<S: Next + Clone>(
+    cfg: &RetryConfig,
+    seed: u64,
+    server: S,
+) -> crate::stack::layer::Wrapped<
+    RetryShared,
+    crate::stack::layer::Wrapped<crate::stack::timeout::TryTimeout, S>,
+> {
+    let m = crate::metrics::Metrics::new().upstream("t");
+    let shared = RetryShared::with_rng(cfg, m.clone(), SmallRng::seed_from_u64(seed));
+    let timeout = crate::stack::timeout::layer(Duration::from_secs(300), m, shared.room());
+    RetryLayer::new(shared).layer(timeout.layer(server))
+}
+
 /// A full queue is not an outage: 60 requests at once against 4 places of 500 ms, with a
 /// budget of about 22 retries, all succeed, each refused one retried when a place frees (not
 /// on a timer, so no refusal is wasted), in about the time the places take. Before, the budget
@@ -427,7 +443,7 @@ async fn a_full_queue_s_refusals_wait_for_a_place_and_spend_no_budget() {
         ..config(Jitter::Full)
     };
     let (server, calls) = bounded_queue(4, Duration::from_millis(500));
-    let svc = retry(&cfg, 3).layer(server);
+    let svc = counted(&cfg, 3, server);
     let start = Instant::now();
     let handles: Vec<_> = (0..60)
         .map(|_| tokio::spawn(svc.clone().oneshot(request(Duration::from_secs(600)))))
@@ -459,7 +475,7 @@ async fn an_outage_s_refusals_do_not_wait_for_a_place_beyond_the_backoff() {
         ..config(Jitter::Full)
     };
     let (server, calls) = bounded_queue(0, Duration::ZERO);
-    let svc = retry(&cfg, 5).layer(server);
+    let svc = counted(&cfg, 5, server);
     let start = Instant::now();
     let handles: Vec<_> = (0..50)
         .map(|_| tokio::spawn(svc.clone().oneshot(request(Duration::from_secs(600)))))

@@ -214,51 +214,43 @@ mod tests {
         assert_eq!(room.waiting.load(Ordering::Relaxed), 0);
     }
 
+    /// One wait in `room` (backoff, patience and deadline in milliseconds from now): how it
+    /// ended, and when.
+    async fn wait_once(room: &Room, backoff: u64, patience: u64, deadline: u64) -> (Waited, u64) {
+        let (start, ms) = (Instant::now(), Duration::from_millis);
+        let w = room
+            .wait(ms(backoff), ms(patience), start + ms(deadline))
+            .await;
+        (w, start.elapsed().as_millis() as u64)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_upstream_that_holds_and_serves_nothing_ends_the_wait_at_the_backoff() {
-        let room = Arc::new(Room::default());
-        let start = Instant::now();
-        let w = room
-            .wait(
-                Duration::from_millis(300),
-                Duration::from_secs(5),
-                start + Duration::from_secs(60),
-            )
-            .await;
-        assert_eq!(w, Waited::Silent);
-        assert_eq!(start.elapsed(), Duration::from_millis(300));
+        let room = Room::default();
+        assert_eq!(
+            wait_once(&room, 300, 5_000, 60_000).await,
+            (Waited::Silent, 300)
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn an_upstream_that_holds_others_but_serves_nothing_ends_it_after_the_patience() {
-        let room = Arc::new(Room::default());
+        let room = Room::default();
         let _held = room.sending();
-        let start = Instant::now();
-        let w = room
-            .wait(
-                Duration::from_millis(300),
-                Duration::from_secs(1),
-                start + Duration::from_secs(60),
-            )
-            .await;
-        assert_eq!(w, Waited::Silent);
         // Looks at 0.3, 0.6, 0.9 and 1.2 s: the first past the patience ends it.
-        assert_eq!(start.elapsed(), Duration::from_millis(1200));
+        assert_eq!(
+            wait_once(&room, 300, 1_000, 60_000).await,
+            (Waited::Silent, 1200)
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_deadline_ends_the_wait_first() {
-        let room = Arc::new(Room::default());
-        let start = Instant::now();
-        let w = room
-            .wait(
-                Duration::from_secs(5),
-                Duration::from_secs(10),
-                start + Duration::from_millis(200),
-            )
-            .await;
-        assert_eq!(w, Waited::Deadline);
-        assert_eq!(start.elapsed(), Duration::from_millis(200));
+        let room = Room::default();
+        assert_eq!(
+            wait_once(&room, 5_000, 10_000, 200).await,
+            (Waited::Deadline, 200)
+        );
     }
 
     #[test]

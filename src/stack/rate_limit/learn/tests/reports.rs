@@ -141,3 +141,43 @@ fn a_report_whose_refill_takes_hours_is_a_long_window() {
     };
     assert_eq!(read(coarse), Source::Headers, "rounded up, not long");
 }
+
+/// A token bucket refuses a request larger than what it has left: a 429 whose `remaining`
+/// is below the attempt's tokens is honest, not a per-minute figure over a finer bucket. A
+/// round of such refusals (a herd of large requests) neither demotes the report nor halves the
+/// confirmed window more than once: halved per 429 and demoted by the second, a tokens pacer
+/// fell to a window of one token and to half a second of burst, and paced a token-bound herd
+/// at 1.4x its bound.
+#[test]
+fn a_round_of_honest_token_refusals_cuts_once_and_keeps_the_report() {
+    let start = Instant::now();
+    let mut pacer = Pacer::new(Kind::Tokens, 10, 1.0, start);
+    let minute = |remaining: f64| fine_report(500_000.0, remaining, Duration::from_secs(30));
+    let t = pacer.admit_anyway(1_600.0, start);
+    pacer.observe(t, Answer::Ok, Some(minute(400_000.0)), start);
+    let window = pacer.verified;
+    // A round of 100 requests of 1,600 tokens, sent together, refused with 0-1,500 left.
+    let round: Vec<_> = (0..100)
+        .map(|_| pacer.admit_anyway(1_600.0, start))
+        .collect();
+    let now = start + Duration::from_millis(5);
+    for (i, t) in round.into_iter().enumerate() {
+        let left = (i % 4) as f64 * 500.0;
+        pacer.observe(t, Answer::RateLimited, Some(minute(left)), now);
+    }
+    assert_eq!(
+        pacer.source,
+        Source::Headers,
+        "honest refusals keep the report"
+    );
+    assert!(
+        (pacer.verified - window / 2.0).abs() < 1e-9,
+        "{} after {window}: halved once",
+        pacer.verified
+    );
+    // A refusal of an attempt sent after that cut is a new round: halved again.
+    let later = now + Duration::from_millis(1);
+    let t = pacer.admit_anyway(1_600.0, later);
+    pacer.observe(t, Answer::RateLimited, Some(minute(0.0)), later);
+    assert!((pacer.verified - window / 4.0).abs() < 1e-9);
+}

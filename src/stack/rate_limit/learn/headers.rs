@@ -141,18 +141,10 @@ impl Pacer {
         }
     }
 
-    pub(super) fn learn_headers(
-        &mut self,
-        ticket: Ticket,
-        answer: Answer,
-        r: Report,
-        now: Instant,
-    ) {
-        if answer == Answer::Ok && r.limit > 0.0 {
-            self.last_ok_share = Some(r.remaining / r.limit);
-        }
-        self.last_remaining = Some(r.remaining);
-        self.remaining_seq = Some(ticket.seq);
+    /// What a report on the answer to the attempt admitted with `ticket` says of the report
+    /// itself and of the headroom confirmed so far: where its 429s refuse (`floor`), whether
+    /// they show it lies (a per-minute figure over a finer bucket), and the confirmed window.
+    fn judge(&mut self, ticket: Ticket, answer: Answer, r: &Report, now: Instant) {
         if answer == Answer::RateLimited {
             // Only a 429 says where the bucket refuses (a 529 is the whole service). One that
             // left less than the attempt needed (or, for one charged nothing, a bucket all but
@@ -184,6 +176,21 @@ impl Pacer {
             Answer::Ok => self.verified + ticket.cost.max(1.0),
             Answer::RefusedElsewhere | Answer::Overloaded => self.verified,
         };
+    }
+
+    pub(super) fn learn_headers(
+        &mut self,
+        ticket: Ticket,
+        answer: Answer,
+        r: Report,
+        now: Instant,
+    ) {
+        if answer == Answer::Ok && r.limit > 0.0 {
+            self.last_ok_share = Some(r.remaining / r.limit);
+        }
+        self.last_remaining = Some(r.remaining);
+        self.remaining_seq = Some(ticket.seq);
+        self.judge(ticket, answer, &r, now);
         // An instant's wait, read when the answer came, is short by the answer's age.
         let age = if r.instant {
             now.saturating_duration_since(ticket.sent_at)

@@ -32,17 +32,6 @@ pub struct Report {
     pub past: Duration,
 }
 
-/// A bucket with less than this share of its `limit` left is all but spent ([`Report::spent`]).
-const NEARLY_SPENT: f64 = 0.05;
-
-impl Report {
-    /// Whether the bucket is all but spent: what refused an attempt of unknown size (one sent
-    /// before a token limit was learned, charged nothing) when its report shows this.
-    pub fn spent(&self) -> bool {
-        self.limit > 0.0 && self.remaining < self.limit * NEARLY_SPENT
-    }
-}
-
 /// The reports of both kinds (requests, then tokens). Most answers of an upstream that
 /// reports nothing carry a few short names: one pass over them is cheaper than hashing the
 /// twelve names [`report`] would look up. The wall clock (`now_wall`) is read only for

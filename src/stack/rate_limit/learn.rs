@@ -281,9 +281,6 @@ pub struct Pacer {
     /// headroom is spent no faster than it is confirmed (it doubles per round trip), so a
     /// `limit` that is a per-minute figure rather than the burst costs a few 429s, not a herd.
     verified: f64,
-    /// When a 429 last halved `verified`: the refusals of attempts sent before then belong
-    /// to that round.
-    verified_cut: Option<Instant>,
     /// The newest ticket whose report set the level.
     synced_seq: f64,
     /// The fastest answer seen (seconds from send to head).
@@ -370,7 +367,6 @@ impl Pacer {
             },
             quiet_since: now,
             verified: f64::from(initial_burst.max(1)),
-            verified_cut: None,
             synced_seq: f64::NEG_INFINITY,
             min_rtt: None,
             consented_seq: 0.0,

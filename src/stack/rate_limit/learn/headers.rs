@@ -141,43 +141,6 @@ impl Pacer {
         }
     }
 
-    /// What a report on the answer to the attempt admitted with `ticket` says of the report
-    /// itself and of the headroom confirmed so far: where its 429s refuse (`floor`), whether
-    /// they show it lies (a per-minute figure over a finer bucket), and the confirmed window.
-    fn judge(&mut self, ticket: Ticket, answer: Answer, r: &Report, now: Instant) {
-        if answer == Answer::RateLimited {
-            // Only a 429 says where the bucket refuses (a 529 is the whole service). One that
-            // left less than the attempt needed (or, for one charged nothing, a bucket all but
-            // spent) is honest: a token bucket refuses a large request with tokens left, and
-            // read as a lie, each such refusal demoted the report.
-            let honest = r.remaining < ticket.cost.max(1.0) || (ticket.cost == 0.0 && r.spent());
-            match self.floor {
-                Some(floor) if !honest && r.remaining >= floor + LIE_MARGIN => self.demote(now),
-                Some(_) => {}
-                // The first 429 says where this report refuses: 0 for an honest one, the offset
-                // for a per-minute one.
-                None => self.floor = Some(if honest { 0.0 } else { r.remaining }),
-            }
-        }
-        self.reported_size = Some((r.limit - self.floor.unwrap_or(0.0)).max(1.0));
-        // In the pacer's units: a tokens pacer confirms a request's tokens per answer. Only
-        // this bucket's refusal halves it (an overload says nothing about the bucket).
-        // The refusals of one round halve it once, as TCP cuts its window once per window:
-        // halved per 429, a herd's refusals took a tokens pacer's window down to one token,
-        // below any request, which then went only one at a time after a lull.
-        let new_round = self.verified_cut.is_none_or(|at| ticket.sent_at > at);
-        self.verified = match answer {
-            Answer::RateLimited if new_round => {
-                self.verified_cut = Some(now);
-                (self.verified / 2.0).max(1.0)
-            }
-            Answer::RateLimited => self.verified,
-            Answer::Ok if self.consented(ticket) => self.verified,
-            Answer::Ok => self.verified + ticket.cost.max(1.0),
-            Answer::RefusedElsewhere | Answer::Overloaded => self.verified,
-        };
-    }
-
     pub(super) fn learn_headers(
         &mut self,
         ticket: Ticket,
@@ -190,7 +153,25 @@ impl Pacer {
         }
         self.last_remaining = Some(r.remaining);
         self.remaining_seq = Some(ticket.seq);
-        self.judge(ticket, answer, &r, now);
+        if answer == Answer::RateLimited {
+            // Only a 429 says where the bucket refuses (a 529 is the whole service).
+            match self.floor {
+                Some(floor) if r.remaining >= floor + LIE_MARGIN => self.demote(now),
+                Some(_) => {}
+                // The first 429 says where this report refuses: 0 for an honest one, the offset
+                // for a per-minute one.
+                None => self.floor = Some(r.remaining),
+            }
+        }
+        self.reported_size = Some((r.limit - self.floor.unwrap_or(0.0)).max(1.0));
+        // In the pacer's units: a tokens pacer confirms a request's tokens per answer. Only
+        // this bucket's refusal halves it (an overload says nothing about the bucket).
+        self.verified = match answer {
+            Answer::RateLimited => (self.verified / 2.0).max(1.0),
+            Answer::Ok if self.consented(ticket) => self.verified,
+            Answer::Ok => self.verified + ticket.cost.max(1.0),
+            Answer::RefusedElsewhere | Answer::Overloaded => self.verified,
+        };
         // An instant's wait, read when the answer came, is short by the answer's age.
         let age = if r.instant {
             now.saturating_duration_since(ticket.sent_at)

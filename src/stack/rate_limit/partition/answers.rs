@@ -407,14 +407,7 @@ pub(super) fn attribute(
         }
         Outcome::Throttled(429) => {
             let requests_out = requests.is_some_and(|r| r.remaining < 1.0);
-            // An attempt charged no tokens (sent before a token limit was learned) is judged
-            // by what the report shows left: a bucket all but spent refused it. Blamed on the
-            // requests bucket, a herd's refusals by a token limit that binds first demoted
-            // the requests report, which had most of its minute left.
-            let tokens_out = tokens.is_some_and(|r| {
-                r.remaining < token_cost.max(1.0)
-                    || (token_cost == 0.0 && !requests_out && r.spent())
-            });
+            let tokens_out = tokens.is_some_and(|r| r.remaining < token_cost.max(1.0));
             match (requests_out, tokens_out) {
                 (false, true) => (Answer::RefusedElsewhere, Answer::RateLimited),
                 (true, true) => (Answer::RateLimited, Answer::RateLimited),

@@ -340,9 +340,18 @@ fn is_permanent(
         .as_str()
         .unwrap_or_default()
         .to_ascii_lowercase();
-    let billing = ["spend limit", "billing", "credit balance", "quota"]
-        .iter()
-        .any(|w| message.contains(w));
+    // The message's own words, not its links': Azure's rate-limit 429 ends "Please go here:
+    // https://aka.ms/oai/quotaincrease if you would like to further increase the default rate
+    // limit", and a message that says a rate limit was exceeded is about a pace, not billing.
+    let words: Vec<&str> = message
+        .split_whitespace()
+        .filter(|w| !w.contains("://"))
+        .collect();
+    let text = words.join(" ");
+    let billing = !text.contains("rate limit")
+        && ["spend limit", "billing", "credit balance", "quota"]
+            .iter()
+            .any(|w| text.contains(w));
     billing
         && signals.retry_delay.is_none()
         && !WAIT_HEADERS.iter().any(|h| headers.contains_key(*h))
@@ -571,6 +580,22 @@ mod tests {
         assert_eq!(read(&[], &no_delay, MINUTE).reason, Reason::Quota);
         let wrapped = format!("[{no_delay}]");
         assert_eq!(read(&[], &wrapped, MINUTE).reason, Reason::Quota);
+    }
+
+    #[test]
+    fn azures_rate_limit_429_is_a_rate_though_it_links_to_a_quota_page() {
+        // Azure OpenAI's words (the Responses API sends them with no `retry-after` and -1 in
+        // its `x-ratelimit-*`): the link's "quotaincrease" is no billing.
+        let azure = r#"{"error":{"code":"429","message":"Requests to the Responses_Create Operation under Azure OpenAI API version 2025-04-01-preview have exceeded call rate limit of your current OpenAI S0 pricing tier. Please go here: https://aka.ms/oai/quotaincrease if you would like to further increase the default rate limit."}}"#;
+        let unknown = [
+            ("x-ratelimit-limit-requests", "-1"),
+            ("x-ratelimit-remaining-requests", "-1"),
+        ];
+        assert_ne!(read(&unknown, azure, MINUTE).reason, Reason::Quota);
+        assert_ne!(read(&[], azure, MINUTE).reason, Reason::Quota);
+        // A billing message with a link is still billing.
+        let billing = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details. Read the docs: https://platform.openai.com/docs/guides/error-codes/api-errors.","type":"invalid_request_error"}}"#;
+        assert_eq!(read(&[], billing, MINUTE).reason, Reason::Quota);
     }
 
     #[test]

@@ -63,7 +63,10 @@
 //!   the upstream names a long wait (`STORM`), the cuts are a storm's, not a bucket edge's: after
 //!   it each success of an attempt sent after the last cut adds its units per its own round
 //!   trip, so the pace doubles per round trip back to where it was before the cuts (TCP's slow
-//!   start after a timeout): one storm leaves no crawl behind it.
+//!   start after a timeout): one storm leaves no crawl behind it. So do the cuts before a pause
+//!   no one named, measured instead: nothing admitted for longer than `STORM`, `PAUSE_SENDS`
+//!   refused in a row, then a success (a window that opens on the clock, as Azure's 10 s ones
+//!   do when their 429s carry no hint: [`Pacer::unnamed_pause`]).
 //! - **A named pause ends at the pace.** The bucket that named a wait was empty: a level no
 //!   report resynchronises (no headers, or demoted ones) banks nothing over the pause, so its
 //!   end sends at the pace, not in one burst ([`Pacer::hold`]).
@@ -161,6 +164,9 @@ const OTHER_UNIT: f64 = 2.0;
 /// A named wait longer than this makes the cuts before it recover by doubling. A whole second
 /// is what a `retry-after` rounded up to seconds names for a bucket's next token.
 pub const STORM: Duration = Duration::from_secs(1);
+/// A pace refused this many times in a row, for longer than `STORM`, met a pause, not the edge
+/// of a bucket that refills as it goes (see [`Pacer::unnamed_pause`]).
+const PAUSE_SENDS: u32 = 4;
 /// A cut never goes below what the upstream admitted over this window.
 const ADMITTED_WINDOW: Duration = Duration::from_secs(1);
 /// Admitted units are counted in slots of this length.
@@ -302,6 +308,8 @@ pub struct Pacer {
     unanswered: VecDeque<Ticket>,
     /// When the latest attempt answered with a success had been sent.
     last_ok_sent: Option<Instant>,
+    /// Rate 429s since the last success.
+    refused_since_ok: u32,
     throttle_log: Throttles,
     cap: Option<Cap>,
     /// The cap was set by the fleet (a peer's refusal, or the replicas' shares), for a key
@@ -375,6 +383,7 @@ impl Pacer {
             next_send: now,
             unanswered: VecDeque::new(),
             last_ok_sent: None,
+            refused_since_ok: 0,
             throttle_log: Throttles::default(),
             cap: None,
             peer_cap: false,
@@ -525,6 +534,10 @@ impl Pacer {
             let rtt = now.saturating_duration_since(ticket.sent_at).as_secs_f64();
             self.min_rtt = Some(self.min_rtt.map_or(rtt, |m| m.min(rtt)));
             let units = ticket.cost.max(1.0);
+            if let Some(previous) = self.last_ok_sent {
+                self.unnamed_pause(previous, ticket.sent_at);
+            }
+            self.refused_since_ok = 0;
             self.last_ok_sent = Some(
                 self.last_ok_sent
                     .map_or(ticket.sent_at, |s| s.max(ticket.sent_at)),
@@ -534,6 +547,9 @@ impl Pacer {
         }
         if matches!(answer, Answer::RateLimited | Answer::Overloaded) {
             self.throttles += 1;
+        }
+        if answer == Answer::RateLimited {
+            self.refused_since_ok = self.refused_since_ok.saturating_add(1);
         }
         if answer != Answer::Ok {
             // Any refusal shows how long this upstream takes to refuse (an overload too: it

@@ -7,8 +7,8 @@ use tokio::time::Instant;
 
 use super::{
     Pacer, Source, Ticket, ALONE, BETA, GROWTH, GUESS_BETA, GUESS_GROWTH, GUESS_HOLD, HOLD,
-    MAX_GAP, MAX_SCALE, MIN_PRESSURE, MIN_RATE, MIN_SCALE, MIN_WINDOW, RAMP_RTT_GUESS, REPEAT,
-    SHARE_GROWTH, STORM,
+    MAX_GAP, MAX_SCALE, MIN_PRESSURE, MIN_RATE, MIN_SCALE, MIN_WINDOW, PAUSE_SENDS, RAMP_RTT_GUESS,
+    REPEAT, SHARE_GROWTH, STORM,
 };
 
 /// Throttle windows short of an estimate floor a cut once they hold this many units admitted
@@ -332,6 +332,27 @@ impl Pacer {
             if let Some(cap) = self.cap.as_mut().filter(|c| c.before.is_some()) {
                 cap.recovering = true;
             }
+        }
+    }
+
+    /// A success sent at `sent`, the one before it at `previous`, and a cut in between: when
+    /// nothing was admitted for longer than [`STORM`] and [`PAUSE_SENDS`] sends in a row were
+    /// refused, the upstream paused without naming it (a fixed window that opens on the clock,
+    /// an outage), and the cuts that met it were a storm's, not a bucket's edge: they recover
+    /// as after a long pause it named ([`Pacer::long_pause`]). A bucket that refills as it goes
+    /// admits the cut pace's next send or the one after; a window that reopens only after
+    /// seconds left a pace cut by each refused probe to crawl at a few a second through
+    /// windows of a hundred (`azure-responses`: 439 of 500 done in 120 s for a 40 s bound).
+    pub(super) fn unnamed_pause(&mut self, previous: Instant, sent: Instant) {
+        let Some(cap) = self.cap.as_mut() else {
+            return;
+        };
+        if cap.recovering || cap.before.is_none() || cap.since <= previous {
+            return;
+        }
+        let gap = sent.saturating_duration_since(previous);
+        if gap > STORM && self.refused_since_ok >= PAUSE_SENDS {
+            cap.recovering = true;
         }
     }
 

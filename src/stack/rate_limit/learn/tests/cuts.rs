@@ -229,3 +229,70 @@ fn a_cut_from_the_ramps_guess_halves() {
         "answered: cut to {first} of the guess"
     );
 }
+
+/// Cuts that met a pause no one named (every probe refused for seconds, then a success: a
+/// window that reopens on the clock, as Azure's 10 s ones do with no hint) recover by doubling
+/// per round trip, as after a named one; the cuts at a bucket's edge, whose next send at the
+/// cut pace is admitted, grow slowly.
+#[test]
+fn a_pause_no_one_named_recovers_by_doubling_and_an_edge_does_not() {
+    // A window of 100 drawn at once, answered in 200 ms; then refusals.
+    let start = Instant::now();
+    let opened = |pacer: &mut Pacer| {
+        let tickets: Vec<_> = (0..100).map(|_| pacer.admit_anyway(1.0, start)).collect();
+        let answered = start + Duration::from_millis(200);
+        for t in tickets {
+            pacer.observe(t, Answer::Ok, None, answered);
+        }
+        let t = pacer.admit_anyway(1.0, answered);
+        pacer.observe(t, Answer::RateLimited, None, answered);
+        assert!(pacer.cap.is_some_and(|c| !c.recovering));
+    };
+    // The edge: the next send, 300 ms on, is admitted.
+    let mut edge = Pacer::new(Kind::Requests, 4096, 1.0, start);
+    opened(&mut edge);
+    let sent = start + Duration::from_millis(500);
+    let t = edge.admit_anyway(1.0, sent);
+    edge.observe(t, Answer::Ok, None, sent + Duration::from_millis(200));
+    assert!(!edge.cap.unwrap().recovering, "a bucket's edge");
+
+    // The window: a probe a second refused until it reopens at 10 s.
+    let mut pacer = Pacer::new(Kind::Requests, 4096, 1.0, start);
+    opened(&mut pacer);
+    for s in 1..10u64 {
+        let probe = start + Duration::from_secs(s);
+        let t = pacer.admit_anyway(1.0, probe);
+        pacer.observe(
+            t,
+            Answer::RateLimited,
+            None,
+            probe + Duration::from_millis(5),
+        );
+    }
+    let low = pacer.cap.unwrap().rate;
+    let before = pacer.cap.unwrap().before.unwrap();
+    assert!(!pacer.cap.unwrap().recovering);
+    let mut now = start + Duration::from_secs(10);
+    let t = pacer.admit_anyway(1.0, now);
+    now += Duration::from_millis(200);
+    pacer.observe(t, Answer::Ok, None, now);
+    assert!(pacer.cap.unwrap().recovering, "a pause no one named");
+    // Successes sent after the last cut, answered in 200 ms: the pace doubles per round trip.
+    let mut rate = pacer.cap.unwrap().rate;
+    assert!(rate > low);
+    for round in 0..6 {
+        let sent = now;
+        let n = (rate * 0.2).ceil().max(1.0) as usize;
+        let tickets: Vec<_> = (0..n).map(|_| pacer.admit_anyway(1.0, sent)).collect();
+        now += Duration::from_millis(200);
+        for t in tickets {
+            pacer.observe(t, Answer::Ok, None, now);
+        }
+        let next = pacer.cap.unwrap().rate;
+        assert!(
+            next >= (2.0 * rate).min(before) * 0.99,
+            "round {round}: {rate} -> {next}"
+        );
+        rate = next;
+    }
+}

@@ -8,22 +8,30 @@
 # before requests, prompt + max_tokens charged at admission and settled from usage;
 # openai-stream: SSE answers with include_usage, done only when read to the end; staggered:
 # Poisson arrivals at 50/s into a 20/s key; tier-up: a key's limit raised from 10/s to 40/s
-# 10 s in; sglang: a server that answers 503 when its queue is full, no rate-limit headers).
+# 10 s in; sglang: a server that answers 503 when its queue is full, no rate-limit headers;
+# bedrock: a token bucket per model (burst 50, 20/s) answering 429 ThrottlingException with no
+# retry-after and no rate-limit headers at all; anthropic-accel: Anthropic's headers with a
+# minute that never binds, but an acceleration limit (the last second's requests at most
+# max(20, 2 x the per-second rate of the 5 s before)), 429 rate_limit_error + retry-after 1;
+# azure-responses: Azure's 10 s sub-windows (100 requests) with limit/remaining reported as -1
+# and 429s without retry-after).
 #
 #   benches/worlds.sh                    # every world, N=500 clients fired at once
 #   WORLDS="admission groq-daily" N=100 benches/worlds.sh
 #
 # Per world (benches/worlds/drive.py), two runs against a fresh upstream: the official openai
 # SDK with its default retries straight at it ("sdk-alone"), and the same SDK with
-# max_retries=0 through a fresh, unconfigured corral (`corral --upstream URL`). Each client's
-# deadline is max(10 x the world's bound, 60 s), at most 120 s in the five added worlds. The
+# max_retries=0 through a fresh, unconfigured corral (`corral --upstream URL`). A third mode,
+# "corral-retries" (the SDK's default max_retries=2 through a fresh corral: stacked retries),
+# runs when asked (drive.py --modes sdk-alone,corral,corral-retries). Each client's
+# deadline is max(10 x the world's bound, 60 s), at most 120 s in the eight added worlds. The
 # upstream counts its refusals by cause: "rate" (the bucket the sender emptied) and "other"
 # (overload, admission, 5xx). Report: bench-out/worlds/results.md (per-run JSON and logs
 # beside it).
 #
 # Needs python3 with venv; installs openai and aiohttp from PyPI into $VENV
 # (bench-out/worlds/venv). Builds corral (cargo build --release) unless CORRAL_BIN is set.
-# Everything listens on 127.0.0.1; each upstream and corral is stopped by its PID. About 22
+# Everything listens on 127.0.0.1; each upstream and corral is stopped by its PID. About 25
 # minutes for every world at N=500. The openai SDK itself takes about 1.5 s of the two cores
 # for 500 clients (the `nolimit` world's makespan against its 0.2 s service time).
 set -euo pipefail
@@ -33,7 +41,7 @@ export OUT=${OUT:-$root/bench-out/worlds}
 VENV=${VENV:-$OUT/venv}
 N=${N:-500}
 WORLDS=${WORLDS:-"nolimit openai-quantized openai-overload two-models anthropic azure gemini together vllm admission groq-daily
-    openai-tokens openai-stream staggered tier-up sglang"}
+    openai-tokens openai-stream staggered tier-up sglang bedrock anthropic-accel azure-responses"}
 mkdir -p "$OUT"
 if [[ -z ${CORRAL_BIN:-} ]]; then
     (cd "$root" && cargo build --release --locked)

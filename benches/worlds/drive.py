@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Drive N simultaneous clients at one world: (a) SDK alone, (b) SDK (max_retries=0) through corral.
+"""Drive N simultaneous clients at one world: (a) SDK alone, (b) SDK (max_retries=0) through corral,
+(c) "corral-retries": the SDK with its default retries (2, as users leave it) through corral.
 
-Usage: drive.py --world W [--n 500] [--modes sdk-alone,corral] [--out results/W.json]
+Usage: drive.py --world W [--n 500] [--modes sdk-alone,corral[,corral-retries]] [--out results/W.json]
 Starts upstream.py for the world and (per corral run) a fresh corral, stops both by PID.
 """
 import argparse
@@ -39,6 +40,7 @@ KNOWN = {
     "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
     "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens",
     "x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset", "request-id", "apim-request-id",
+    "x-amzn-requestid", "x-amzn-errortype",
 }
 for nm in ("requests", "tokens", "input-tokens", "output-tokens"):
     for f in ("limit", "remaining", "reset"):
@@ -221,6 +223,9 @@ def summarize(recs, stats, bound, n):
         "answers_with_nonstandard_headers": marker_answers, "answers_without_upstream_id": no_upstream_id,
         "nonstandard_header_names_all": unknown_all, "nonstandard_header_names_on_failed": unknown_failed,
         "fail_kinds": fail_kinds,
+        "sdk_retries_taken_ok": {str(k): sum(1 for r in ok if r.get("retries") == k)
+                                 for k in sorted({r.get("retries") for r in ok}, key=str)},
+        "upstream_client_retry_hdr": stats.get("client_retry_hdr"),
         "fail_times": {"first": ft[0], "p50": ft[len(ft) // 2], "last": ft[-1]} if ft else None,
         "fail_examples": examples, "per_model": per_model,
         "bound_detail": bound,
@@ -262,14 +267,15 @@ def main():
             http_json(f"http://127.0.0.1:{uport}/stats/reset", "POST")
             cp = None
             try:
-                if mode == "corral":
+                if mode in ("corral", "corral-retries"):
                     cport = free_port()
-                    clog = open(os.path.join(logdir, f"corral-{a.world}.log"), "w")
+                    lname = "corral" if mode == "corral" else "corral-retries"
+                    clog = open(os.path.join(logdir, f"{lname}-{a.world}.log"), "w")
                     cp = subprocess.Popen([a.corral, "--upstream", f"http://127.0.0.1:{uport}/v1",
                                            "--listen", f"127.0.0.1:{cport}"], stdout=clog, stderr=subprocess.STDOUT)
                     wait_port(cport, cp)
                     base = f"http://127.0.0.1:{cport}/v1"
-                    mr = 0
+                    mr = 0 if mode == "corral" else None  # corral-retries: SDK default (2)
                 else:
                     base = f"http://127.0.0.1:{uport}/v1"
                     mr = None  # SDK default (2)
@@ -287,7 +293,8 @@ def main():
             results[mode] = s
             print(f"[{a.world}] {mode}: failed={s['failed']} makespan={s['makespan']}s bound={s['bound']:.2f}s "
                   f"x{s['vs_bound']} median={s['median']} median_lat={s['median_latency']} ttft={s['median_ttft']} rate429={s['rate429']} other={s['other']} "
-                  f"rate429_times={s['rate429_times']} "
+                  f"rate429_times={s['rate429_times']} sdk_retries_ok={s['sdk_retries_taken_ok']} "
+                  f"client_retry_hdr={s['upstream_client_retry_hdr']} "
                   f"upstream_req={s['upstream_requests']} nonstd_hdr_answers={s['answers_with_nonstandard_headers']} "
                   f"no_upstream_id={s['answers_without_upstream_id']} fail_kinds={s['fail_kinds']} "
                   f"nonstd_on_failed={s['nonstandard_header_names_on_failed']} per_model="

@@ -9,7 +9,10 @@ OUT = os.environ.get("OUT", os.path.join(HERE, "..", "..", "bench-out", "worlds"
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 500
 ORDER = ["nolimit", "openai-quantized", "openai-overload", "two-models", "anthropic", "azure", "gemini",
          "together", "vllm", "admission", "groq-daily", "openai-tokens", "openai-stream", "staggered",
-         "tier-up", "sglang"]
+         "tier-up", "sglang", "bedrock", "anthropic-accel", "azure-responses"]
+# corral modes, compared each with sdk-alone; "corral-retries" (the SDK's default retries through
+# corral) gets its own column only when some result has it
+CMODES = ["corral", "corral-retries"]
 
 
 def cell(s):
@@ -18,50 +21,37 @@ def cell(s):
 
 def main():
     rows, worse, details = [], [], []
+    runs = []
     for w in ORDER:
         p = os.path.join(OUT, "results", f"{w}-n{N}.json")
         if not os.path.exists(p):
             continue
         r = json.load(open(p))
-        a, c = r.get("sdk-alone"), r.get("corral")
-        if not a or not c:
-            continue
+        if r.get("sdk-alone") and any(r.get(m) for m in CMODES):
+            runs.append((w, r))
+    modes = [m for m in CMODES if m == "corral" or any(r.get(m) for _, r in runs)]
+    for w, r in runs:
+        a = r["sdk-alone"]
         b = r["bound"]
         bs = f"{b['total']:.1f}s" + ("".join(f", {k} {v:.1f}s" for k, v in b.items() if k != "total"))
         mk = "median_latency" if w == "staggered" else "median"  # staggered: from each task's arrival
-        rows.append(f"| {w} | {bs} | {cell(a)} | {cell(c)} | {a[mk]} / {c[mk]} | "
-                    f"{c['answers_with_nonstandard_headers']} |")
-        why = []
-        if c["failed"] > a["failed"]:
-            why.append(f"more failures ({c['failed']} vs {a['failed']})")
-        if c["makespan"] > 1.1 * a["makespan"]:
-            lit = " [literal rule only: the SDK alone finished early by FAILING %d/%d tasks; corral's makespan is x%s of the bound]" % (
-                a["failed"], N, c["vs_bound"]) if a["failed"] > max(c["failed"], 0.1 * N) else ""
-            why.append(f"makespan {c['makespan']:.1f}s > 1.1 x SDK's {a['makespan']:.1f}s" + lit)
-        if c["rate429"] > 0.02 * N:
-            why.append(f"rate 429s {c['rate429']} > 2% of {N}")
-        if why:
-            ex = c.get("fail_examples") or []
-            exs = "; ".join(f"t={e['t']}s status={e['status']} err={e['err']} "
-                            f"hdrs={sorted((e.get('headers') or {}).items())[:12]}" for e in ex[:2])
-            worse.append(f"- **{w}**: " + ", ".join(why) +
-                         f". corral fail kinds {c['fail_kinds']}, failure times {c['fail_times']}; "
-                         f"upstream saw {c['upstream_requests']} attempts ({c['upstream_by_cause']}); "
-                         f"SDK alone: {a['fail_kinds']} / upstream {a['upstream_requests']} attempts. "
-                         f"Non-standard headers on corral's failed answers: {c['nonstandard_header_names_on_failed']}."
-                         + (f" When corral's rate 429s left the upstream (s): {c['rate429_times']}."
-                            if c.get("rate429_times") else "")
-                         + (f" Examples: {exs}" if exs else ""))
-        pm = c.get("per_model") or {}
-        if len(pm) > 1:
-            details.append(f"- {w} per model (failed, makespan, last ok): sdk-alone "
-                           f"{ {m: (v['failed'], v['makespan'], v['last_ok']) for m, v in a['per_model'].items()} }; "
-                           f"corral { {m: (v['failed'], v['makespan'], v['last_ok']) for m, v in pm.items()} }; bounds {b}")
+        cs = [r.get(m) for m in modes]
+        rows.append(f"| {w} | {bs} | {cell(a)} | " + " | ".join(cell(c) if c else "-" for c in cs) + " | "
+                    + " / ".join(str(x[mk]) if x else "-" for x in [a] + cs) + " | "
+                    + " / ".join(str(c["answers_with_nonstandard_headers"]) if c else "-" for c in cs) + " |")
+        for m in modes:
+            if r.get(m):
+                compare(w, m, a, r[m], b, worse, details)
+    label = " / ".join(["sdk"] + modes)
     out = [f"# corral vs SDK alone, N={N} simultaneous clients", "",
            "Cells: failed / makespan / makespan÷bound / rate 429s (upstream-counted) / other refusals (429 overload/admission, 5xx)",
            "Median task time counts from t=0, except `staggered` (from each task's arrival).",
-           "", "| world | bound | sdk-alone | corral | median task s (sdk / corral) | corral answers w/ non-upstream headers |",
-           "|---|---|---|---|---|---|"] + rows + ["", "## Worlds where corral is worse than the SDK alone", ""]
+           ] + (["`corral`: the SDK with max_retries=0 through corral; `corral-retries`: the SDK with its "
+                 "default retries (2) through corral."] if len(modes) > 1 else []) + [
+           "", f"| world | bound | sdk-alone | {' | '.join(modes)} | median task s ({label}) | "
+           f"{'corral' if len(modes) == 1 else ' / '.join(modes)} answers w/ non-upstream headers |",
+           "|---|---|---|" + "---|" * len(modes) + "---|---|"] + rows + [
+           "", "## Worlds where corral is worse than the SDK alone", ""]
     out += worse or ["- none"]
     if details:
         out += ["", "## Per-model detail", ""] + details
@@ -70,6 +60,37 @@ def main():
         out += ["", open(notes).read()]
     open(os.path.join(OUT, "results.md"), "w").write("\n".join(out) + "\n")
     print("\n".join(out))
+
+
+def compare(w, m, a, c, b, worse, details):
+    """Flag mode m's run c where it is worse than the SDK alone (a); per-model detail."""
+    tag = "" if m == "corral" else f" ({m})"
+    why = []
+    if c["failed"] > a["failed"]:
+        why.append(f"more failures ({c['failed']} vs {a['failed']})")
+    if c["makespan"] > 1.1 * a["makespan"]:
+        lit = " [literal rule only: the SDK alone finished early by FAILING %d/%d tasks; corral's makespan is x%s of the bound]" % (
+            a["failed"], N, c["vs_bound"]) if a["failed"] > max(c["failed"], 0.1 * N) else ""
+        why.append(f"makespan {c['makespan']:.1f}s > 1.1 x SDK's {a['makespan']:.1f}s" + lit)
+    if c["rate429"] > 0.02 * N:
+        why.append(f"rate 429s {c['rate429']} > 2% of {N}")
+    if why:
+        ex = c.get("fail_examples") or []
+        exs = "; ".join(f"t={e['t']}s status={e['status']} err={e['err']} "
+                        f"hdrs={sorted((e.get('headers') or {}).items())[:12]}" for e in ex[:2])
+        worse.append(f"- **{w}**{tag}: " + ", ".join(why) +
+                     f". corral fail kinds {c['fail_kinds']}, failure times {c['fail_times']}; "
+                     f"upstream saw {c['upstream_requests']} attempts ({c['upstream_by_cause']}); "
+                     f"SDK alone: {a['fail_kinds']} / upstream {a['upstream_requests']} attempts. "
+                     f"Non-standard headers on corral's failed answers: {c['nonstandard_header_names_on_failed']}."
+                     + (f" When corral's rate 429s left the upstream (s): {c['rate429_times']}."
+                        if c.get("rate429_times") else "")
+                     + (f" Examples: {exs}" if exs else ""))
+    pm = c.get("per_model") or {}
+    if len(pm) > 1:
+        details.append(f"- {w}{tag} per model (failed, makespan, last ok): sdk-alone "
+                       f"{ {mm: (v['failed'], v['makespan'], v['last_ok']) for mm, v in a['per_model'].items()} }; "
+                       f"{m} { {mm: (v['failed'], v['makespan'], v['last_ok']) for mm, v in pm.items()} }; bounds {b}")
 
 
 if __name__ == "__main__":

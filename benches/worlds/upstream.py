@@ -14,6 +14,7 @@ answers produced by the upstream from answers a proxy produced itself.
 """
 import argparse
 import asyncio
+import bisect
 import copy
 import datetime as dt
 import json
@@ -26,7 +27,8 @@ from aiohttp import web
 
 WORLDS = ["openai-quantized", "openai-overload", "two-models", "anthropic", "azure", "gemini",
           "together", "vllm", "admission", "nolimit", "groq-daily",
-          "openai-tokens", "openai-stream", "staggered", "tier-up", "sglang"]
+          "openai-tokens", "openai-stream", "staggered", "tier-up", "sglang",
+          "bedrock", "anthropic-accel", "azure-responses"]
 
 # default service time per world (seconds); overridable with --service
 DEFAULT_SERVICE = {"vllm": 0.5, "openai-overload": 10.0, "openai-stream": 1.0, "sglang": 0.5}
@@ -41,6 +43,15 @@ TIER_SCHED = [(0.0, 10), (10.0, 40)]
 STAGGER_RATE = 50.0
 # sglang: running slots and --max-queued-requests
 SGL_RUNNING, SGL_QUEUE = 16, 48
+# bedrock: token bucket per (account, model): burst, refill per second
+BR_BURST, BR_RATE = 50, 20
+# anthropic-accel: per-minute requests limit (reported, never binds for 500) and the acceleration
+# rule (harness's choice; Anthropic documents the limits, not their formula): the requests admitted
+# in the last ACCEL_WIN s may be at most max(ACCEL_FLOOR, ACCEL_GROWTH x the per-ACCEL_WIN rate over
+# the ACCEL_PREV s before that)
+ACCEL_RPM, ACCEL_FLOOR, ACCEL_GROWTH, ACCEL_WIN, ACCEL_PREV = 4000, 20, 2.0, 1.0, 5.0
+# azure-responses: requests per 10 s sub-window (limit and remaining reported as -1)
+AZR_SUB, AZR_WIN = 100, 10.0
 STREAM_CHUNKS = 20
 FILLER = "the quick brown fox jumps over the lazy dog "
 
@@ -194,7 +205,42 @@ def ideal_finish(arrival_times, sched, service):
     return last + service
 
 
-NEW_BOUNDS = ("openai-tokens", "openai-stream", "staggered", "tier-up", "sglang")
+def accel_room(times, now):
+    """anthropic-accel: how many more requests the acceleration rule admits at `now`, given the
+    sorted admission times (older than ACCEL_WIN + ACCEL_PREV may be pruned)."""
+    i_recent = bisect.bisect_right(times, now - ACCEL_WIN)   # times > now - WIN: the last second
+    i_prev = bisect.bisect_right(times, now - ACCEL_WIN - ACCEL_PREV)
+    recent, prev = len(times) - i_recent, i_recent - i_prev
+    allow = max(ACCEL_FLOOR, ACCEL_GROWTH * prev * ACCEL_WIN / ACCEL_PREV)
+    return int(math.floor(allow + 1e-9)) - recent
+
+
+def accel_wait(times, now):
+    """Time from `now` until the rule admits one more, if nothing else is admitted meanwhile: the
+    count only changes when an admission leaves the last second or the 5 s before it."""
+    if accel_room(times, now) >= 1:
+        return 0.0
+    for t in sorted({x + d for x in times for d in (ACCEL_WIN, ACCEL_WIN + ACCEL_PREV)}):
+        if t > now and accel_room(times, t + 1e-9) >= 1:
+            return t + 1e-9 - now
+    return ACCEL_WIN
+
+
+def accel_schedule(n):
+    """The fastest schedule for n tasks ready at 0: each admitted at the earliest instant the rule
+    allows (greedy, in order). Returns the admission times."""
+    times, t = [], 0.0
+    while len(times) < n:
+        room = accel_room(times, t)
+        if room >= 1:
+            times.extend([t] * min(room, n - len(times)))
+            continue
+        t += accel_wait(times, t)
+    return times
+
+
+NEW_BOUNDS = ("openai-tokens", "openai-stream", "staggered", "tier-up", "sglang",
+              "bedrock", "anthropic-accel", "azure-responses")
 
 
 def est_tokens(body):
@@ -278,6 +324,22 @@ class World:
             # PROVIDERS.md: "SGLang with `--max-queued-requests` answers 503 when its queue is full."
             self.slots = asyncio.Semaphore(SGL_RUNNING)
             self.in_server = 0
+        elif n == "bedrock":
+            # PROVIDERS.md l.76: "AWS Bedrock answers `ThrottlingException` (429) without saying
+            # which quota." A token bucket per (account, model), BR_BURST deep, BR_RATE/s.
+            self.enf = lambda key: self._bk(("enf",) + key, BR_BURST, BR_RATE)
+        elif n == "anthropic-accel":
+            # PROVIDERS.md l.20-21 / l.41: Anthropic adds "acceleration limits" on sharp ramps,
+            # answered 429 `rate_limit_error`. Generous minute (ACCEL_RPM, never binds for 500),
+            # admissions per (key, family) kept for the acceleration rule (accel_room).
+            self.minute = lambda key: self._bk(("min",) + key, ACCEL_RPM, ACCEL_RPM / 60)
+            self.itok = lambda key: self._bk(("itok",) + key, 400_000, 400_000 / 60)
+            self.otok = lambda key: self._bk(("otok",) + key, 80_000, 80_000 / 60)
+            self.admitted = {}
+        elif n == "azure-responses":
+            # PROVIDERS.md l.52-54: "-1 in limit/remaining means unknown (seen on the Responses
+            # API, with no retry-after)"; "RPM is enforced over 1 s or 10 s sub-windows".
+            self.win_counts = {}
 
     def _bk(self, k, cap, rate):
         b = self.buckets.get(k)
@@ -344,6 +406,15 @@ class World:
     def bound_sglang(self, n):
         return {"total": math.ceil(n / SGL_RUNNING) * self.service}
 
+    def bound_bedrock(self, n):
+        return {"total": ideal_finish([0.0] * n, [(0.0, BR_BURST, BR_RATE)], self.service)}
+
+    def bound_anthropic_accel(self, n):
+        return {"total": accel_schedule(n)[-1] + self.service} if n else {"total": self.service}
+
+    def bound_azure_responses(self, n):
+        return {"total": (math.ceil(n / AZR_SUB) - 1) * AZR_WIN + self.service}
+
     # ------------------------------------------------------------------ helpers
     def count(self, status, cause=None, model=None):
         st = self.stats
@@ -397,6 +468,9 @@ class World:
         except Exception:
             body = {}
         auth = request.headers.get("authorization", "")
+        rc = request.headers.get("x-stainless-retry-count", "absent")  # client retries seen here
+        crc = self.stats.setdefault("client_retry_hdr", {})
+        crc[rc] = crc.get(rc, 0) + 1
         model = body.get("model", "gpt-test")
         key = (auth,)
         prompt_t, max_t = est_tokens(body)
@@ -728,6 +802,71 @@ class World:
     # --- limit raised mid-run (same gate, scheduled buckets)
     async def w_tier_up(self, req, body, key, model, pt, mt, h):
         return await self.w_staggered(req, body, key, model, pt, mt, h)
+
+    # --- AWS Bedrock (OpenAI-compatible chat completions): a token bucket per model.
+    #     PROVIDERS.md l.76: "AWS Bedrock answers `ThrottlingException` (429) without saying which
+    #     quota"; l.24: "Headers can be missing altogether". So: no retry-after, no x-ratelimit-*
+    #     on any answer; the 429 is Bedrock's ThrottlingException shape.
+    async def w_bedrock(self, req, body, key, model, pt, mt, h):
+        enf = self.enf(key + (model,))
+        h["x-amzn-requestid"] = str(uuid.uuid4())
+        if not enf.take():
+            h["x-amzn-errortype"] = "ThrottlingException"
+            return self.err(429, {"message": "Too many requests, please wait before trying again."}, h, "rate")
+        return await self.serve_ok(body, pt, mt, h)
+
+    # --- Anthropic acceleration limit. PROVIDERS.md l.20-22: "Anthropic adds 'acceleration limits'
+    #     on sharp ramps ... The 429 is the truth; the headers are a hint"; l.32-41: requests
+    #     headers with RFC 3339 resets, retry-after on 429, 429 `rate_limit_error` (also
+    #     acceleration limits). The minute (ACCEL_RPM) has plenty of room throughout; the rule
+    #     (harness's choice): the requests admitted in the last 1 s may be at most
+    #     max(20, 2 x the per-second rate over the 5 s before it). Above that: 429
+    #     rate_limit_error, retry-after = the whole seconds until the rule admits one more (1 s),
+    #     remaining still large.
+    async def w_anthropic_accel(self, req, body, key, model, pt, mt, h):
+        key = key + ("family",)
+        minute = self.minute(key)
+        now = time.monotonic()
+        times = self.admitted.setdefault(key, [])
+        del times[:bisect.bisect_right(times, now - ACCEL_WIN - ACCEL_PREV)]
+        if accel_room(times, now) < 1:
+            wait = accel_wait(times, now)
+            self.anthropic_headers(h, key, minute)
+            h["retry-after"] = str(max(1, math.ceil(wait)))
+            return self.err(429, {"type": "error", "error": {
+                "type": "rate_limit_error",
+                "message": ("This request would exceed your organization's rate of growth in requests. "
+                            "Please ramp up your traffic gradually. For details, refer to: "
+                            "https://docs.anthropic.com/en/api/rate-limits.")}}, h, "rate")
+        times.append(now)
+        minute.force(1)
+        self.itok(key).force(pt)
+        self.otok(key).force(mt)
+        self.anthropic_headers(h, key, minute)
+        return await self.serve_ok(body, pt, mt, h)
+
+    # --- Azure OpenAI, Responses API header shape. PROVIDERS.md l.52: "`-1` in limit/remaining
+    #     means unknown (seen on the Responses API, with no retry-after)"; l.54: "RPM is
+    #     enforced over 1 s or 10 s sub-windows". AZR_SUB requests per AZR_WIN s window (counted
+    #     from the run's first request); every answer says -1; the 429 carries no retry-after
+    #     (-ms, x-ms-) and no "retry after N seconds" in its message.
+    async def w_azure_responses(self, req, body, key, model, pt, mt, h):
+        win = int((time.monotonic() - self.t0) // AZR_WIN)
+        k = key + (model, win)
+        used = self.win_counts.get(k, 0)
+        for nm in ("requests", "tokens"):
+            h[f"x-ratelimit-limit-{nm}"] = "-1"
+            h[f"x-ratelimit-remaining-{nm}"] = "-1"
+        h["apim-request-id"] = str(uuid.uuid4())
+        if used >= AZR_SUB:
+            return self.err(429, {"error": {
+                "code": "429",
+                "message": ("Requests to the Responses_Create Operation under Azure OpenAI API version "
+                            "2025-04-01-preview have exceeded call rate limit of your current OpenAI S0 pricing "
+                            "tier. Please go here: https://aka.ms/oai/quotaincrease if you would like to further "
+                            "increase the default rate limit.")}}, h, "rate")
+        self.win_counts[k] = used + 1
+        return await self.serve_ok(body, pt, mt, h)
 
     # --- SGLang: SGL_RUNNING slots, SGL_QUEUE waiting; beyond that 503 at once, no headers
     async def w_sglang(self, req, body, key, model, pt, mt, h):

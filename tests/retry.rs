@@ -137,6 +137,48 @@ async fn a_permanent_429_is_passed_on_at_once_and_a_hinted_one_is_retried() {
     }
 }
 
+/// docs/design.md, Retry: what the official SDKs retry (408, 409 and every 5xx) corral retries,
+/// so a client that leaves its retries to corral (`max_retries=0`) loses none it would have
+/// won alone; a 5xx that names something no retry changes (501, 505) goes back at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_sdks_retry_is_retried_and_a_permanent_5xx_is_not() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    for (status, retried) in [
+        (408, true),
+        (409, true),
+        (520, true),
+        (524, true),
+        (501, false),
+        (505, false),
+    ] {
+        let first = Arc::new(AtomicUsize::new(0));
+        let upstream = MockUpstream::start(move |_| {
+            let n = first.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let error =
+                    serde_json::json!({"error": {"message": "try again", "type": "server_error"}});
+                if n == 0 {
+                    json(status, error)
+                } else {
+                    json(200, serde_json::json!({"ok": true}))
+                }
+            }
+        })
+        .await;
+        let retry = "[upstream.retry]\nbase = \"10ms\"\ncap = \"20ms\"\n";
+        let corral = Corral::start(&one_upstream(&upstream, retry)).await;
+        let (parts, _) = send(&client(), post(&corral.url("/v1/chat/completions"), BODY)).await;
+        if retried {
+            assert_eq!(parts.status, 200, "{status} not retried");
+            assert_eq!(upstream.calls(), 2, "{status}");
+        } else {
+            assert_eq!(parts.status, status, "{status}");
+            assert_eq!(upstream.calls(), 1, "{status} retried");
+        }
+    }
+}
+
 /// docs/design.md, Stacked retries: the other two ways corral gives up on a failure, each marked.
 /// The retry budget refusing a retry (budget 0: not even a first retry) marks the first answer,
 /// since the client's own retries would add the load the budget holds back; the deadline passing

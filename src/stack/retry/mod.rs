@@ -604,7 +604,7 @@ pub(crate) async fn buffer_error(
 /// Worth buffering the body to judge: a retryable status, or an upstream that says to retry.
 fn may_retry(response: &Response<Body>) -> bool {
     let status = response.status().as_u16();
-    matches!(status, 429 | 500..=599)
+    matches!(status, 408 | 409 | 429 | 500..=599)
         || crate::classify::should_retry_header(response.headers()) == Some(true)
 }
 

@@ -15,18 +15,27 @@ pub enum Verdict {
     Retry(&'static str),
 }
 
+/// Server errors that name something no retry changes: not implemented, an HTTP version or a
+/// negotiation the server refuses, a loop, a network login it requires.
+const PERMANENT_5XX: [u16; 5] = [501, 505, 506, 508, 511];
+
 /// Judge an upstream response head (and, for 429s, its buffered body).
 pub fn judge_response(parts: &Parts, body: &[u8], config: &RetryConfig) -> Verdict {
     let outcome = Outcome::of_head(parts.status, &parts.extensions);
+    // What the official SDKs retry (408, 409, 429 and every 5xx), but for the 5xx that say no
+    // retry can cure them: an answer one of them would have retried is never handed back
+    // untried to a client that leaves its retries to corral (a 520-524 from a CDN in front of
+    // the provider, a 409 lock conflict).
+    let transient = matches!(outcome, Outcome::ClientError(408 | 409));
     let by_status = match outcome {
         Outcome::Throttled(_) => !is_permanent_answer(parts, body, config),
         Outcome::Overloaded(_) => true,
         Outcome::ServerError(500) => config.retry_500,
-        Outcome::ServerError(s) => matches!(s, 502..=504),
-        _ => false,
+        Outcome::ServerError(s) => !PERMANENT_5XX.contains(&s),
+        _ => transient,
     };
     let retry = should_retry_header(&parts.headers).unwrap_or(by_status);
-    if retry && !matches!(outcome, Outcome::Success | Outcome::ClientError(_)) {
+    if retry && (transient || !matches!(outcome, Outcome::Success | Outcome::ClientError(_))) {
         Verdict::Retry(outcome.label())
     } else if retry && should_retry_header(&parts.headers) == Some(true) {
         Verdict::Retry("should_retry")
@@ -52,13 +61,15 @@ mod tests {
     #[test]
     fn status_rules() {
         let c = RetryConfig::default();
-        for s in [429, 529, 500, 502, 503, 504] {
+        for s in [
+            408, 409, 429, 529, 500, 502, 503, 504, 507, 520, 522, 524, 599,
+        ] {
             assert!(
                 matches!(judge_response(&parts(s, &[]), b"", &c), Verdict::Retry(_)),
                 "{s}"
             );
         }
-        for s in [200, 400, 401, 403, 404, 413, 422, 501] {
+        for s in [200, 400, 401, 403, 404, 413, 422, 501, 505, 511] {
             assert_eq!(
                 judge_response(&parts(s, &[]), b"", &c),
                 Verdict::Done,
@@ -80,8 +91,12 @@ mod tests {
             Verdict::Done
         );
         assert_eq!(
-            judge_response(&parts(409, &[("x-should-retry", "true")]), b"", &c),
+            judge_response(&parts(400, &[("x-should-retry", "true")]), b"", &c),
             Verdict::Retry("should_retry")
+        );
+        assert_eq!(
+            judge_response(&parts(409, &[("x-should-retry", "false")]), b"", &c),
+            Verdict::Done
         );
     }
 

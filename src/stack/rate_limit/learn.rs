@@ -8,8 +8,10 @@
 //!   `(limit - remaining) / reset`, never assuming `limit` is per minute; burst `limit - floor`,
 //!   where `floor` is the `remaining` a 429 reported (0 for honest capacity reports, the offset
 //!   for per-minute reports). Every answer resynchronises the level: what the upstream had left
-//!   when it saw the attempt, plus refill since, minus what corral sent after it. Reported
-//!   headroom is spent no faster than answers confirm it (doubling per round trip).
+//!   when it saw the attempt, plus refill since, minus what corral sent after it, owing no
+//!   more than sends yet to reach the bucket can take of its refill (what it cannot hold, it
+//!   refuses). Reported headroom is spent no faster than answers confirm it (doubling per
+//!   round trip), and a burst's 429s halve what is confirmed once, not once each.
 //! - **Demotion**: a 429 whose `remaining` is above the learned floor (a per-minute `limit` with
 //!   quantized enforcement: a small bucket refilling per second behind it) shows the report's
 //!   level is a lie. The level is then no longer read from `remaining` (it is set to empty by
@@ -287,6 +289,9 @@ pub struct Pacer {
     /// headroom is spent no faster than it is confirmed (it doubles per round trip), so a
     /// `limit` that is a per-minute figure rather than the burst costs a few 429s, not a herd.
     verified: f64,
+    /// Units sent when a 429 last halved `verified`: the 429s of attempts sent before belong
+    /// to that halving.
+    verified_cut_seq: f64,
     /// The newest ticket whose report set the level.
     synced_seq: f64,
     /// The fastest answer seen (seconds from send to head).
@@ -375,6 +380,7 @@ impl Pacer {
             },
             quiet_since: now,
             verified: f64::from(initial_burst.max(1)),
+            verified_cut_seq: 0.0,
             synced_seq: f64::NEG_INFINITY,
             min_rtt: None,
             consented_seq: 0.0,

@@ -141,6 +141,26 @@ impl Pacer {
         }
     }
 
+    /// What `answer` to `ticket` confirms of the reported headroom, in the pacer's units (a
+    /// tokens pacer confirms a request's tokens per answer). Only this bucket's refusal halves
+    /// it (an overload says nothing about the bucket), and once per round trip, as a cut (TCP
+    /// halves its window once per window of losses): the 429s of attempts sent before the
+    /// last halving describe the same overrun. Halving per refusal left a window of one after
+    /// a burst of 150 refused at once, regrown only per answer: a second with nothing sent on
+    /// a bucket refilling 50 a second.
+    fn confirm(&mut self, ticket: Ticket, answer: Answer) {
+        self.verified = match answer {
+            Answer::RateLimited if ticket.seq <= self.verified_cut_seq => self.verified,
+            Answer::RateLimited => {
+                self.verified_cut_seq = self.sent;
+                (self.verified / 2.0).max(1.0)
+            }
+            Answer::Ok if self.consented(ticket) => self.verified,
+            Answer::Ok => self.verified + ticket.cost.max(1.0),
+            Answer::RefusedElsewhere | Answer::Overloaded => self.verified,
+        };
+    }
+
     pub(super) fn learn_headers(
         &mut self,
         ticket: Ticket,
@@ -164,14 +184,7 @@ impl Pacer {
             }
         }
         self.reported_size = Some((r.limit - self.floor.unwrap_or(0.0)).max(1.0));
-        // In the pacer's units: a tokens pacer confirms a request's tokens per answer. Only
-        // this bucket's refusal halves it (an overload says nothing about the bucket).
-        self.verified = match answer {
-            Answer::RateLimited => (self.verified / 2.0).max(1.0),
-            Answer::Ok if self.consented(ticket) => self.verified,
-            Answer::Ok => self.verified + ticket.cost.max(1.0),
-            Answer::RefusedElsewhere | Answer::Overloaded => self.verified,
-        };
+        self.confirm(ticket, answer);
         // An instant's wait, read when the answer came, is short by the answer's age.
         let age = if r.instant {
             now.saturating_duration_since(ticket.sent_at)
@@ -223,11 +236,16 @@ impl Pacer {
         let share = share.min(1.0 / self.part());
         let headroom = (r.remaining - floor) + self.header_rate * credit;
         let level = headroom * share - sent_after - slack;
-        // However much was sent since, the level owes at most one burst (the upstream refuses
-        // what its bucket cannot hold, it does not bank it as debt).
+        // However much was sent since, the level owes only what those sends can still take:
+        // the upstream refuses what its bucket cannot hold (no debt), and a send yet to reach it
+        // takes at most the refill until it does. (A burst owed held a bucket of 50 refilled
+        // 50/s shut for a second after each burst of refusals, answers and all.)
+        let owed = (self.header_rate * self.reach() * share)
+            .max(slack)
+            .min(self.burst);
         let level = (level.min(self.burst / self.part()))
             .min(self.verified)
-            .max(-self.burst);
+            .max(-owed);
         // A report newer than the last one used sets the level; an older one (an answer that
         // took long describes the bucket as it was long ago) may only lower it.
         if ticket.seq > self.synced_seq {

@@ -292,3 +292,42 @@ fn a_pause_no_one_named_recovers_by_doubling_and_an_edge_does_not() {
     let rate = doubles_per_round_trip(&mut pacer, now, Duration::from_millis(200), 6);
     assert!(rate >= (32.0 * low).min(before) * 0.99, "{low} -> {rate}");
 }
+
+/// The 429s of one burst halve the confirmed headroom once, as a cut is taken once per round
+/// trip: a ramp that overran a bucket of 200 (refilled 200/s) by a hundred sends at once goes
+/// on near the refill, not from a window of one regrown per answer.
+#[test]
+fn a_bursts_refusals_halve_the_confirmed_window_once() {
+    let mut now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
+    let report = |remaining: f64| {
+        fine_report(
+            200.0,
+            remaining,
+            Duration::from_secs_f64((200.0 - remaining) / 200.0),
+        )
+    };
+    // 128 admitted and answered in 200 ms, each confirming one more unit of headroom.
+    let ok: Vec<_> = (0..128).map(|_| pacer.admit_anyway(1.0, now)).collect();
+    now += Duration::from_millis(200);
+    for (i, t) in ok.into_iter().enumerate() {
+        pacer.observe(t, Answer::Ok, Some(report(199.0 - i as f64)), now);
+    }
+    let confirmed = pacer.verified;
+    assert!(confirmed >= 128.0, "confirmed {confirmed}");
+    // A hundred sent at once, all refused within a few milliseconds: one overrun.
+    let refused: Vec<_> = (0..100).map(|_| pacer.admit_anyway(1.0, now)).collect();
+    now += Duration::from_millis(5);
+    for t in refused {
+        pacer.observe(t, Answer::RateLimited, Some(report(0.0)), now);
+    }
+    assert_eq!(pacer.verified, confirmed / 2.0, "halved once");
+    // Over the next 400 ms it sends near the refill (80), not one per answer's round trip.
+    let sent = sent(&mut pacer, now, 400).len();
+    assert!(sent >= 40, "{sent} sent in 400 ms");
+    // A refusal of an attempt sent after that halving is a new overrun: halved again.
+    let before = pacer.verified;
+    let t = pacer.admit_anyway(1.0, now);
+    pacer.observe(t, Answer::RateLimited, Some(report(0.0)), now);
+    assert_eq!(pacer.verified, before / 2.0);
+}

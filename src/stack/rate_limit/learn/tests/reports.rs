@@ -141,3 +141,40 @@ fn a_report_whose_refill_takes_hours_is_a_long_window() {
     };
     assert_eq!(read(coarse), Source::Headers, "rounded up, not long");
 }
+
+/// A burst that overran its bucket: the refusals answer at once, the successes after the
+/// service time. The sends beyond the bucket were refused, not banked as debt: the level the
+/// reports leave is what the bucket refills from empty, not a burst owed (which held a bucket
+/// of 50 refilled 50/s shut for a second after each such burst).
+#[test]
+fn sends_a_bucket_refused_are_not_owed() {
+    let mut now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
+    let report = |remaining: f64| {
+        fine_report(
+            50.0,
+            remaining,
+            Duration::from_secs_f64((50.0 - remaining) / 50.0),
+        )
+    };
+    // The pace known: one answer of a bucket of 50 refilled 50/s, and its round trip.
+    let t = pacer.admit_anyway(1.0, now);
+    now += Duration::from_millis(200);
+    pacer.observe(t, Answer::Ok, Some(report(49.0)), now);
+    now += Duration::from_secs(1);
+    // 50 admitted, then 200 more refused; the refusals answer in 5 ms, the successes in 200.
+    let ok: Vec<_> = (0..50).map(|_| pacer.admit_anyway(1.0, now)).collect();
+    let refused: Vec<_> = (0..200).map(|_| pacer.admit_anyway(1.0, now)).collect();
+    now += Duration::from_millis(5);
+    for t in refused {
+        pacer.observe(t, Answer::RateLimited, Some(report(0.0)), now);
+    }
+    now += Duration::from_millis(195);
+    for (i, t) in ok.into_iter().enumerate() {
+        pacer.observe(t, Answer::Ok, Some(report(49.0 - i as f64)), now);
+    }
+    // The bucket refilled 10 over those 200 ms and refills 50/s: the next 400 ms send about
+    // 20, not nothing while 200 phantom sends are paid off.
+    let sent = sent(&mut pacer, now, 400).len();
+    assert!(sent >= 10, "{sent} sent in 400 ms");
+}

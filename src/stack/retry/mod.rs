@@ -12,7 +12,11 @@
 //! - **Failures are budgeted.** 5xx, overloads (529, and 429s read as overload), connection
 //!   failures and per-try timeouts are retried after `hint + U(0, min(floor_jitter, hint/10))`
 //!   when the server's hint is at least the jittered backoff, else after the backoff, while
-//!   `max_retries`, the retry budget and the deadline allow.
+//!   `max_retries`, the retry budget and the deadline allow. A retry the budget cannot pay,
+//!   for the first two of a request (the official SDKs' own), is not failed: it waits,
+//!   sending nothing, until the upstream serves some request again or the budget can pay, for
+//!   up to 8 s: a short outage the client alone would ride out by retrying loses no request,
+//!   and still sees only the retries the budget pays for.
 //! - **Backoff escalates while nobody is served.** The backoff's exponent counts a request's
 //!   failures in a row during which the upstream served no request well. When others were
 //!   served meanwhile (an engine refusing one arrival in five, a bad replica behind a balancer)
@@ -191,9 +195,14 @@ enum Wait {
     Throttle(Duration),
     /// A place freed at a full upstream (`room`): no budget spent.
     Room(Duration),
-    /// A failure's backoff, within the budget; `waited` of it already spent waiting for a
-    /// place.
-    Failure { sleep: Duration, waited: Duration },
+    /// A failure's backoff; `waited` of it already spent waiting for a place. `unpaid`: the
+    /// budget could not pay for the retry, so it goes only once the upstream serves again
+    /// ([`await_health`]).
+    Failure {
+        sleep: Duration,
+        waited: Duration,
+        unpaid: bool,
+    },
 }
 
 /// How corral gives up: the arguments of [`give_up`] besides the last answer.
@@ -206,6 +215,15 @@ struct GiveUp {
 /// Throttle retries of one request with no wait named that go without the failure budget.
 const UNBUDGETED_THROTTLES: u32 = 3;
 
+/// The retries the official SDKs make by default (`max_retries = 2`): a failure's retries
+/// within them wait for health when the budget cannot pay, rather than fail.
+const SDK_RETRIES: u32 = 2;
+
+/// How long such a retry waits for the upstream to serve again: the longest the SDKs wait
+/// before one retry (their backoff's cap). An outage the client alone rides out by retrying,
+/// corral rides out by waiting; a longer one fails about as soon as it would have.
+const HEALTH_PATIENCE: Duration = Duration::from_secs(8);
+
 /// One request's retries so far, by kind, and what its backoff remembers.
 #[derive(Default)]
 struct Tally {
@@ -217,6 +235,8 @@ struct Tally {
     rooms: u32,
     /// The backoff's exponent: failures in a row while no other request was served.
     rung: u32,
+    /// Failures retried that the budget could not pay (they waited for health).
+    unpaid: u32,
     /// The last failure's or throttle's wait.
     previous: Duration,
 }
@@ -244,18 +264,13 @@ impl Tally {
             {
                 room_wait(self, req, shared).await
             }
-            None => failure_sleep(
-                hint,
-                self.retries,
-                self.rung,
-                self.previous,
-                attempts,
-                shared,
-            )
-            .map(|sleep| Wait::Failure {
-                sleep,
-                waited: Duration::ZERO,
-            }),
+            None => {
+                failure_sleep(hint, self, attempts, shared).map(|(sleep, unpaid)| Wait::Failure {
+                    sleep,
+                    waited: Duration::ZERO,
+                    unpaid,
+                })
+            }
         }
     }
 
@@ -267,8 +282,9 @@ impl Tally {
                 self.previous = sleep;
             }
             Wait::Room(_) => self.rooms += 1,
-            Wait::Failure { .. } => {
+            Wait::Failure { unpaid, .. } => {
                 self.retries += 1;
+                self.unpaid += u32::from(unpaid);
                 self.rung += 1;
                 self.previous = waited;
             }
@@ -337,7 +353,9 @@ async fn run<S: Next>(inner: &S, req: ProxyRequest, shared: &RetryShared) -> Ans
         let (sleep, waited) = match wait {
             Wait::Throttle(sleep) => (sleep, sleep),
             Wait::Room(waited) => (Duration::ZERO, waited),
-            Wait::Failure { sleep, waited } => (sleep.saturating_sub(waited), sleep.max(waited)),
+            Wait::Failure { sleep, waited, .. } => {
+                (sleep.saturating_sub(waited), sleep.max(waited))
+            }
         };
         if Instant::now() + sleep >= req.ctx().deadline {
             // A throttle the deadline cannot wait for is marked even on its first answer: the
@@ -360,7 +378,40 @@ async fn run<S: Next>(inner: &S, req: ProxyRequest, shared: &RetryShared) -> Ans
             "retrying"
         );
         tokio::time::sleep(sleep).await;
+        if matches!(wait, Wait::Failure { unpaid: true, .. })
+            && !await_health(served, tally.rung, &req, shared).await
+        {
+            let last = previous_answer.take().expect("kept before the wait");
+            return give_up(last, attempts + 1, "budget", None, shared);
+        }
         tally.count(&wait, waited);
+    }
+}
+
+/// A retry the budget could not pay: nothing more is sent for it until the upstream serves
+/// some request well (since `served`: the outage the budget guards against is over) or the
+/// budget can pay for it after all (a probe within its rate); until then it backs off as an
+/// outage does, for at most [`HEALTH_PATIENCE`]. `false`: that, or the deadline, comes first.
+async fn await_health(
+    served: u64,
+    mut rung: u32,
+    req: &ProxyRequest,
+    shared: &RetryShared,
+) -> bool {
+    let until = req.ctx().deadline.min(Instant::now() + HEALTH_PATIENCE);
+    let mut previous = Duration::ZERO;
+    loop {
+        if shared.served.load(Ordering::Relaxed) != served || shared.budget.withdraw() {
+            return true;
+        }
+        rung += 1;
+        let now = Instant::now();
+        if now >= until {
+            return false;
+        }
+        let sleep = shared.sleep_for(rung, previous, None).min(until - now);
+        tokio::time::sleep(sleep).await;
+        previous = sleep;
     }
 }
 
@@ -372,14 +423,8 @@ async fn room_wait(
     req: &ProxyRequest,
     shared: &RetryShared,
 ) -> Result<Wait, GiveUp> {
-    let Tally {
-        retries,
-        rung,
-        previous,
-        ..
-    } = *tally;
     let attempts = tally.attempts();
-    let backoff = shared.sleep_for(rung, previous, None);
+    let backoff = shared.sleep_for(tally.rung, tally.previous, None);
     let patience = shared.room.patience(backoff, shared.config.base.0 * 2);
     let start = Instant::now();
     let waited = shared
@@ -390,15 +435,14 @@ async fn room_wait(
         Waited::Freed => Ok(Wait::Room(start.elapsed())),
         // The failure path's bounds (`max_retries`, the budget) decide; the wait was its
         // backoff.
-        Waited::Silent => {
-            failure_sleep(None, retries, rung, previous, attempts, shared).map(|_| {
-                let waited = start.elapsed();
-                Wait::Failure {
-                    sleep: waited,
-                    waited,
-                }
-            })
-        }
+        Waited::Silent => failure_sleep(None, tally, attempts, shared).map(|(_, unpaid)| {
+            let waited = start.elapsed();
+            Wait::Failure {
+                sleep: waited,
+                waited,
+                unpaid,
+            }
+        }),
         Waited::Deadline => Err(GiveUp {
             attempts,
             why: "deadline",
@@ -536,35 +580,41 @@ fn throttle_sleep(
     })
 }
 
-/// The wait before retrying a failure, or how to give up on it. A failure, an overload (529,
-/// or a 429 read as overload) among them: the whole service is unwell, no bucket to wait
-/// for: back off (`rung`: the backoff's exponent) within the failure budget.
+/// The wait before retrying a failure, and whether the budget could not pay for it; or how
+/// to give up on it. A failure, an overload (529, or a 429 read as overload) among them: the
+/// whole service is unwell, no bucket to wait for: back off (`rung`: the backoff's exponent)
+/// within the failure budget.
 fn failure_sleep(
     hint: Option<Duration>,
-    retries: u32,
-    rung: u32,
-    previous: Duration,
+    tally: &Tally,
     attempts: u32,
     shared: &RetryShared,
-) -> Result<Duration, GiveUp> {
-    if retries >= shared.config.max_retries {
+) -> Result<(Duration, bool), GiveUp> {
+    if tally.retries >= shared.config.max_retries {
         return Err(GiveUp {
             attempts,
             why: "max_retries",
             retry_after: None,
         });
     }
-    if !shared.budget.withdraw() {
+    let paid = shared.budget.withdraw();
+    if !paid {
         shared.metrics.budget_exhausted.inc();
-        // Marked even on a first answer: the budget holds back the load an outage's
-        // retries would add, and the client's own retries would add it all the same.
-        return Err(GiveUp {
-            attempts: attempts + 1,
-            why: "budget",
-            retry_after: None,
-        });
+        // For as many as the official SDKs' own retries (two), a retry the budget cannot pay waits
+        // for the upstream to serve again instead of failing: the client alone would have
+        // retried after a second or two and been served once a short outage ended, and
+        // waiting adds no load. Past them it gives up, marked even on a first answer: the
+        // budget holds back the load an outage's retries would add, and the client's own
+        // retries would add it all the same.
+        if tally.unpaid >= SDK_RETRIES {
+            return Err(GiveUp {
+                attempts: attempts + 1,
+                why: "budget",
+                retry_after: None,
+            });
+        }
     }
-    Ok(shared.sleep_for(rung, previous, hint))
+    Ok((shared.sleep_for(tally.rung, tally.previous, hint), !paid))
 }
 
 /// Whether a 429 is permanent (no wait cures it: see [`policy::judge_response`]), judged from

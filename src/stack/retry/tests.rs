@@ -379,7 +379,8 @@ async fn bare_throttles_past_the_first_few_spend_the_budget() {
 #[tokio::test(start_paused = true)]
 async fn the_budget_caps_retries_during_an_outage() {
     // ratio 0.2 and 1 retry per second of reserve over 10 s: 100 failing requests in one burst
-    // may add at most about 0.2 * 100 + 10 retries, not 100 * max_retries.
+    // may add at most about 0.2 * 100 + 10 retries, and the reserve's one a second over the two
+    // waits of 8 s the unpaid ones make for health, not 100 * max_retries.
     let cfg = RetryConfig {
         budget_min_per_second: 1,
         budget_ratio: 0.2,
@@ -388,10 +389,53 @@ async fn the_budget_caps_retries_during_an_outage() {
     };
     let calls = burst(&cfg, 6, 503, 100).await;
     assert!(
-        calls <= 100 + 35,
+        calls <= 100 + 20 + 10 + 16 + 9,
         "{calls} attempts: the budget let too many retries through"
     );
     assert!(calls > 100, "some retries were allowed");
+}
+
+/// An outage shorter than the SDKs' own retries ride out (503s for 2 s, then answers): the
+/// retries the budget cannot pay wait, sending nothing, until the upstream serves again, so
+/// every request is served, and the outage still sees only what the budget pays for.
+#[tokio::test(start_paused = true)]
+async fn a_short_outage_loses_no_request_and_the_budget_still_bounds_its_load() {
+    let cfg = RetryConfig {
+        budget_min_per_second: 1,
+        budget_ratio: 0.2,
+        ..config(Jitter::Full)
+    };
+    let start = Instant::now();
+    let (during, calls) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (seen_during, seen) = (Arc::clone(&during), Arc::clone(&calls));
+    let server = Tower(tower::service_fn(move |_req: ProxyRequest| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        let down = start.elapsed() < Duration::from_secs(2);
+        if down {
+            seen_during.fetch_add(1, Ordering::SeqCst);
+        }
+        let status = if down { 503 } else { 200 };
+        async move { Ok::<_, ProxyError>(answer(status, &[], "{}")) }
+    }));
+    let svc = retry(&cfg, 11).layer(server);
+    let handles: Vec<_> = (0..100)
+        .map(|_| tokio::spawn(svc.clone().oneshot(request(Duration::from_secs(600)))))
+        .collect();
+    let mut served = 0;
+    for h in handles {
+        served += usize::from(h.await.unwrap().unwrap().status() == 200);
+    }
+    assert_eq!(served, 100, "served after the outage");
+    // The first attempts, 0.2 x 100 paid retries and the reserve (one a second over 10 s).
+    let during = during.load(Ordering::SeqCst);
+    assert!(
+        during <= 100 + 20 + 10 + 2,
+        "{during} attempts in the outage"
+    );
+    assert!(
+        calls.load(Ordering::SeqCst) <= 300,
+        "at most the SDKs' three each"
+    );
 }
 
 /// A server with `held` places (served in `service`) that answers 503 at once, no hint, when
@@ -466,7 +510,8 @@ async fn a_full_queue_s_refusals_wait_for_a_place_and_spend_no_budget() {
 
 /// In an outage (every attempt refused at once, nothing served) a refusal waits no longer
 /// than the failure path would have slept before it, and the budget bounds the retries as
-/// before: nobody waits for a place that never frees.
+/// before (with the reserve's one a second over the waits for health): nobody waits for a
+/// place that never frees.
 #[tokio::test(start_paused = true)]
 async fn an_outage_s_refusals_do_not_wait_for_a_place_beyond_the_backoff() {
     let cfg = RetryConfig {
@@ -485,7 +530,7 @@ async fn an_outage_s_refusals_do_not_wait_for_a_place_beyond_the_backoff() {
     }
     let calls = calls.load(Ordering::SeqCst);
     assert!(
-        calls <= 50 + 30,
+        calls <= 50 + 10 + 10 + 16 + 9,
         "{calls} attempts: the budget let too many through"
     );
     // Six backoffs of at most 30 s, not the 600 s deadline.

@@ -29,7 +29,7 @@ import upstream as U  # noqa: E402  (shared task shapes, arrival times)
 PY = sys.executable
 # the added worlds bound their clients' deadlines so a run stays within ~2 minutes
 DEADLINE_CAP = {w: 120.0 for w in U.NEW_BOUNDS}
-STREAM_WORLDS = ("openai-stream",)
+STREAM_WORLDS = ("openai-stream", "anthropic-stream-error")
 CORRAL = os.environ.get("CORRAL_BIN", os.path.join(HERE, "..", "..", "target", "release", "corral"))
 OUT = os.environ.get("OUT", os.path.join(HERE, "..", "..", "bench-out", "worlds"))
 
@@ -220,6 +220,8 @@ def summarize(recs, stats, bound, n):
         "upstream_requests": stats.get("requests"), "upstream_ok": stats.get("ok"),
         "upstream_by_cause": stats.get("by_cause"), "upstream_inflight_max": stats.get("inflight_max"),
         "upstream_per_second": stats.get("per_second"), "upstream_arrivals_per_second": stats.get("arrivals_per_second"), "upstream_by_model": stats.get("by_model"),
+        "upstream_per_100ms": stats.get("per_100ms"), "upstream_arrivals_per_100ms": stats.get("arrivals_per_100ms"),
+        "client_fail_times_all": sorted(round(r["t"], 3) for r in failed) if len(failed) <= 1000 else None,
         "answers_with_nonstandard_headers": marker_answers, "answers_without_upstream_id": no_upstream_id,
         "nonstandard_header_names_all": unknown_all, "nonstandard_header_names_on_failed": unknown_failed,
         "fail_kinds": fail_kinds,

@@ -19,7 +19,10 @@ import copy
 import datetime as dt
 import json
 import math
+import os
 import random
+import socket
+import struct
 import time
 import uuid
 
@@ -28,10 +31,13 @@ from aiohttp import web
 WORLDS = ["openai-quantized", "openai-overload", "two-models", "anthropic", "azure", "gemini",
           "together", "vllm", "admission", "nolimit", "groq-daily",
           "openai-tokens", "openai-stream", "staggered", "tier-up", "sglang",
-          "bedrock", "anthropic-accel", "azure-responses"]
+          "bedrock", "anthropic-accel", "azure-responses",
+          "anthropic-529", "openai-incident", "lb-resets", "anthropic-504", "openai-quota",
+          "anthropic-stream-error", "anthropic-spend", "gemini-daily", "openai-overload-incident"]
 
 # default service time per world (seconds); overridable with --service
-DEFAULT_SERVICE = {"vllm": 0.5, "openai-overload": 10.0, "openai-stream": 1.0, "sglang": 0.5}
+DEFAULT_SERVICE = {"vllm": 0.5, "openai-overload": 10.0, "openai-stream": 1.0, "sglang": 0.5,
+                   "lb-resets": 0.5, "anthropic-stream-error": 1.0}
 
 # openai-tokens: the key's per-minute limits (tokens bind long before requests)
 TOK_TPM, TOK_RPM = 500_000, 5000
@@ -52,6 +58,37 @@ BR_BURST, BR_RATE = 50, 20
 ACCEL_RPM, ACCEL_FLOOR, ACCEL_GROWTH, ACCEL_WIN, ACCEL_PREV = 4000, 20, 2.0, 1.0, 5.0
 # azure-responses: requests per 10 s sub-window (limit and remaining reported as -1)
 AZR_SUB, AZR_WIN = 100, 10.0
+# ---- incident / transport worlds (s46/h1). Every number below is the harness's guess; the
+# behaviours they parameterise cite PROVIDERS.md in the handlers. Each can be overridden for a
+# sensitivity run with an environment variable H1_<NAME> (read by upstream.py at start).
+
+
+def _h1(name, default):
+    return type(default)(os.environ.get("H1_" + name, default))
+
+
+# anthropic-529: an API-wide overload incident from the run's first request for INC529_LEN s, during
+# which INC529_SHARE of arrivals get 529 overloaded_error; healthy afterwards.
+INC529_LEN, INC529_SHARE = _h1("INC529_LEN", 8.0), _h1("INC529_SHARE", 0.5)
+# openai-incident: every request answered 500/502/503 for OUTAGE_LEN s from the first request.
+OUTAGE_LEN = _h1("OUTAGE_LEN", 6.0)
+# which 5xx the outage answers (comma list of 500, 502, 503; default all three, chosen at random)
+OUTAGE_STATUSES = [int(x) for x in _h1("OUTAGE_STATUSES", "500,502,503").split(",")]
+# lb-resets: a load balancer in front of the provider: LB_RESET of requests have their connection
+# reset (RST) after U(0, service) without an answer; LB_CLOSE of answers carry `Connection: close`;
+# idle keep-alive connections are dropped after LB_IDLE s.
+LB_RESET, LB_CLOSE, LB_IDLE = _h1("LB_RESET", 0.10), _h1("LB_CLOSE", 0.20), _h1("LB_IDLE", 1.0)
+# anthropic-504: T504_SHARE of requests wait T504_WAIT s and then get 504 timeout_error.
+T504_SHARE, T504_WAIT = _h1("T504_SHARE", 0.10), _h1("T504_WAIT", 20.0)
+# anthropic-stream-error: streamed answers; SERR_SHARE of streams get an SSE `error` event
+# (overloaded_error) after SERR_AT of their chunks, on HTTP 200.
+SERR_SHARE, SERR_AT = _h1("SERR_SHARE", 0.10), _h1("SERR_AT", 5)
+# anthropic-spend: the spend limit is reached after SPEND_OK admitted requests; every later one 429s.
+SPEND_OK = _h1("SPEND_OK", 100)
+# gemini-daily: the project's requests-per-day quota has GD_LEFT requests left; then 429 per-day.
+GD_LEFT = _h1("GD_LEFT", 200)
+H1_WORLDS = ("anthropic-529", "openai-incident", "lb-resets", "anthropic-504", "openai-quota",
+             "anthropic-stream-error", "anthropic-spend", "gemini-daily", "openai-overload-incident")
 STREAM_CHUNKS = 20
 FILLER = "the quick brown fox jumps over the lazy dog "
 
@@ -240,7 +277,9 @@ def accel_schedule(n):
 
 
 NEW_BOUNDS = ("openai-tokens", "openai-stream", "staggered", "tier-up", "sglang",
-              "bedrock", "anthropic-accel", "azure-responses")
+              "bedrock", "anthropic-accel", "azure-responses",
+              "anthropic-529", "openai-incident", "lb-resets", "anthropic-504", "openai-quota",
+              "anthropic-stream-error", "anthropic-spend", "gemini-daily", "openai-overload-incident")
 
 
 def est_tokens(body):
@@ -340,6 +379,17 @@ class World:
             # PROVIDERS.md l.52-54: "-1 in limit/remaining means unknown (seen on the Responses
             # API, with no retry-after)"; "RPM is enforced over 1 s or 10 s sub-windows".
             self.win_counts = {}
+        elif n == "lb-resets":
+            self.stats["lb_reset"] = 0
+            self.stats["lb_conn_close"] = 0
+        elif n == "openai-overload-incident":
+            self.minute = lambda key: self._bk(("min",) + key, 10000, 10000 / 60)
+            self.tok = lambda key: self._bk(("tok",) + key, 2_000_000, 2_000_000 / 60)
+        elif n in ("anthropic-spend", "gemini-daily"):
+            self.admitted_n = 0
+        elif n == "anthropic-stream-error":
+            self.stats["stream_aborted"] = 0
+            self.stats["sse_error_sent"] = 0
 
     def _bk(self, k, cap, rate):
         b = self.buckets.get(k)
@@ -415,6 +465,42 @@ class World:
     def bound_azure_responses(self, n):
         return {"total": (math.ceil(n / AZR_SUB) - 1) * AZR_WIN + self.service}
 
+    # Incident worlds. As for openai-overload (random refusals, bound = service), a refusal that is
+    # a coin flip per arrival costs nothing to an ideal client that retries at once: bound = service.
+    def bound_anthropic_529(self, n):
+        return {"total": self.service, "incident_s": INC529_LEN, "share": INC529_SHARE}
+
+    def bound_openai_incident(self, n):
+        # nothing can succeed before the outage ends
+        return {"total": OUTAGE_LEN + self.service}
+
+    def bound_lb_resets(self, n):
+        # lower bound (as openai-overload): ignores the time lost to resets, which are random
+        return {"total": self.service}
+
+    def bound_anthropic_504(self, n):
+        # with T504_SHARE of 500 first attempts timing out, some task waits T504_WAIT before it can
+        # even learn it must retry (no hedging): T504_WAIT + service
+        return {"total": (T504_WAIT if n * T504_SHARE >= 1 else 0.0) + self.service}
+
+    def bound_openai_quota(self, n):
+        # permanent: the best answer is the 429 itself, at once
+        return {"total": 0.0}
+
+    def bound_openai_overload_incident(self, n):
+        return {"total": OUTAGE_LEN + self.service}
+
+    def bound_anthropic_spend(self, n):
+        # the first SPEND_OK succeed after the service time; the rest are best refused at once
+        return {"total": self.service if n else 0.0, "can_succeed": min(n, SPEND_OK)}
+
+    def bound_gemini_daily(self, n):
+        return {"total": self.service if n else 0.0, "can_succeed": min(n, GD_LEFT)}
+
+    def bound_anthropic_stream_error(self, n):
+        # a stream broken by an error event can be restarted at once: SERR_AT chunks + a full stream
+        return {"total": self.service * (1 + SERR_AT / STREAM_CHUNKS)}
+
     # ------------------------------------------------------------------ helpers
     def count(self, status, cause=None, model=None):
         st = self.stats
@@ -423,6 +509,10 @@ class World:
         ps = st["per_second"].setdefault(sec, {})
         key = "200" if status == 200 else f"{status}:{cause}"
         ps[key] = ps.get(key, 0) + 1
+        if self.name in H1_WORLDS:  # finer timeline for the incident worlds (answers per 100 ms)
+            k100 = f"{int((time.monotonic() - self.t0) * 10) / 10:.1f}"
+            p100 = st.setdefault("per_100ms", {}).setdefault(k100, {})
+            p100[key] = p100.get(key, 0) + 1
         if model:
             bm = st["by_model"].setdefault(model, {})
             bm[key] = bm.get(key, 0) + 1
@@ -463,6 +553,10 @@ class World:
         asec = str(int(now_m - self.t0))
         aps = self.stats["arrivals_per_second"]
         aps[asec] = aps.get(asec, 0) + 1
+        if self.name in H1_WORLDS:  # arrivals per 100 ms for the incident worlds
+            a100 = self.stats.setdefault("arrivals_per_100ms", {})
+            k100 = f"{int((now_m - self.t0) * 10) / 10:.1f}"
+            a100[k100] = a100.get(k100, 0) + 1
         try:
             body = await request.json()
         except Exception:
@@ -881,6 +975,216 @@ class World:
             self.in_server -= 1
 
 
+    # ------------------------------------------------------------------ incident / transport worlds
+    def anth_err(self, status, etype, message, h, cause="other"):
+        """Anthropic's error JSON shape (PROVIDERS.md l.30-42: 529 `overloaded_error`, 504
+        `timeout_error`); `request-id` as on Anthropic's answers."""
+        h["request-id"] = "req_" + uuid.uuid4().hex[:20]
+        return self.err(status, {"type": "error", "error": {"type": etype, "message": message}}, h, cause)
+
+    # --- Anthropic API-wide overload incident.
+    #     PROVIDERS.md l.41: "529 `overloaded_error` (API-wide overload, retryable)"; l.65-66:
+    #     "Anthropic uses 529 `overloaded_error` for the same thing [as OpenAI's overload] ... Treat
+    #     overload like a 503: back off with jitter under the failure budget; it is not a pacing
+    #     signal." No rate limit binds; no retry-after on the 529 (PROVIDERS.md documents
+    #     retry-after only "on 429", l.38). During the first INC529_LEN s after the first request,
+    #     INC529_SHARE of arrivals get the 529 at once (share and length: harness's guess); the rest
+    #     and everything afterwards succeed (OpenAI-compatible JSON, as the clients use the openai SDK).
+    async def w_anthropic_529(self, req, body, key, model, pt, mt, h):
+        if time.monotonic() - self.t0 < INC529_LEN and self.rng.random() < INC529_SHARE:
+            return self.anth_err(529, "overloaded_error", "Overloaded", h)
+        h["request-id"] = "req_" + uuid.uuid4().hex[:20]
+        return await self.serve_ok(body, pt, mt, h)
+
+    # --- OpenAI outage episode: every request gets a 5xx for OUTAGE_LEN s, then healthy.
+    #     PROVIDERS.md l.91: the SDKs "Retry 408, 409, 429, >= 500 and connection errors; default
+    #     `max_retries = 2`"; l.65: "Together answers 503 ... Treat overload like a 503" (l.65-66). The status
+    #     mix (500 server_error JSON, 502 from the edge as HTML, 503 overloaded JSON), the bodies and
+    #     the outage length are the harness's guess (PROVIDERS.md does not document OpenAI 5xx shapes).
+    async def w_openai_incident(self, req, body, key, model, pt, mt, h):
+        if time.monotonic() - self.t0 < OUTAGE_LEN:
+            await asyncio.sleep(0.02)
+            st = self.rng.choice(OUTAGE_STATUSES)
+            k = {500: 0, 502: 1, 503: 2}[st]
+            if k == 0:
+                return self.err(500, {"error": {
+                    "message": "The server had an error while processing your request. Sorry about that!",
+                    "type": "server_error", "param": None, "code": None}}, h, "other")
+            if k == 1:
+                self.count(502, "other")
+                return web.Response(status=502, headers=h, content_type="text/html",
+                                    text="<html><head><title>502 Bad Gateway</title></head><body>"
+                                         "<center><h1>502 Bad Gateway</h1></center></body></html>")
+            return self.err(503, {"error": {
+                "message": "The engine is currently overloaded, please try again later",
+                "type": "server_error", "param": None, "code": None}}, h, "other")
+        return await self.serve_ok(body, pt, mt, h)
+
+    # --- A load balancer in front of the provider that drops connections.
+    #     PROVIDERS.md l.91: the SDKs "Retry ... connection errors; default `max_retries = 2`".
+    #     PROVIDERS.md documents no load-balancer behaviour: the LB is the harness's guess (shares
+    #     LB_RESET / LB_CLOSE, idle timeout LB_IDLE set on the server in main()). LB_RESET of
+    #     requests: after U(0, service) the connection is reset (RST, SO_LINGER 0) with no answer.
+    #     LB_CLOSE of successful answers carry `Connection: close`.
+    async def w_lb_resets(self, req, body, key, model, pt, mt, h):
+        r = self.rng.random()
+        if r < LB_RESET:
+            await asyncio.sleep(self.rng.uniform(0.0, self.service))
+            self.stats["lb_reset"] += 1
+            self.count("reset", "other")
+            tr = req.transport
+            if tr is not None:
+                sock = tr.get_extra_info("socket")
+                try:
+                    if sock is not None:
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                except OSError:
+                    pass
+                tr.abort()
+            raise asyncio.CancelledError()
+        resp = await self.serve_ok(body, pt, mt, h)
+        if r < LB_RESET + LB_CLOSE:
+            self.stats["lb_conn_close"] += 1
+            resp.force_close()
+        return resp
+
+    # --- Anthropic 504 after a long wait.
+    #     PROVIDERS.md l.41: "504 `timeout_error`". T504_SHARE of requests are held T504_WAIT s and
+    #     then answered 504 timeout_error (share, wait and message text: harness's guess); the rest
+    #     succeed after the service time.
+    async def w_anthropic_504(self, req, body, key, model, pt, mt, h):
+        if self.rng.random() < T504_SHARE:
+            await asyncio.sleep(T504_WAIT)
+            return self.anth_err(504, "timeout_error", "Request timed out before a response was generated.", h)
+        h["request-id"] = "req_" + uuid.uuid4().hex[:20]
+        return await self.serve_ok(body, pt, mt, h)
+
+    # --- OpenAI key out of quota (billing): every request a permanent 429.
+    #     PROVIDERS.md l.27-28: "Permanent 429: `code: "insufficient_quota"` (billing); retrying it
+    #     only burns time"; l.127: "Retrying permanent 429s (openai-python #1671)" is a known peer
+    #     failure. No retry-after (harness's guess; PROVIDERS.md gives retry-after for the transient
+    #     429 only). Body message text: harness's guess.
+    async def w_openai_quota(self, req, body, key, model, pt, mt, h):
+        await asyncio.sleep(0.01)
+        return self.err(429, {"error": {
+            "message": ("You exceeded your current quota, please check your plan and billing details. "
+                        "For more information on this error, read the docs: "
+                        "https://platform.openai.com/docs/guides/error-codes/api-errors."),
+            "type": "insufficient_quota", "param": None, "code": "insufficient_quota"}}, h, "other")
+
+    # --- Anthropic error mid-stream after HTTP 200.
+    #     PROVIDERS.md l.45: "Errors can arrive mid-stream as an SSE `error` event after HTTP 200";
+    #     l.41: 529 `overloaded_error`. Streams as openai-stream (OpenAI chunk shape, as clients use
+    #     the openai SDK); SERR_SHARE of streams send an `event: error` with Anthropic's overloaded
+    #     body after SERR_AT chunks and end (share, position: harness's guess). No rate limit.
+    async def w_anthropic_stream_error(self, req, body, key, model, pt, mt, h):
+        h["request-id"] = "req_" + uuid.uuid4().hex[:20]
+        h["content-type"] = "text/event-stream; charset=utf-8"
+        fail = self.rng.random() < SERR_SHARE
+        resp = web.StreamResponse(status=200, headers=h)
+        cid, created = "chatcmpl-" + uuid.uuid4().hex[:24], int(time.time())
+
+        def chunk(choices, usage=None):
+            return ("data: " + json.dumps({
+                "id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                "system_fingerprint": "fp_harness", "choices": choices, "usage": usage}) + "\n\n").encode()
+        try:
+            await resp.prepare(req)
+            for k in range(STREAM_CHUNKS):
+                await asyncio.sleep(self.service / STREAM_CHUNKS)
+                if fail and k == SERR_AT:
+                    await resp.write(("event: error\ndata: " + json.dumps({"type": "error", "error": {
+                        "type": "overloaded_error", "message": "Overloaded"}}) + "\n\n").encode())
+                    await resp.write_eof()
+                    self.stats["sse_error_sent"] += 1
+                    self.count("200-sse-error", "other")
+                    return resp
+                delta = {"role": "assistant", "content": ""} if k == 0 else {"content": "ok "}
+                fin = "stop" if k == STREAM_CHUNKS - 1 else None
+                await resp.write(chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": fin}]))
+            ct = min(mt, STREAM_CHUNKS)
+            await resp.write(chunk([], {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}))
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.stats["stream_aborted"] += 1
+            raise
+        self.count(200)
+        return resp
+
+
+    # --- Anthropic spend limit reached mid-run.
+    #     PROVIDERS.md l.43-44: "Spend-limit 429: error code `enforced_spend_limit_reached` (in the
+    #     error details), no `retry-after`: permanent until the account changes, never retry."
+    #     l.41: 429 `rate_limit_error`. The first SPEND_OK requests are admitted; every later one
+    #     gets the permanent 429 (count and the exact place of the code in the body: harness's guess).
+    async def w_anthropic_spend(self, req, body, key, model, pt, mt, h):
+        if self.admitted_n >= SPEND_OK:
+            h["request-id"] = "req_" + uuid.uuid4().hex[:20]
+            return self.err(429, {"type": "error", "error": {
+                "type": "rate_limit_error",
+                "message": ("Your organization has reached its monthly spend limit. "
+                            "Increase the limit in the Console to continue."),
+                "details": {"error_code": "enforced_spend_limit_reached"}}}, h, "other")
+        self.admitted_n += 1
+        h["request-id"] = "req_" + uuid.uuid4().hex[:20]
+        return await self.serve_ok(body, pt, mt, h)
+
+    # --- Gemini requests-per-day quota runs out mid-run.
+    #     PROVIDERS.md l.68-70: "Gemini has requests-per-day quotas that reset at midnight Pacific. A
+    #     429 whose wait is hours away is a quota, not a pace"; l.71-76: 429 `RESOURCE_EXHAUSTED`
+    #     with no `retry-after` header, `error.details` with RetryInfo `retryDelay` and a
+    #     QuotaFailure whose `quotaId` names the window (`...PerDay...`), "Some responses are a JSON
+    #     array around the error object". The first GD_LEFT requests succeed (harness's guess); the
+    #     rest get the per-day 429 with retryDelay = seconds to the next midnight Pacific (UTC-8,
+    #     ignoring DST: harness's simplification).
+    async def w_gemini_daily(self, req, body, key, model, pt, mt, h):
+        if self.admitted_n >= GD_LEFT:
+            now = time.time()
+            pac = now - 8 * 3600
+            delay = f"{86400 - (pac % 86400):.0f}s"
+            payload = [{"error": {
+                "code": 429,
+                "message": ("You exceeded your current quota, please check your plan and billing details. "
+                            f"Quota exceeded for metric: generativelanguage.googleapis.com/generate_requests_per_model_per_day, limit: {GD_LEFT}"),
+                "status": "RESOURCE_EXHAUSTED",
+                "details": [
+                    {"@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                     "violations": [{"quotaMetric": "generativelanguage.googleapis.com/generate_requests_per_model_per_day",
+                                     "quotaId": "GenerateRequestsPerDayPerProjectPerModel",
+                                     "quotaDimensions": {"location": "global", "model": model},
+                                     "quotaValue": str(GD_LEFT)}]},
+                    {"@type": "type.googleapis.com/google.rpc.Help",
+                     "links": [{"description": "Learn more about Gemini API quotas",
+                                "url": "https://ai.google.dev/gemini-api/docs/rate-limits"}]},
+                    {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": delay},
+                ]}}]
+            return self.err(429, payload, h, "other")
+        self.admitted_n += 1
+        return await self.serve_ok(body, pt, mt, h)
+
+
+    # --- OpenAI overload episode answered with 429s.
+    #     PROVIDERS.md l.63-65: "OpenAI documents `429 - The engine is currently overloaded, please
+    #     try again later`: a 429 that says nothing about your rate, usually without `retry-after`
+    #     and with healthy `x-ratelimit-remaining-*`." For OUTAGE_LEN s from the first request every
+    #     request gets that 429 (no retry-after, generous per-minute headers as openai-overload);
+    #     healthy afterwards (episode length: harness's guess, shared with openai-incident).
+    async def w_openai_overload_incident(self, req, body, key, model, pt, mt, h):
+        key = key + (model,)
+        minute, tok = self.minute(key), self.tok(key)
+        if time.monotonic() - self.t0 < OUTAGE_LEN:
+            await asyncio.sleep(0.02)
+            self.openai_headers(h, minute, tok)
+            return self.err(429, {"error": {
+                "message": "The engine is currently overloaded, please try again later",
+                "type": "server_error", "param": None, "code": None}}, h, "other")
+        minute.force(1)
+        tok.force(pt + mt)
+        self.openai_headers(h, minute, tok)
+        return await self.serve_ok(body, pt, mt, h)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--world", required=True, choices=WORLDS)
@@ -910,7 +1214,7 @@ def main():
     app.router.add_get("/world", info)
     print(f"world={a.world} service={service}s port={a.port} bound(n={a.n})={world.bound(a.n)}", flush=True)
     web.run_app(app, host="127.0.0.1", port=a.port, access_log=None, backlog=4096, print=None,
-                keepalive_timeout=120)
+                keepalive_timeout=LB_IDLE if a.world == "lb-resets" else 120)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@
 
 pub mod backoff;
 mod body;
+mod health;
 pub mod room;
 
 pub(crate) use self::body::replay;
@@ -56,6 +57,7 @@ use tower::retry::budget::{Budget, TpsBudget};
 
 use self::backoff::Backoff;
 use self::body::Buffered;
+use self::health::{await_health, Probes, SDK_RETRIES};
 use self::policy::{judge_response, Verdict};
 use self::room::{Room, Waited};
 use crate::body::Body;
@@ -88,6 +90,8 @@ pub struct RetryShared {
     /// Final answers that were not failures (below 500), across every request: a request that
     /// failed while this moved was unlucky, not facing an outage (backoff does not escalate).
     served: AtomicU64,
+    /// Retries waiting for health, and their probes.
+    probes: Probes,
     /// Attempts in flight at the upstream (counted by the per-try timeout layer) and retries
     /// waiting for a place (`room`).
     room: Arc<Room>,
@@ -116,6 +120,7 @@ impl RetryShared {
             config: config.clone(),
             metrics,
             served: AtomicU64::new(0),
+            probes: Probes::new(),
             room: Arc::default(),
         })
     }
@@ -214,15 +219,6 @@ struct GiveUp {
 
 /// Throttle retries of one request with no wait named that go without the failure budget.
 const UNBUDGETED_THROTTLES: u32 = 3;
-
-/// The retries the official SDKs make by default (`max_retries = 2`): a failure's retries
-/// within them wait for health when the budget cannot pay, rather than fail.
-const SDK_RETRIES: u32 = 2;
-
-/// How long such a retry waits for the upstream to serve again: the longest the SDKs wait
-/// before one retry (their backoff's cap). An outage the client alone rides out by retrying,
-/// corral rides out by waiting; a longer one fails about as soon as it would have.
-const HEALTH_PATIENCE: Duration = Duration::from_secs(8);
 
 /// One request's retries so far, by kind, and what its backoff remembers.
 #[derive(Default)]
@@ -385,33 +381,6 @@ async fn run<S: Next>(inner: &S, req: ProxyRequest, shared: &RetryShared) -> Ans
             return give_up(last, attempts + 1, "budget", None, shared);
         }
         tally.count(&wait, waited);
-    }
-}
-
-/// A retry the budget could not pay: nothing more is sent for it until the upstream serves
-/// some request well (since `served`: the outage the budget guards against is over) or the
-/// budget can pay for it after all (a probe within its rate); until then it backs off as an
-/// outage does, for at most [`HEALTH_PATIENCE`]. `false`: that, or the deadline, comes first.
-async fn await_health(
-    served: u64,
-    mut rung: u32,
-    req: &ProxyRequest,
-    shared: &RetryShared,
-) -> bool {
-    let until = req.ctx().deadline.min(Instant::now() + HEALTH_PATIENCE);
-    let mut previous = Duration::ZERO;
-    loop {
-        if shared.served.load(Ordering::Relaxed) != served || shared.budget.withdraw() {
-            return true;
-        }
-        rung += 1;
-        let now = Instant::now();
-        if now >= until {
-            return false;
-        }
-        let sleep = shared.sleep_for(rung, previous, None).min(until - now);
-        tokio::time::sleep(sleep).await;
-        previous = sleep;
     }
 }
 

@@ -379,8 +379,9 @@ async fn bare_throttles_past_the_first_few_spend_the_budget() {
 #[tokio::test(start_paused = true)]
 async fn the_budget_caps_retries_during_an_outage() {
     // ratio 0.2 and 1 retry per second of reserve over 10 s: 100 failing requests in one burst
-    // may add at most about 0.2 * 100 + 10 retries, and the reserve's one a second over the two
-    // waits of 8 s the unpaid ones make for health, not 100 * max_retries.
+    // may add at most about 0.2 * 100 + 10 retries, and over the two waits of 8 s the unpaid
+    // ones make for health, the reserve's one a second and a probe every 500 ms: not
+    // 100 * max_retries.
     let cfg = RetryConfig {
         budget_min_per_second: 1,
         budget_ratio: 0.2,
@@ -389,7 +390,7 @@ async fn the_budget_caps_retries_during_an_outage() {
     };
     let calls = burst(&cfg, 6, 503, 100).await;
     assert!(
-        calls <= 100 + 20 + 10 + 16 + 9,
+        calls <= 100 + 20 + 10 + 16 + 32 + 5,
         "{calls} attempts: the budget let too many retries through"
     );
     assert!(calls > 100, "some retries were allowed");
@@ -426,10 +427,11 @@ async fn a_short_outage_loses_no_request_and_the_budget_still_bounds_its_load() 
         served += usize::from(h.await.unwrap().unwrap().status() == 200);
     }
     assert_eq!(served, 100, "served after the outage");
-    // The first attempts, 0.2 x 100 paid retries and the reserve (one a second over 10 s).
+    // The first attempts, 0.2 x 100 paid retries, the reserve (one a second over 10 s) and a
+    // probe every 500 ms.
     let during = during.load(Ordering::SeqCst);
     assert!(
-        during <= 100 + 20 + 10 + 2,
+        during <= 100 + 20 + 10 + 4 + 2,
         "{during} attempts in the outage"
     );
     assert!(
@@ -510,8 +512,8 @@ async fn a_full_queue_s_refusals_wait_for_a_place_and_spend_no_budget() {
 
 /// In an outage (every attempt refused at once, nothing served) a refusal waits no longer
 /// than the failure path would have slept before it, and the budget bounds the retries as
-/// before (with the reserve's one a second over the waits for health): nobody waits for a
-/// place that never frees.
+/// before (with the reserve's one a second and a probe every 500 ms over the waits for
+/// health): nobody waits for a place that never frees.
 #[tokio::test(start_paused = true)]
 async fn an_outage_s_refusals_do_not_wait_for_a_place_beyond_the_backoff() {
     let cfg = RetryConfig {
@@ -530,7 +532,7 @@ async fn an_outage_s_refusals_do_not_wait_for_a_place_beyond_the_backoff() {
     }
     let calls = calls.load(Ordering::SeqCst);
     assert!(
-        calls <= 50 + 10 + 10 + 16 + 9,
+        calls <= 50 + 10 + 10 + 16 + 32 + 5,
         "{calls} attempts: the budget let too many through"
     );
     // Six backoffs of at most 30 s, not the 600 s deadline.

@@ -15,10 +15,10 @@ use crate::forward::ProxyRequest;
 /// within them wait for health when the budget cannot pay, rather than fail.
 pub(super) const SDK_RETRIES: u32 = 2;
 
-/// How long such a retry waits for the upstream to serve again: the longest the SDKs wait
-/// before one retry (their backoff's cap). An outage the client alone rides out by retrying,
-/// corral rides out by waiting; a longer one fails about as soon as it would have.
-const HEALTH_PATIENCE: Duration = Duration::from_secs(8);
+/// How long such a retry waits for the upstream to serve again: the SDKs' two retries at their
+/// backoff's cap (8 s each). An outage the client alone rides out by retrying, corral rides
+/// out by waiting, though the breaker may hold the probes a cooldown longer.
+const HEALTH_PATIENCE: Duration = Duration::from_secs(16);
 
 /// One retry waiting for health goes as a probe this often (the SDKs' first backoff): the
 /// budget may be spent for its whole window while the outage is already over.

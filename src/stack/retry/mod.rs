@@ -15,7 +15,7 @@
 //!   `max_retries`, the retry budget and the deadline allow. A retry the budget cannot pay,
 //!   for the first two of a request (the official SDKs' own), is not failed: it waits,
 //!   sending nothing, until the upstream serves some request again or the budget can pay, for
-//!   up to 8 s: a short outage the client alone would ride out by retrying loses no request,
+//!   up to 16 s: a short outage the client alone would ride out by retrying loses no request,
 //!   and still sees only the retries the budget pays for.
 //! - **Backoff escalates while nobody is served.** The backoff's exponent counts a request's
 //!   failures in a row during which the upstream served no request well. When others were

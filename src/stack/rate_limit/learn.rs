@@ -568,8 +568,9 @@ impl Pacer {
         }
         match report {
             Some(r) => self.learn_headers(ticket, answer, r, now),
-            // A refusal that was not the bucket's took nothing from it: its slot back.
-            None if answer == Answer::RefusedElsewhere
+            // A refusal that was not the bucket's (another bucket's, or the whole service's
+            // overload) took nothing from it: its slot back.
+            None if matches!(answer, Answer::RefusedElsewhere | Answer::Overloaded)
                 && self.source == Source::SlowStart
                 && !self.consented(ticket) =>
             {

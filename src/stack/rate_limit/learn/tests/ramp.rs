@@ -98,3 +98,21 @@ fn a_report_of_a_full_bucket_leaves_the_ramp_to_silence() {
     }
     assert!(sent >= 50, "sent {sent} in 500 ms of silence");
 }
+
+/// Before anything is known, an overload (a 529, or a 429 read as one) took nothing from the
+/// bucket: its slot comes back, as another bucket's refusal's does. (Kept, 23 overloads of the
+/// first 34 sends in Anthropic's 529 incident left the ramp one send per consent for 3 s while
+/// 466 requests waited.)
+#[test]
+fn an_overload_in_slow_start_gives_its_slot_back() {
+    let start = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, start);
+    let first = sent(&mut pacer, start, 150);
+    assert_eq!(first.len(), 10);
+    let answered = start + Duration::from_millis(150);
+    for t in first {
+        pacer.observe(t, Answer::Overloaded, None, answered);
+    }
+    let second = sent(&mut pacer, answered, 150).len();
+    assert!(second >= 10, "{second} sent: the ten slots back");
+}

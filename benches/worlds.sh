@@ -14,7 +14,13 @@
 # minute that never binds, but an acceleration limit (the last second's requests at most
 # max(20, 2 x the per-second rate of the 5 s before)), 429 rate_limit_error + retry-after 1;
 # azure-responses: Azure's 10 s sub-windows (100 requests) with limit/remaining reported as -1
-# and 429s without retry-after).
+# and 429s without retry-after); and provider incidents: anthropic-529 (half of arrivals 529
+# overloaded_error for 8 s), openai-incident (every request 500/502/503 for 6 s), lb-resets (a
+# load balancer resetting and closing connections), anthropic-504 (504 timeout_error after
+# 20 s), openai-overload-incident (overload 429s for 6 s), and permanent refusals: openai-quota
+# (insufficient_quota), anthropic-spend (enforced_spend_limit_reached after 100), gemini-daily
+# (the per-day quota after 200), anthropic-stream-error (an SSE error event mid-stream). Their
+# guessed numbers can be changed with H1_<NAME> (upstream.py).
 #
 #   benches/worlds.sh                    # every world, N=500 clients fired at once
 #   WORLDS="admission groq-daily" N=100 benches/worlds.sh
@@ -31,7 +37,7 @@
 #
 # Needs python3 with venv; installs openai and aiohttp from PyPI into $VENV
 # (bench-out/worlds/venv). Builds corral (cargo build --release) unless CORRAL_BIN is set.
-# Everything listens on 127.0.0.1; each upstream and corral is stopped by its PID. About 25
+# Everything listens on 127.0.0.1; each upstream and corral is stopped by its PID. About 40
 # minutes for every world at N=500. The openai SDK itself takes about 1.5 s of the two cores
 # for 500 clients (the `nolimit` world's makespan against its 0.2 s service time).
 set -euo pipefail
@@ -41,7 +47,9 @@ export OUT=${OUT:-$root/bench-out/worlds}
 VENV=${VENV:-$OUT/venv}
 N=${N:-500}
 WORLDS=${WORLDS:-"nolimit openai-quantized openai-overload two-models anthropic azure gemini together vllm admission groq-daily
-    openai-tokens openai-stream staggered tier-up sglang bedrock anthropic-accel azure-responses"}
+    openai-tokens openai-stream staggered tier-up sglang bedrock anthropic-accel azure-responses
+    anthropic-529 openai-incident lb-resets anthropic-504 openai-overload-incident openai-quota
+    anthropic-spend gemini-daily anthropic-stream-error"}
 mkdir -p "$OUT"
 if [[ -z ${CORRAL_BIN:-} ]]; then
     (cd "$root" && cargo build --release --locked)

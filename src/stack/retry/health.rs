@@ -60,12 +60,15 @@ impl Probes {
 
 /// A retry the budget could not pay: nothing more is sent for it until the upstream serves
 /// some request well (since `served`: the outage the budget guards against is over) or the
-/// budget can pay for it after all, or it is the upstream's next probe; until then it backs
+/// budget can pay for it after all, or it is the upstream's next probe (`may_probe`: one that
+/// has not been one yet, so a waiter whose probe failed in the outage waits on rather than spend
+/// its second retry on another); until then it backs
 /// off as an outage does (looking again within [`HEALTH_POLL`]), for at most
 /// [`HEALTH_PATIENCE`]. `false`: that, or the deadline, comes first.
 pub(super) async fn await_health(
     served: u64,
     mut rung: u32,
+    may_probe: bool,
     req: &ProxyRequest,
     shared: &RetryShared,
 ) -> bool {
@@ -74,7 +77,7 @@ pub(super) async fn await_health(
     loop {
         if shared.served.load(Ordering::Relaxed) != served
             || shared.budget.withdraw()
-            || shared.probes.take()
+            || (may_probe && shared.probes.take())
         {
             return true;
         }

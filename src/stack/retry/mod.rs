@@ -375,7 +375,7 @@ async fn run<S: Next>(inner: &S, req: ProxyRequest, shared: &RetryShared) -> Ans
         );
         tokio::time::sleep(sleep).await;
         if matches!(wait, Wait::Failure { unpaid: true, .. })
-            && !await_health(served, tally.rung, &req, shared).await
+            && !await_health(served, tally.rung, tally.unpaid == 0, &req, shared).await
         {
             let last = previous_answer.take().expect("kept before the wait");
             return give_up(last, attempts + 1, "budget", None, shared);

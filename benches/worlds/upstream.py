@@ -622,10 +622,18 @@ class World:
         key = key + (model,)
         minute, tok = self.minute(key), self.tok(key)
         if self.rng.random() < 0.20:
-            self.openai_headers(h, minute, tok)
-            return self.err(429, {"error": {
-                "message": "The engine is currently overloaded, please try again later",
-                "type": "server_error", "param": None, "code": None}}, h, "other")
+            return self.overloaded_429(h, minute, tok)
+        return await self.openai_ok(body, pt, mt, h, minute, tok)
+
+    def overloaded_429(self, h, minute, tok):
+        """OpenAI's overload 429: healthy headers, no hint, the engine's words."""
+        self.openai_headers(h, minute, tok)
+        return self.err(429, {"error": {
+            "message": "The engine is currently overloaded, please try again later",
+            "type": "server_error", "param": None, "code": None}}, h, "other")
+
+    async def openai_ok(self, body, pt, mt, h, minute, tok):
+        """An answer charged to the per-minute request and token counts, with their headers."""
         minute.force(1)
         tok.force(pt + mt)
         self.openai_headers(h, minute, tok)
@@ -1175,14 +1183,8 @@ class World:
         minute, tok = self.minute(key), self.tok(key)
         if time.monotonic() - self.t0 < OUTAGE_LEN:
             await asyncio.sleep(0.02)
-            self.openai_headers(h, minute, tok)
-            return self.err(429, {"error": {
-                "message": "The engine is currently overloaded, please try again later",
-                "type": "server_error", "param": None, "code": None}}, h, "other")
-        minute.force(1)
-        tok.force(pt + mt)
-        self.openai_headers(h, minute, tok)
-        return await self.serve_ok(body, pt, mt, h)
+            return self.overloaded_429(h, minute, tok)
+        return await self.openai_ok(body, pt, mt, h, minute, tok)
 
 
 def main():

@@ -300,13 +300,7 @@ fn a_pause_no_one_named_recovers_by_doubling_and_an_edge_does_not() {
 fn a_bursts_refusals_halve_the_confirmed_window_once() {
     let mut now = Instant::now();
     let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
-    let report = |remaining: f64| {
-        fine_report(
-            200.0,
-            remaining,
-            Duration::from_secs_f64((200.0 - remaining) / 200.0),
-        )
-    };
+    let report = refilling(200.0, 200.0);
     // 128 admitted and answered in 200 ms, each confirming one more unit of headroom.
     let ok: Vec<_> = (0..128).map(|_| pacer.admit_anyway(1.0, now)).collect();
     now += Duration::from_millis(200);

@@ -42,6 +42,18 @@ fn fine_report(limit: f64, remaining: f64, reset: Duration) -> Report {
     }
 }
 
+/// Reports of a bucket of `limit` refilled `rate` a second, by what it has left (OpenAI's, with
+/// a reset finer than whole seconds).
+fn refilling(limit: f64, rate: f64) -> impl Fn(f64) -> Report {
+    move |remaining| {
+        fine_report(
+            limit,
+            remaining,
+            Duration::from_secs_f64((limit - remaining) / rate),
+        )
+    }
+}
+
 /// How the model's headers describe its bucket.
 #[derive(Clone, Copy, PartialEq)]
 enum Style {

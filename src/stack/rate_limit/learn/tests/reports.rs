@@ -150,13 +150,7 @@ fn a_report_whose_refill_takes_hours_is_a_long_window() {
 fn sends_a_bucket_refused_are_not_owed() {
     let mut now = Instant::now();
     let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
-    let report = |remaining: f64| {
-        fine_report(
-            50.0,
-            remaining,
-            Duration::from_secs_f64((50.0 - remaining) / 50.0),
-        )
-    };
+    let report = refilling(50.0, 50.0);
     // The pace known: one answer of a bucket of 50 refilled 50/s, and its round trip.
     let t = pacer.admit_anyway(1.0, now);
     now += Duration::from_millis(200);

@@ -8,13 +8,7 @@ use super::*;
 async fn a_report_caught_lying_is_demoted_then_trusted_again() {
     let mut now = Instant::now();
     let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
-    let report = |remaining: f64| {
-        fine_report(
-            1200.0,
-            remaining,
-            Duration::from_secs_f64((1200.0 - remaining) / 20.0),
-        )
-    };
+    let report = refilling(1200.0, 20.0);
     let t = pacer.try_acquire(1.0, now).unwrap();
     pacer.observe(t, Answer::RateLimited, Some(report(1150.0)), now);
     assert_eq!(

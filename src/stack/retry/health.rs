@@ -1,6 +1,6 @@
 //! Retries the budget cannot pay: within the official SDKs' own two of a request, they wait
-//! for the upstream to serve again instead of failing (`super`'s
-//! module doc: Failures are budgeted).
+//! for the upstream to serve again instead of failing (the retry module's doc, "Failures are
+//! budgeted").
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -59,12 +59,12 @@ impl Probes {
 }
 
 /// A retry the budget could not pay: nothing more is sent for it until the upstream serves
-/// some request well (since `served`: the outage the budget guards against is over) or the
+/// some request well (since `served`: the outage the budget guards against is over), the
 /// budget can pay for it after all, or it is the upstream's next probe (`may_probe`: one that
-/// has not been one yet, so a waiter whose probe failed in the outage waits on rather than spend
-/// its second retry on another); until then it backs
-/// off as an outage does (looking again within [`HEALTH_POLL`]), for at most
-/// [`HEALTH_PATIENCE`]. `false`: that, or the deadline, comes first.
+/// has not been one yet, so a waiter whose probe met the outage waits on rather than spend its
+/// second retry on another); until then it backs off as an outage does (looking again within
+/// [`HEALTH_POLL`]), for at most [`HEALTH_PATIENCE`]. `false`: that, or the deadline, came
+/// first.
 pub(super) async fn await_health(
     served: u64,
     mut rung: u32,

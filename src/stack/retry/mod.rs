@@ -359,7 +359,6 @@ async fn run<S: Next>(inner: &S, req: ProxyRequest, shared: &RetryShared) -> Ans
             let marked = attempts + u32::from(throttle.is_some());
             return give_up(last, marked, "deadline", hint, shared);
         }
-        previous_answer = Some(last);
         metrics.retry(reason);
         metrics.backoff.observe(waited.as_secs_f64());
         if let Some(h) = hint {
@@ -377,9 +376,9 @@ async fn run<S: Next>(inner: &S, req: ProxyRequest, shared: &RetryShared) -> Ans
         if matches!(wait, Wait::Failure { unpaid: true, .. })
             && !await_health(served, tally.rung, tally.unpaid == 0, &req, shared).await
         {
-            let last = previous_answer.take().expect("kept before the wait");
             return give_up(last, attempts + 1, "budget", None, shared);
         }
+        previous_answer = Some(last);
         tally.count(&wait, waited);
     }
 }

@@ -689,6 +689,11 @@ class World:
                 "message": ("This request would exceed the rate limit for your organization of "
                             f"{int(minute.cap)} requests per minute. For details, refer to: https://docs.anthropic.com/en/api/rate-limits.")}},
                 h, "rate")
+        return await self.anthropic_ok(body, key, pt, mt, h, minute)
+
+    async def anthropic_ok(self, body, key, pt, mt, h, minute):
+        """An answer charged to the minute's requests and the input and output token counts,
+        with Anthropic's headers."""
         minute.force(1)
         self.itok(key).force(pt)
         self.otok(key).force(mt)
@@ -941,11 +946,7 @@ class World:
                             "Please ramp up your traffic gradually. For details, refer to: "
                             "https://docs.anthropic.com/en/api/rate-limits.")}}, h, "rate")
         times.append(now)
-        minute.force(1)
-        self.itok(key).force(pt)
-        self.otok(key).force(mt)
-        self.anthropic_headers(h, key, minute)
-        return await self.serve_ok(body, pt, mt, h)
+        return await self.anthropic_ok(body, key, pt, mt, h, minute)
 
     # --- Azure OpenAI, Responses API header shape. PROVIDERS.md l.52: "`-1` in limit/remaining
     #     means unknown (seen on the Responses API, with no retry-after)"; l.54: "RPM is

@@ -193,7 +193,8 @@ pub struct BreakerConfig {
     /// Whether 429s count as failures. Off by default: a 429 says the caller's budget is spent,
     /// not that the upstream is unwell, and is neither a success nor a failure.
     pub count_throttles: bool,
-    /// First cool-down; each consecutive open doubles it, up to `max_cooldown` (jittered).
+    /// First cool-down; each consecutive open doubles it, up to `max_cooldown` (jittered). A
+    /// scout served well ends it early (`stack::breaker::state`).
     pub cooldown: HumanDuration,
     /// Longest cool-down.
     pub max_cooldown: HumanDuration,
@@ -223,7 +224,7 @@ impl Default for BreakerConfig {
             max_cooldown: HumanDuration::from_secs(60),
             healthy_reset: HumanDuration::from_secs(30),
             half_open_probes: 5,
-            release_ramp: HumanDuration::from_secs(10),
+            release_ramp: HumanDuration::from_secs(2),
             on_open: OnOpen::Queue,
         }
     }

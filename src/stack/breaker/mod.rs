@@ -160,7 +160,13 @@ impl BreakerShared {
                 Admit::Pass { probe } => return Ok(probe),
                 Admit::Wait(until) => until,
             };
-            let retry_after = until.map_or(Duration::from_secs(1), |u| {
+            // Told to come back when the cool-down ends, not at the next scout's turn (one
+            // request in half a second goes as a scout; the rest would be refused again).
+            let back = match phase {
+                Phase::Open { until } => Some(until),
+                _ => until,
+            };
+            let retry_after = back.map_or(Duration::from_secs(1), |u| {
                 u.saturating_duration_since(Instant::now())
             });
             if self.on_open == OnOpen::Reject || Instant::now() >= deadline {
@@ -193,6 +199,9 @@ impl BreakerShared {
         drop(guard);
         if changed {
             self.transitioned(phase);
+        } else if probe.is_some_and(Probe::is_scout) {
+            // The next scout's turn is set: the held requests wait for it.
+            self.changed.notify_waiters();
         }
     }
 
@@ -248,6 +257,7 @@ impl BreakerShared {
 
 #[cfg(test)]
 mod tests {
+    use super::state::{SCOUT_EVERY, SLOT};
     use super::*;
     use crate::body::Body;
     use crate::config::HumanDuration;
@@ -260,6 +270,8 @@ mod tests {
             min_span: HumanDuration::from_secs(1),
             cooldown: HumanDuration::from_secs(4),
             half_open_probes: 1,
+            // Longer than the open periods here, so releases keep their offsets unscaled.
+            release_ramp: HumanDuration::from_secs(10),
             on_open,
             ..BreakerConfig::default()
         }
@@ -342,24 +354,80 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn queue_waits_for_the_half_open_probe_within_the_deadline() {
+    async fn queue_waits_for_a_scout_or_the_half_open_probe_within_the_deadline() {
         let b = shared(OnOpen::Queue);
         open(&b).await;
         let start = Instant::now();
-        let probe = b.admit(start + Duration::from_secs(60)).await.unwrap();
-        assert!(probe.is_some(), "admitted as a half-open probe");
+        let deadline = start + Duration::from_secs(60);
+        let scout = b.admit(deadline).await.unwrap();
+        assert!(scout.is_some_and(Probe::is_scout), "{scout:?}");
+        let first_turn = SCOUT_EVERY..=SCOUT_EVERY + SLOT;
         assert!(
-            start.elapsed() >= Duration::from_secs(3),
-            "waited out the cool-down"
+            first_turn.contains(&start.elapsed()),
+            "the first scout's turn (plus the waiter's jitter): {:?}",
+            start.elapsed()
         );
-        b.record(Outcome::Timeout, probe);
-        assert_eq!(b.phase().name(), "open", "the failed probe reopened it");
-        // A deadline shorter than the (doubled) cool-down ends the wait with a 503.
+        // A scout out: the next waits for its answer, then for the next scout's turn.
+        let next = {
+            let b = Arc::clone(&b);
+            tokio::spawn(async move { b.admit(deadline).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!next.is_finished(), "one scout at a time");
+        b.record(Outcome::Timeout, scout);
+        assert_eq!(b.phase().name(), "open", "a failed scout changes nothing");
+        let at = Instant::now();
+        let second = next.await.unwrap().unwrap();
+        assert!(second.is_some_and(Probe::is_scout), "{second:?}");
+        assert!(
+            first_turn.contains(&at.elapsed()),
+            "half a second after the last answered: {:?}",
+            at.elapsed()
+        );
+        // A deadline shorter than the next scout's turn ends the wait with a 503.
+        b.record(Outcome::Timeout, second);
         let err = b
             .admit(Instant::now() + Duration::from_millis(100))
             .await
             .unwrap_err();
         assert!(matches!(err, ProxyError::CircuitOpen { .. }), "{err}");
+        // The cool-down over, a waiter is a half-open probe.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let probe = b.admit(deadline).await.unwrap();
+        assert_eq!(b.phase().name(), "half_open");
+        assert!(probe.is_some_and(|p| !p.is_scout()), "{probe:?}");
+        b.record(Outcome::Timeout, probe);
+        assert_eq!(b.phase().name(), "open", "the failed probe reopened it");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_scout_served_well_ends_the_cooldown() {
+        let b = shared(OnOpen::Queue);
+        open(&b).await;
+        let start = Instant::now();
+        let deadline = start + Duration::from_secs(60);
+        // Held requests; the upstream has recovered by the first scout's turn.
+        let held: Vec<_> = (0..5)
+            .map(|_| {
+                let b = Arc::clone(&b);
+                tokio::spawn(async move {
+                    let probe = b.admit(deadline).await.unwrap();
+                    b.record(Outcome::Success, probe);
+                    Instant::now()
+                })
+            })
+            .collect();
+        let mut passed = Vec::new();
+        for h in held {
+            passed.push(h.await.unwrap() - start);
+        }
+        assert_eq!(b.phase(), Phase::Closed);
+        let last = passed.iter().max().unwrap();
+        assert!(
+            *last < Duration::from_secs(1),
+            "all served within a scout's turn and the release's jitter, not after the 3-4 s \
+             cool-down: {passed:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -375,17 +443,24 @@ mod tests {
                     tokio::time::sleep(arrival).await;
                     let probe = b.admit(opened + Duration::from_secs(60)).await.unwrap();
                     let passed = Instant::now();
-                    if probe.is_some() {
+                    // The scout hangs (its answer never comes): no other goes, and the
+                    // breaker waits out its cool-down.
+                    let scout = probe.is_some_and(Probe::is_scout);
+                    if probe.is_some() && !scout {
                         b.record(Outcome::Success, probe);
                     }
-                    (arrival, passed, probe.is_some())
+                    (arrival, passed, probe.is_some(), scout)
                 })
             })
             .collect();
         let mut results = Vec::new();
         for t in tasks {
-            results.push(t.await.unwrap());
+            let (arrival, passed, probe, scout) = t.await.unwrap();
+            if !scout {
+                results.push((arrival, passed, probe));
+            }
         }
+        assert_eq!(results.len(), 7, "one scout");
         let probes: Vec<_> = results.iter().filter(|r| r.2).collect();
         assert_eq!(probes.len(), 1, "one probe");
         let closed = probes[0].1;
@@ -393,7 +468,7 @@ mod tests {
         let mut passes: Vec<Instant> = results.iter().map(|r| r.1).collect();
         passes.sort();
         passes.dedup();
-        assert_eq!(passes.len(), 8, "no two released at the same instant");
+        assert_eq!(passes.len(), 7, "no two released at the same instant");
         let mut previous = closed;
         for (arrival, passed, _) in results.iter().filter(|r| !r.2) {
             let offset = *arrival;
@@ -415,8 +490,14 @@ mod tests {
         let b = shared(OnOpen::Queue);
         open(&b).await;
         let deadline = Instant::now() + Duration::from_secs(60);
+        let scout = b.admit(deadline).await.unwrap();
+        b.record(Outcome::Success, scout);
+        assert!(matches!(b.phase(), Phase::HalfOpen { .. }), "scouted");
         let first = b.admit(deadline).await.unwrap();
-        assert!(first.is_some(), "the first waiter probes");
+        assert!(
+            first.is_some_and(|p| !p.is_scout()),
+            "the first waiter probes"
+        );
         let waiter = {
             let b = Arc::clone(&b);
             tokio::spawn(async move { b.admit(deadline).await })

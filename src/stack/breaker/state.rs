@@ -17,6 +17,12 @@
 //!   restarts from `cooldown` once the breaker has been closed for `healthy_reset` without its
 //!   window reaching `close_error_rate` (closing alone does not reset it: an upstream that
 //!   flaps open and closed keeps its long cool-down).
+//! - Scouts: while open, one request goes through every [`SCOUT_EVERY`] (the official SDKs' first
+//!   backoff), one at a time, so the end of an outage is seen within half a second of it, not
+//!   at the end of a cool-down that has doubled meanwhile (a client alone, retrying, would
+//!   have been served; four scouts' worth of load a second is nothing to a sick upstream). A
+//!   scout served well ends the cool-down: the breaker goes half-open at once. A failed one
+//!   changes nothing (no cool-down grows for it); a neutral or unsent one lets the next go.
 //! - Half-open: admits `half_open_probes` requests. It closes when all have answered with an
 //!   error rate below `close_error_rate` (so with 5 probes and 0.25, one may fail; `0` means
 //!   none may), and opens again, longer, as soon as the failures alone make that impossible.
@@ -44,6 +50,9 @@ use crate::config::BreakerConfig;
 
 /// Width of one window slot: outcomes closer together than this are one event.
 pub const SLOT: Duration = Duration::from_millis(100);
+
+/// While open, one request goes as a scout this often (the official SDKs' first backoff).
+pub const SCOUT_EVERY: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -75,10 +84,21 @@ impl Phase {
     }
 }
 
-/// A half-open probe, by the round of probes it belongs to: an answer from an earlier round
-/// (a slow probe outliving its round) is not taken for one of this round's.
+/// A request the breaker let through to learn the upstream's health: a half-open probe, by the
+/// round of probes it belongs to, or an open breaker's scout, by the opening it scouts for. An
+/// answer from an earlier round or opening (a slow one outliving it) is not taken for one of
+/// this one's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Probe(u64);
+pub enum Probe {
+    Round(u64),
+    Scout(u64),
+}
+
+impl Probe {
+    pub fn is_scout(self) -> bool {
+        matches!(self, Probe::Scout(_))
+    }
+}
 
 /// May a request pass now?
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -225,6 +245,11 @@ pub struct Breaker {
     half_open_at: Option<Instant>,
     /// Rounds of probes so far (one per half-open phase).
     round: u64,
+    /// Openings so far (the first and every re-opening), for the scouts' [`Probe`].
+    opened: u64,
+    /// While open: when the next scout may go, and whether one is out.
+    scout_at: Instant,
+    scouting: bool,
     /// The current (or last) episode, and the one before it.
     episode: Option<Episode>,
     previous: Option<Episode>,
@@ -240,6 +265,9 @@ impl Breaker {
             healthy_since: None,
             half_open_at: None,
             round: 0,
+            opened: 0,
+            scout_at: Instant::now(),
+            scouting: false,
             episode: None,
             previous: None,
         }
@@ -274,16 +302,21 @@ impl Breaker {
         let mut changed = false;
         if let Phase::Open { until } = self.phase {
             if now < until {
+                if !self.scouting && now >= self.scout_at {
+                    self.scouting = true;
+                    let scout = Probe::Scout(self.opened);
+                    return (Admit::Pass { probe: Some(scout) }, false);
+                }
                 self.hold(ticket, now);
-                return (Admit::Wait(Some(self.wake_at(until, ticket))), false);
+                // A held request wakes for the next scout's turn too (spread over 100 ms: the
+                // first to wake goes), unless one is out: its answer wakes them.
+                let mut wake = self.wake_at(until, ticket);
+                if !self.scouting {
+                    wake = wake.min(self.wake_at(self.scout_at, ticket));
+                }
+                return (Admit::Wait(Some(wake)), false);
             }
-            self.phase = Phase::HalfOpen {
-                admitted: 0,
-                answered: 0,
-                failed: 0,
-            };
-            self.half_open_at = Some(until);
-            self.round += 1;
+            self.half_open(until);
             changed = true;
         }
         // Held requests wake for the probes spread over 100 ms, so the probes don't leave in
@@ -294,7 +327,7 @@ impl Breaker {
         );
         let wake = self.half_open_at.map(|at| self.wake_at(at, ticket));
         let probes = self.config.half_open_probes;
-        let round = Probe(self.round);
+        let round = Probe::Round(self.round);
         match &mut self.phase {
             Phase::Closed => match self.release_at(ticket) {
                 Some(due) if now < due => (Admit::Wait(Some(due)), changed),
@@ -325,7 +358,10 @@ impl Breaker {
         jitter: f64,
     ) -> bool {
         let close_rate = self.config.close_error_rate;
-        let this_round = probe == Some(Probe(self.round));
+        let this_round = probe == Some(Probe::Round(self.round));
+        if let Some(Probe::Scout(opened)) = probe {
+            return self.scouted(opened, failed, now);
+        }
         match &mut self.phase {
             Phase::HalfOpen {
                 answered,
@@ -377,13 +413,45 @@ impl Breaker {
         }
     }
 
-    /// A probe that never reached the upstream (corral refused it locally, the client left) or
-    /// whose answer was neutral (a 429) gives its slot back.
+    /// A scout of the opening `opened` answered (`failed`: it counts against the upstream's
+    /// health): served well, the cool-down ends and the breaker goes half-open now; else the
+    /// next scout goes [`SCOUT_EVERY`] from now. A scout of an earlier opening changes
+    /// nothing. Returns true when the phase changed.
+    fn scouted(&mut self, opened: u64, failed: bool, now: Instant) -> bool {
+        if opened != self.opened || !matches!(self.phase, Phase::Open { .. }) {
+            return false;
+        }
+        self.scouting = false;
+        if failed {
+            self.scout_at = now + SCOUT_EVERY;
+            return false;
+        }
+        self.half_open(now);
+        true
+    }
+
+    /// The cool-down ended at `at`: a new round of probes.
+    fn half_open(&mut self, at: Instant) {
+        self.phase = Phase::HalfOpen {
+            admitted: 0,
+            answered: 0,
+            failed: 0,
+        };
+        self.half_open_at = Some(at);
+        self.round += 1;
+    }
+
+    /// A probe or scout that never reached the upstream (corral refused it locally, the client
+    /// left) or whose answer was neutral (a 429) gives its place back.
     pub fn release_probe(&mut self, probe: Probe) {
-        if let Phase::HalfOpen { admitted, .. } = &mut self.phase {
-            if probe.0 == self.round {
+        match (probe, &mut self.phase) {
+            (Probe::Round(round), Phase::HalfOpen { admitted, .. }) if round == self.round => {
                 *admitted = admitted.saturating_sub(1);
             }
+            (Probe::Scout(opened), Phase::Open { .. }) if opened == self.opened => {
+                self.scouting = false;
+            }
+            _ => {}
         }
     }
 
@@ -395,7 +463,7 @@ impl Breaker {
     /// The probe this round's probes carry.
     #[cfg(test)]
     fn probe(&self) -> Option<Probe> {
-        Some(Probe(self.round))
+        Some(Probe::Round(self.round))
     }
 
     /// Give `ticket` its place in the current episode (the breaker is not closed).
@@ -445,6 +513,9 @@ impl Breaker {
             });
         }
         self.consecutive_opens += 1;
+        self.opened += 1;
+        self.scout_at = now + SCOUT_EVERY;
+        self.scouting = false;
         let doubling = 2u32.saturating_pow(self.consecutive_opens.saturating_sub(1).min(16));
         let cooldown = self
             .config

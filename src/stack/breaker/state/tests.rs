@@ -14,6 +14,8 @@ fn config() -> BreakerConfig {
         cooldown: HumanDuration::from_secs(2),
         max_cooldown: HumanDuration::from_secs(20),
         half_open_probes: 2,
+        // Longer than the open periods here, so releases keep their offsets unscaled.
+        release_ramp: HumanDuration::from_secs(10),
         ..BreakerConfig::default()
     }
 }
@@ -43,6 +45,12 @@ fn fail_until_open(b: &mut Breaker, from: Instant) -> Instant {
         }
     }
     panic!("never opened")
+}
+
+/// A scout out whose answer never comes: no other goes, so held requests wait for the
+/// cool-down's end.
+fn scout_out(b: &mut Breaker) {
+    b.scouting = true;
 }
 
 /// Cool-down over, both probes admitted and successful: closed again at the returned instant.
@@ -91,8 +99,75 @@ async fn failures_spread_over_min_span_open_it() {
     assert_eq!(until(&b), opened + Duration::from_secs(2));
     assert_eq!(
         b.admit(opened, &mut ticket()).0,
-        Admit::Wait(Some(opened + Duration::from_secs(2)))
+        Admit::Wait(Some(opened + SCOUT_EVERY)),
+        "held until the first scout's turn"
     );
+    let scout_at = opened + SCOUT_EVERY;
+    assert_eq!(
+        b.admit(scout_at, &mut ticket()),
+        (
+            Admit::Pass {
+                probe: Some(Probe::Scout(1))
+            },
+            false
+        )
+    );
+    assert_eq!(
+        b.admit(scout_at, &mut ticket()).0,
+        Admit::Wait(Some(opened + Duration::from_secs(2))),
+        "one scout at a time: the next waits for its answer or the cool-down's end"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_scout_changes_nothing_but_the_next_ones_turn() {
+    let mut b = breaker();
+    let opened = fail_until_open(&mut b, Instant::now());
+    let end = until(&b);
+    let scout_at = opened + SCOUT_EVERY;
+    let (Admit::Pass { probe: scout }, _) = b.admit(scout_at, &mut ticket()) else {
+        panic!("a scout")
+    };
+    assert!(!b.record(true, scout, scout_at + 20 * MS, 0.0));
+    assert_eq!(until(&b), end, "the cool-down neither grows nor ends");
+    let next = scout_at + 20 * MS + SCOUT_EVERY;
+    assert_eq!(
+        b.admit(next - MS, &mut Ticket::new(0.5)).0,
+        Admit::Wait(Some(next + 50 * MS)),
+        "held requests wake spread for the next scout's turn"
+    );
+    assert_eq!(b.admit(next, &mut ticket()).0, Admit::Pass { probe: scout });
+    // Refused by corral or answered 429: the next may go at once.
+    b.release_probe(scout.unwrap());
+    assert_eq!(b.admit(next, &mut ticket()).0, Admit::Pass { probe: scout });
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_scout_served_well_ends_the_cooldown_at_once() {
+    let mut b = breaker();
+    let opened = fail_until_open(&mut b, Instant::now());
+    let scout_at = opened + SCOUT_EVERY;
+    let (Admit::Pass { probe: scout }, _) = b.admit(scout_at, &mut ticket()) else {
+        panic!("a scout")
+    };
+    let served = scout_at + 200 * MS;
+    assert!(b.record(false, scout, served, 0.0), "half-open now");
+    assert!(matches!(b.phase(), Phase::HalfOpen { .. }));
+    assert_eq!(
+        b.admit(served, &mut ticket()).0,
+        Admit::Pass { probe: b.probe() },
+        "a half-open probe, 1.3 s before the cool-down would have ended"
+    );
+    // A scout of an earlier opening, answered late, moves nothing.
+    let mut late = breaker();
+    let opened = fail_until_open(&mut late, Instant::now());
+    let (Admit::Pass { probe: old }, _) = late.admit(opened + SCOUT_EVERY, &mut ticket()) else {
+        panic!("a scout")
+    };
+    probe_and_close(&mut late);
+    let reopened = fail_until_open(&mut late, Instant::now() + Duration::from_secs(10));
+    assert!(!late.record(false, old, reopened + MS, 0.0));
+    assert_eq!(late.phase().name(), "open");
 }
 
 #[tokio::test(start_paused = true)]
@@ -262,6 +337,7 @@ async fn cooldown_caps_and_jitters() {
 async fn held_requests_are_released_at_their_offset_into_the_open_period() {
     let mut b = breaker();
     let opened = fail_until_open(&mut b, Instant::now());
+    scout_out(&mut b);
     // Four requests held 0.1, 0.5, 1.0 and 1.5 s into the open period.
     let offsets = [100, 500, 1000, 1500].map(|ms| ms * MS);
     let mut held: Vec<Ticket> = offsets.iter().map(|_| ticket()).collect();
@@ -315,6 +391,7 @@ async fn long_open_periods_are_compressed_into_the_ramp() {
         ..config()
     });
     let opened = fail_until_open(&mut b, Instant::now());
+    scout_out(&mut b);
     let mut early = ticket();
     let mut late = ticket();
     b.admit(opened + Duration::from_secs(2), &mut early);
@@ -339,6 +416,7 @@ async fn long_open_periods_are_compressed_into_the_ramp() {
 async fn a_request_caught_by_a_new_episode_keeps_its_place() {
     let mut b = breaker();
     let opened = fail_until_open(&mut b, Instant::now());
+    scout_out(&mut b);
     let mut t = ticket();
     b.admit(opened + Duration::from_millis(1500), &mut t);
     let closed = probe_and_close(&mut b);
@@ -346,6 +424,7 @@ async fn a_request_caught_by_a_new_episode_keeps_its_place() {
     assert_eq!(b.admit(closed, &mut t).0, Admit::Wait(Some(due)));
     // The breaker opens again before its release (failures right after closing).
     let reopened = fail_until_open(&mut b, closed);
+    scout_out(&mut b);
     assert!(reopened < due);
     b.admit(reopened, &mut t);
     let closed_again = probe_and_close(&mut b);
@@ -360,6 +439,7 @@ async fn a_request_caught_by_a_new_episode_keeps_its_place() {
 async fn held_requests_wake_spread_for_the_probes() {
     let mut b = breaker();
     let opened = fail_until_open(&mut b, Instant::now());
+    scout_out(&mut b);
     let end = until(&b);
     assert_eq!(
         b.admit(opened, &mut Ticket::new(0.5)).0,
@@ -516,4 +596,29 @@ async fn fast_failures_beside_slow_successes_are_counted_not_averaged() {
     let t = start + 20_000 * MS;
     let opened = (0..100u32).any(|i| b.record(i % 2 == 0, None, t + 100 * MS * i, 1.0));
     assert!(opened, "half its answers failed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn by_default_a_backlog_leaves_within_a_clients_second_backoff() {
+    // A 6 s outage's backlog: with a 10 s ramp a sixth of it waited 4 s after the end.
+    let mut b = Breaker::new(BreakerConfig {
+        cooldown: HumanDuration::from_secs(6),
+        ..config()
+    });
+    b.config.release_ramp = BreakerConfig::default().release_ramp;
+    let opened = fail_until_open(&mut b, Instant::now());
+    scout_out(&mut b);
+    let mut held: Vec<Ticket> = (0..6).map(|_| ticket()).collect();
+    for (i, t) in held.iter_mut().enumerate() {
+        b.admit(opened + Duration::from_secs(i as u64), t);
+    }
+    let closed = probe_and_close(&mut b);
+    for t in &mut held {
+        let due = match b.admit(closed, t).0 {
+            Admit::Wait(Some(due)) => due,
+            Admit::Pass { .. } => closed,
+            other => panic!("{other:?}"),
+        };
+        assert!(due <= closed + Duration::from_secs(2), "{:?}", due - closed);
+    }
 }

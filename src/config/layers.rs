@@ -127,7 +127,7 @@ pub struct RetryConfig {
     /// of `insufficient_quota` and Anthropic's spend limit.
     pub permanent_codes: Vec<String>,
     /// Add `x-should-retry: false` to the upstream's answer when corral gives up after retrying
-    /// (or the budget refuses a retry).
+    /// (or the budget refuses a retry), and to one no retry cures that the SDKs would retry.
     pub mark_given_up: bool,
     /// Retries may add at most this fraction of the recent request rate...
     pub budget_ratio: f64,

@@ -27,7 +27,9 @@
 //! Giving up passes the upstream's last answer through, with `x-should-retry: false` when corral
 //! did retry, when the budget refused a retry, or when a throttle's wait is beyond the deadline
 //! (so the client's own loop does not multiply the load again), and corral's `retry-after` (its limiter's wait, or the hint it read
-//! from a reset header) if the answer carried none.
+//! from a reset header) if the answer carried none. An answer no retry cures that the SDKs
+//! would retry (a permanent 429, a 501) goes back at once, marked the same ([`policy::futile`]):
+//! against `insufficient_quota` the SDK behind corral spent 10-13 s on two more refusals.
 //!
 //! Classification (`policy`) is apart from the schedule (`backoff`, `crate::provider`'s hints,
 //! the budget), as in Vector's `RetryLogic` vs `FibonacciRetryPolicy`. tower's `Retry` is not
@@ -58,7 +60,7 @@ use tower::retry::budget::{Budget, TpsBudget};
 use self::backoff::Backoff;
 use self::body::Buffered;
 use self::health::{await_health, Probes, SDK_RETRIES};
-use self::policy::{judge_response, Verdict};
+use self::policy::{futile, judge_response, Verdict};
 use self::room::{Room, Waited};
 use crate::body::Body;
 use crate::classify::{Outcome, Reason, Throttle};
@@ -444,7 +446,15 @@ async fn read_response(
         );
     }
     match judge_response(&parts, &bytes, &shared.config) {
-        Verdict::Done => Err(body::replay(parts, bytes, cut)),
+        Verdict::Done => {
+            let mut parts = parts;
+            if shared.config.mark_given_up && futile(&parts) {
+                parts
+                    .headers
+                    .insert("x-should-retry", HeaderValue::from_static("false"));
+            }
+            Err(body::replay(parts, bytes, cut))
+        }
         Verdict::Retry(reason) => {
             // A 429 the rate limiter read carries its reading (hints from the body
             // included); anything else is read from its headers here.

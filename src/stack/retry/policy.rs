@@ -19,6 +19,16 @@ pub enum Verdict {
 /// negotiation the server refuses, a loop, a network login it requires.
 const PERMANENT_5XX: [u16; 5] = [501, 505, 506, 508, 511];
 
+/// Whether an answer corral judged [`Verdict::Done`] is one the official SDKs would retry
+/// though no retry cures it (a permanent 429 such as `insufficient_quota`, or a 5xx of
+/// [`PERMANENT_5XX`]), and the upstream did not say either way: it is handed back marked
+/// `x-should-retry: false`, so a client does not spend 10 s on two more refusals.
+pub fn futile(parts: &Parts) -> bool {
+    let status = parts.status.as_u16();
+    (status == 429 || PERMANENT_5XX.contains(&status))
+        && should_retry_header(&parts.headers).is_none()
+}
+
 /// Judge an upstream response head (and, for 429s, its buffered body).
 pub fn judge_response(parts: &Parts, body: &[u8], config: &RetryConfig) -> Verdict {
     let outcome = Outcome::of_head(parts.status, &parts.extensions);

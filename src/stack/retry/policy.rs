@@ -147,4 +147,28 @@ mod tests {
             Verdict::Retry("429")
         );
     }
+
+    /// What the SDKs would retry though no retry cures it is marked for them, unless the
+    /// upstream said either way; a client error is the client's to read.
+    #[test]
+    fn futile_answers_are_the_ones_the_sdks_would_retry_in_vain() {
+        for (status, headers, futile_) in [
+            (429, &[][..], true),
+            (501, &[][..], true),
+            (505, &[][..], true),
+            (511, &[][..], true),
+            (429, &[("x-should-retry", "false")][..], false),
+            (501, &[("x-should-retry", "true")][..], false),
+            (500, &[][..], false),
+            (503, &[][..], false),
+            (400, &[][..], false),
+            (404, &[][..], false),
+        ] {
+            assert_eq!(
+                futile(&parts(status, headers)),
+                futile_,
+                "{status} {headers:?}"
+            );
+        }
+    }
 }

@@ -350,27 +350,6 @@ async fn permanent_429_is_not_retried() {
     assert_eq!(body.unwrap().to_bytes(), quota.as_bytes(), "body untouched");
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_refusal_no_retry_cures_is_marked_unless_the_upstream_said() {
-    for (status, headers, marked) in [
-        (501, &[][..], Some("false")),
-        (505, &[][..], Some("false")),
-        (429, &[("x-should-retry", "false")][..], Some("false")),
-        (400, &[][..], None),
-        (404, &[][..], None),
-    ] {
-        let script = Script::new(vec![answer(status, headers, "{}")]);
-        let svc = retry(&config(Jitter::Full), 5).layer(script.service());
-        let response = svc.oneshot(request(Duration::from_secs(60))).await.unwrap();
-        assert_eq!(response.status(), status);
-        let got = response.headers().get("x-should-retry");
-        match marked {
-            Some(v) => assert_eq!(got.unwrap(), v, "{status} {headers:?}"),
-            None => assert!(got.is_none(), "{status}: a client error is the client's"),
-        }
-    }
-}
-
 /// `n` requests at once against an upstream that answers `status` to everything: each gets
 /// `status` back; returns the attempts the upstream saw.
 async fn burst(cfg: &RetryConfig, seed: u64, status: u16, n: usize) -> usize {

@@ -317,6 +317,8 @@ pub struct Pacer {
     refused_since_ok: u32,
     throttle_log: Throttles,
     cap: Option<Cap>,
+    /// The slow start's window when a cut ended it: the ramp [`Pacer::forget_cuts`] goes back to.
+    ramp_window: Option<f64>,
     /// The cap was set by the fleet (a peer's refusal, or the replicas' shares), for a key
     /// whose rate only the 429s show: the provider's headers, once they come, replace it.
     peer_cap: bool,
@@ -392,6 +394,7 @@ impl Pacer {
             refused_since_ok: 0,
             throttle_log: Throttles::default(),
             cap: None,
+            ramp_window: None,
             peer_cap: false,
             replicas: 1.0,
             ramp_among: 1.0,

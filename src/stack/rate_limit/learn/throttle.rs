@@ -378,7 +378,14 @@ impl Pacer {
             self.cap = None;
             self.floor = None;
             self.source = Source::SlowStart;
-            self.level = self.level.max(0.0);
+            // Back to the window the ramp had, less what is out: the aimd pace's burst (half a
+            // second of a pace cut from one refusal) held an admission-controlled upstream,
+            // which refuses each request twice whatever the rate, to 2.4 requests per
+            // refusal's round trip, and its herd's first answers to the fifth second.
+            let window = self.ramp_window.take().unwrap_or(0.0);
+            let out = self.unanswered.len() as f64;
+            self.burst = self.burst.max(window);
+            self.level = self.level.max(0.0).max(window - out);
         }
     }
 
@@ -447,6 +454,9 @@ impl Pacer {
             recovering: false,
         });
         self.level = self.level.min(0.0);
+        if self.source == Source::SlowStart {
+            self.ramp_window = Some(self.burst);
+        }
         if matches!(self.source, Source::SlowStart | Source::None) {
             self.source = Source::Aimd;
         }

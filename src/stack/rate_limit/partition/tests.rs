@@ -555,3 +555,59 @@ async fn only_a_wait_of_seconds_names_an_admission_queue() {
     assert!(refused_after_pause(("retry-after", "1")).await);
     assert!(!refused_after_pause(("retry-after-ms", "50")).await);
 }
+
+/// An admission queue refuses each request a few times whatever the rate: once its refusals
+/// are found to be a queue's, the cut the first one made is forgotten and the ramp has its
+/// window back. With the pace's burst instead (half a second of a pace cut from one refusal)
+/// the ramp let 2.4 requests out per refusal's round trip, and as every answer was another
+/// refusal it never grew: the `admission` world's herd got its first answers at 5 s, not 2 s.
+#[tokio::test(start_paused = true)]
+async fn an_admission_queue_found_gives_the_ramp_its_window_back() {
+    let metrics = crate::metrics::Metrics::new().upstream("t");
+    let partition = Arc::new(Partition::new(&config(), None));
+    let far = Instant::now() + Duration::from_secs(60);
+    let h = provider::header_map(&[("retry-after", "1")]);
+    let t = read(&h);
+    let refuse = {
+        let (partition, metrics, h) = (Arc::clone(&partition), metrics.clone(), h.clone());
+        move |tickets| {
+            partition.observe(
+                tickets,
+                Outcome::Throttled(429),
+                Some(&t),
+                Some(&h),
+                Some(Instant::now()),
+                &metrics,
+            )
+        }
+    };
+    let first = partition.acquire(1, far, Priority::Interactive, "t").await;
+    assert!(!refuse(first.unwrap()), "a first refusal is a bucket's");
+    tokio::time::sleep(Duration::from_millis(1001)).await;
+    let after = partition.acquire(1, far, Priority::Interactive, "t").await;
+    assert!(
+        refuse(after.unwrap()),
+        "refused again after the pause: a queue"
+    );
+    // The queue refuses every request 5 ms after it is sent, long before its silence could
+    // count as consent: only the ramp's window lets requests go.
+    let start = Instant::now();
+    let mut sent = 0;
+    while let Ok(tickets) = tokio::time::timeout(
+        (start + Duration::from_millis(100)).saturating_duration_since(Instant::now()),
+        partition.acquire(1, far, Priority::Interactive, "t"),
+    )
+    .await
+    {
+        let refuse = refuse.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            refuse(tickets.unwrap());
+        });
+        sent += 1;
+    }
+    assert!(
+        sent >= 60,
+        "{sent} sent in 100 ms: the ramp's window of 10 per 5 ms round trip is back"
+    );
+}

@@ -67,8 +67,10 @@
 //!   trip, so the pace doubles per round trip back to where it was before the cuts (TCP's slow
 //!   start after a timeout): one storm leaves no crawl behind it. So do the cuts before a pause
 //!   no one named, measured instead: nothing admitted for longer than `STORM`, `PAUSE_SENDS`
-//!   refused in a row, then a success (a window that opens on the clock, as Azure's 10 s ones
-//!   do when their 429s carry no hint: [`Pacer::unnamed_pause`]).
+//!   sent into that gap refused (counted by when they were sent: behind answers of seconds
+//!   the window's own successes come back after the probes' refusals), then a success (a
+//!   window that opens on the clock, as Azure's 10 s ones do when their 429s carry no hint:
+//!   [`Pacer::unnamed_pause`]).
 //! - **A named pause ends at the pace.** The bucket that named a wait was empty: a level no
 //!   report resynchronises (no headers, or demoted ones) banks nothing over the pause, so its
 //!   end sends at the pace, not in one burst ([`Pacer::hold`]).
@@ -168,7 +170,9 @@ const OTHER_UNIT: f64 = 2.0;
 pub const STORM: Duration = Duration::from_secs(1);
 /// A pace refused this many times in a row, for longer than `STORM`, met a pause, not the edge
 /// of a bucket that refills as it goes (see [`Pacer::unnamed_pause`]).
-const PAUSE_SENDS: u32 = 4;
+const PAUSE_SENDS: usize = 4;
+/// At most this many refusals' send times are kept ([`Pacer::unnamed_pause`] needs a few).
+const REFUSALS_KEPT: usize = 64;
 /// A cut never goes below what the upstream admitted over this window.
 const ADMITTED_WINDOW: Duration = Duration::from_secs(1);
 /// Admitted units are counted in slots of this length.
@@ -313,8 +317,10 @@ pub struct Pacer {
     unanswered: VecDeque<Ticket>,
     /// When the latest attempt answered with a success had been sent.
     last_ok_sent: Option<Instant>,
-    /// Rate 429s since the last success.
-    refused_since_ok: u32,
+    /// When the attempts refused as rate 429s were sent, for those sent after the newest success's
+    /// attempt (oldest first, at most [`REFUSALS_KEPT`]): a pause is told by what was sent into
+    /// it, not by the order answers came back in.
+    refused_sent: VecDeque<Instant>,
     throttle_log: Throttles,
     cap: Option<Cap>,
     /// The slow start's window when a cut ended it: the ramp [`Pacer::forget_cuts`] goes back to.
@@ -391,7 +397,7 @@ impl Pacer {
             next_send: now,
             unanswered: VecDeque::new(),
             last_ok_sent: None,
-            refused_since_ok: 0,
+            refused_sent: VecDeque::new(),
             throttle_log: Throttles::default(),
             cap: None,
             ramp_window: None,
@@ -546,19 +552,22 @@ impl Pacer {
             if let Some(previous) = self.last_ok_sent {
                 self.unnamed_pause(previous, ticket.sent_at);
             }
-            self.refused_since_ok = 0;
-            self.last_ok_sent = Some(
-                self.last_ok_sent
-                    .map_or(ticket.sent_at, |s| s.max(ticket.sent_at)),
-            );
+            let last_ok_sent = self
+                .last_ok_sent
+                .map_or(ticket.sent_at, |s| s.max(ticket.sent_at));
+            self.last_ok_sent = Some(last_ok_sent);
+            self.refused_sent.retain(|&sent| sent > last_ok_sent);
             self.admitted.record(now, ticket.sent_at, units);
             self.recover(ticket, units, rtt);
         }
         if matches!(answer, Answer::RateLimited | Answer::Overloaded) {
             self.throttles += 1;
         }
-        if answer == Answer::RateLimited {
-            self.refused_since_ok = self.refused_since_ok.saturating_add(1);
+        if answer == Answer::RateLimited && self.last_ok_sent.is_none_or(|ok| ticket.sent_at > ok) {
+            if self.refused_sent.len() >= REFUSALS_KEPT {
+                self.refused_sent.pop_front();
+            }
+            self.refused_sent.push_back(ticket.sent_at);
         }
         if answer != Answer::Ok {
             // Any refusal shows how long this upstream takes to refuse (an overload too: it

@@ -336,8 +336,8 @@ impl Pacer {
     }
 
     /// A success sent at `sent`, the one before it at `previous`, and a cut in between: when
-    /// nothing was admitted for longer than [`STORM`] and [`PAUSE_SENDS`] sends in a row were
-    /// refused, the upstream paused without naming it (a fixed window that opens on the clock,
+    /// nothing was admitted for longer than [`STORM`] and [`PAUSE_SENDS`] sends into that gap
+    /// were refused (by when they were sent, not by when their answers came), the upstream paused without naming it (a fixed window that opens on the clock,
     /// an outage), and the cuts that met it were a storm's, not a bucket's edge: they recover
     /// as after a long pause it named ([`Pacer::long_pause`]). A bucket that refills as it goes
     /// admits the cut pace's next send or the one after; a window that reopens only after
@@ -351,7 +351,12 @@ impl Pacer {
             return;
         }
         let gap = sent.saturating_duration_since(previous);
-        if gap > STORM && self.refused_since_ok >= PAUSE_SENDS {
+        let refused = self
+            .refused_sent
+            .iter()
+            .filter(|&&at| at > previous && at < sent)
+            .count();
+        if gap > STORM && refused >= PAUSE_SENDS {
             cap.recovering = true;
         }
     }

@@ -293,6 +293,43 @@ fn a_pause_no_one_named_recovers_by_doubling_and_an_edge_does_not() {
     assert!(rate >= (32.0 * low).min(before) * 0.99, "{low} -> {rate}");
 }
 
+/// The same pause behind answers of seconds: the window's own successes come back after the
+/// refusals of the probes sent once it closed, so the refusals are counted by when they were
+/// sent, not by when they came back. Counted as they came back, the late successes reset the
+/// count, the pause went unseen, and `azure-responses` with answers of 2 s crawled at 1-7
+/// requests a second through windows of a hundred from the third window on (100 s for 42).
+#[test]
+fn a_pause_behind_slow_answers_is_still_a_pause() {
+    let start = Instant::now();
+    let rtt = Duration::from_secs(2);
+    let mut pacer = Pacer::new(Kind::Requests, 4096, 1.0, start);
+    let window: Vec<_> = (0..100).map(|_| pacer.admit_anyway(1.0, start)).collect();
+    let refuse = |pacer: &mut Pacer, at: Instant| {
+        let t = pacer.admit_anyway(1.0, at);
+        pacer.observe(t, Answer::RateLimited, None, at + Duration::from_millis(5));
+    };
+    // Four probes refused before the window's answers come back, two after.
+    for ms in [500, 1000, 1500, 1900] {
+        refuse(&mut pacer, start + Duration::from_millis(ms));
+    }
+    for t in window {
+        pacer.observe(t, Answer::Ok, None, start + rtt);
+    }
+    for s in [5, 8] {
+        refuse(&mut pacer, start + Duration::from_secs(s));
+    }
+    let low = pacer.cap.unwrap().rate;
+    assert!(!pacer.cap.unwrap().recovering);
+    let mut now = start + Duration::from_secs(10);
+    let t = pacer.admit_anyway(1.0, now);
+    now += rtt;
+    pacer.observe(t, Answer::Ok, None, now);
+    assert!(pacer.cap.unwrap().recovering, "a pause no one named");
+    let rate = doubles_per_round_trip(&mut pacer, now, rtt, 4);
+    let before = pacer.cap.unwrap().before.unwrap();
+    assert!(rate >= (8.0 * low).min(before) * 0.99, "{low} -> {rate}");
+}
+
 /// The 429s of one burst halve the confirmed headroom once, as a cut is taken once per round
 /// trip: a ramp that overran a bucket of 200 (refilled 200/s) by a hundred sends at once goes
 /// on near the refill, not from a window of one regrown per answer.

@@ -121,10 +121,12 @@ impl Pacer {
             // for a while: one request alone cannot overrun anything, so it goes now.
             return Ok(Admission::Anyway);
         }
-        match self.time_for(need - self.level) {
-            Some(wait) => Err(Some(wait)),
+        match (self.time_for(need - self.level), self.next_consent(now)) {
+            // On the way back from a storm, silence raises the pace sooner than it refills.
+            (Some(wait), Some(consent)) => Err(Some(wait.min(consent))),
+            (Some(wait), None) => Err(Some(wait)),
             // No pace yet: the next answer, or the next attempt's silence, teaches more.
-            None => Err(self.next_consent(now)),
+            (None, consent) => Err(consent),
         }
     }
 
@@ -132,9 +134,10 @@ impl Pacer {
     /// one is seen): a bucket refuses at once, so one that has not refused them by then
     /// admitted them. Each grows the ramp as a success would (in slow start the level and
     /// window, with headers the confirmed headroom, and a tokens pacer's level within it when
-    /// no refill is known), and its answer later adds nothing.
+    /// no refill is known; on the way back from a storm, the pace as a success sent after the
+    /// last cut would raise it), and its answer later adds nothing.
     pub(super) fn consent(&mut self, now: Instant) {
-        if !matches!(self.source, Source::SlowStart | Source::Headers) {
+        if !matches!(self.source, Source::SlowStart | Source::Headers) && !self.recovering() {
             return;
         }
         let wait = self.consent_wait();
@@ -150,6 +153,24 @@ impl Pacer {
             last = Some(t.seq);
         }
         let Some(last) = last else { return };
+        if self.recovering() {
+            // Each attempt sent after the last cut and not refused within the wait adds its
+            // units per that wait: the way back from a window that reopened on the clock
+            // doubles per refusal's round trip, not per answer. Per answer of 2 s, each of
+            // `azure-responses`' windows of 100 (every 10 s) was half spent regrowing the pace
+            // from half a request a second.
+            let confirmed: Vec<Ticket> = self
+                .unanswered
+                .range(from..)
+                .take_while(|t| t.seq <= last)
+                .copied()
+                .collect();
+            self.consented_seq = last;
+            for t in confirmed {
+                self.recover_per(t, t.cost.max(1.0), wait.as_secs_f64());
+            }
+            return;
+        }
         self.consented_seq = last;
         self.verified += units;
         if self.source == Source::SlowStart {
@@ -176,7 +197,7 @@ impl Pacer {
 
     /// How long until the oldest attempt not yet confirmed is confirmed by its silence.
     fn next_consent(&self, now: Instant) -> Option<Duration> {
-        if !matches!(self.source, Source::SlowStart | Source::Headers) {
+        if !matches!(self.source, Source::SlowStart | Source::Headers) && !self.recovering() {
             return None;
         }
         let wait = self.consent_wait();

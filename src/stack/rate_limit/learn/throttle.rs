@@ -79,13 +79,25 @@ impl Pacer {
     /// A success after a cut: the attempt's units per its round trip back on the cap, so the
     /// pace doubles per round trip until it is back where the cut found it.
     pub(super) fn recover(&mut self, ticket: Ticket, units: f64, rtt: f64) {
+        if !self.consented(ticket) {
+            self.recover_per(ticket, units, rtt.max(self.min_rtt.unwrap_or(0.0)));
+        }
+    }
+
+    /// [`Pacer::recover`] by `units` per `rtt` seconds (an answer's round trip, or the wait
+    /// after which silence is consent).
+    pub(super) fn recover_per(&mut self, ticket: Ticket, units: f64, rtt: f64) {
         let after_cut = ticket.seq > self.throttle_log.cut_seq;
         if let Some(cap) = self.cap.as_mut().filter(|c| after_cut && c.recovering) {
             if let Some(to) = cap.before.filter(|to| cap.rate < *to) {
-                let rtt = rtt.max(self.min_rtt.unwrap_or(0.0)).max(1e-3);
-                cap.rate = (cap.rate + units / rtt).min(to);
+                cap.rate = (cap.rate + units / rtt.max(1e-3)).min(to);
             }
         }
+    }
+
+    /// Whether the pace is on its way back from a storm (see [`Pacer::long_pause`]).
+    pub(super) fn recovering(&self) -> bool {
+        self.source == Source::Aimd && self.cap.is_some_and(|c| c.recovering)
     }
 
     /// A 429 from this bucket: it was empty when `ticket` arrived.

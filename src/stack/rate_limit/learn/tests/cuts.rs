@@ -330,6 +330,48 @@ fn a_pause_behind_slow_answers_is_still_a_pause() {
     assert!(rate >= (8.0 * low).min(before) * 0.99, "{low} -> {rate}");
 }
 
+/// On the way back from such a pause, silence is consent as in slow start: sends the window
+/// has not refused within twice its refusals' round trip raise the pace as their successes
+/// would, so it regrows within a fraction of a second, not one doubling per answer of 2 s.
+#[test]
+fn the_way_back_from_a_pause_goes_by_silence_too() {
+    let start = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 4096, 1.0, start);
+    let window: Vec<_> = (0..100).map(|_| pacer.admit_anyway(1.0, start)).collect();
+    for t in window {
+        pacer.observe(t, Answer::Ok, None, start + Duration::from_millis(200));
+    }
+    for s in 1..10u64 {
+        let at = start + Duration::from_secs(s);
+        let t = pacer.admit_anyway(1.0, at);
+        pacer.observe(t, Answer::RateLimited, None, at + Duration::from_millis(5));
+    }
+    // The window reopens at 10 s; its first success comes back 2 s later.
+    let reopened = start + Duration::from_secs(10);
+    let t = pacer.admit_anyway(1.0, reopened);
+    let mut now = reopened + Duration::from_secs(2);
+    pacer.observe(t, Answer::Ok, None, now);
+    let cap = pacer.cap.unwrap();
+    assert!(cap.recovering);
+    // For the next 500 ms it sends as the pace allows; nothing is answered (answers take 2 s)
+    // and nothing is refused.
+    let mut sent = 0;
+    let until = now + Duration::from_millis(500);
+    while now < until {
+        if pacer.try_acquire(1.0, now).is_ok() {
+            sent += 1;
+        } else {
+            now += Duration::from_millis(1);
+        }
+    }
+    let rate = pacer.cap.unwrap().rate;
+    assert!(
+        rate >= (16.0 * cap.rate).min(cap.before.unwrap()) * 0.99,
+        "{} -> {rate} in 500 ms, {sent} sent",
+        cap.rate
+    );
+}
+
 /// The 429s of one burst halve the confirmed headroom once, as a cut is taken once per round
 /// trip: a ramp that overran a bucket of 200 (refilled 200/s) by a hundred sends at once goes
 /// on near the refill, not from a window of one regrown per answer.

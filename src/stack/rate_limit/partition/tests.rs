@@ -520,6 +520,25 @@ async fn a_request_queued_before_a_token_limit_was_learned_is_charged_when_it_go
     );
 }
 
+/// The attempt admitted with `tickets` answered 429 with headers `h` (read as `t`): whether
+/// the refused request waits its hint on its own (an admission queue's refusal).
+fn refused(
+    partition: &Partition,
+    tickets: Option<Tickets>,
+    t: &Throttle,
+    h: &HeaderMap,
+    metrics: &crate::metrics::UpstreamMetrics,
+) -> bool {
+    partition.observe(
+        tickets,
+        Outcome::Throttled(429),
+        Some(t),
+        Some(h),
+        Some(Instant::now()),
+        metrics,
+    )
+}
+
 /// A queue names its wait in seconds; a bucket naming one to the millisecond says when its
 /// next token comes. The first send after a pause refused again reads as an admission
 /// control's only after a wait of a second or more: after one of 50 ms it is a bucket whose
@@ -535,16 +554,7 @@ async fn only_a_wait_of_seconds_names_an_admission_queue() {
             let far = Instant::now() + Duration::from_secs(60);
             let h = provider::header_map(&[hint]);
             let t = read(&h);
-            let throttled = |tickets| {
-                partition.observe(
-                    tickets,
-                    Outcome::Throttled(429),
-                    Some(&t),
-                    Some(&h),
-                    Some(Instant::now()),
-                    metrics,
-                )
-            };
+            let throttled = |tickets| refused(&partition, tickets, &t, &h, metrics);
             let first = partition.acquire(1, far, Priority::Interactive, "t").await;
             assert!(!throttled(first.unwrap()), "a first refusal is a bucket's");
             tokio::time::sleep(t.hint.unwrap() + Duration::from_millis(1)).await;
@@ -570,16 +580,7 @@ async fn an_admission_queue_found_gives_the_ramp_its_window_back() {
     let t = read(&h);
     let refuse = {
         let (partition, metrics, h) = (Arc::clone(&partition), metrics.clone(), h.clone());
-        move |tickets| {
-            partition.observe(
-                tickets,
-                Outcome::Throttled(429),
-                Some(&t),
-                Some(&h),
-                Some(Instant::now()),
-                &metrics,
-            )
-        }
+        move |tickets| refused(&partition, tickets, &t, &h, &metrics)
     };
     let first = partition.acquire(1, far, Priority::Interactive, "t").await;
     assert!(!refuse(first.unwrap()), "a first refusal is a bucket's");

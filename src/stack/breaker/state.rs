@@ -20,7 +20,7 @@
 //! - Scouts: while open, one request goes through every [`SCOUT_EVERY`] (the official SDKs' first
 //!   backoff), one at a time, so the end of an outage is seen within half a second of it, not
 //!   at the end of a cool-down that has doubled meanwhile (a client alone, retrying, would
-//!   have been served; four scouts' worth of load a second is nothing to a sick upstream). A
+//!   have been served; two requests a second are nothing to a sick upstream). A
 //!   scout served well ends the cool-down: the breaker goes half-open at once. A failed one
 //!   changes nothing (no cool-down grows for it); a neutral or unsent one lets the next go.
 //! - Half-open: admits `half_open_probes` requests. It closes when all have answered with an

@@ -349,9 +349,10 @@ impl Pacer {
 
     /// A success sent at `sent`, the one before it at `previous`, and a cut in between: when
     /// nothing was admitted for longer than [`STORM`] and [`PAUSE_SENDS`] sends into that gap
-    /// were refused (by when they were sent, not by when their answers came), the upstream paused without naming it (a fixed window that opens on the clock,
-    /// an outage), and the cuts that met it were a storm's, not a bucket's edge: they recover
-    /// as after a long pause it named ([`Pacer::long_pause`]). A bucket that refills as it goes
+    /// were refused (by when they were sent, not by when their answers came), the upstream
+    /// paused without naming it (a fixed window that opens on the clock, an outage), and the
+    /// cuts that met it were a storm's, not a bucket's edge: they recover as after a long pause
+    /// it named ([`Pacer::long_pause`]). A bucket that refills as it goes
     /// admits the cut pace's next send or the one after; a window that reopens only after
     /// seconds left a pace cut by each refused probe to crawl at a few a second through
     /// windows of a hundred (`azure-responses`: 439 of 500 done in 120 s for a 40 s bound).

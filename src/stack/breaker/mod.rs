@@ -298,6 +298,15 @@ mod tests {
         false
     }
 
+    /// A request waiting on the breaker in a task of its own, until `deadline`.
+    fn waiter(
+        b: &Arc<BreakerShared>,
+        deadline: Instant,
+    ) -> tokio::task::JoinHandle<Result<Option<Probe>, ProxyError>> {
+        let b = Arc::clone(b);
+        tokio::spawn(async move { b.admit(deadline).await })
+    }
+
     async fn open(b: &BreakerShared) {
         assert!(feed(b, Outcome::ServerError(503)).await, "503s open it");
     }
@@ -368,10 +377,7 @@ mod tests {
             start.elapsed()
         );
         // A scout out: the next waits for its answer, then for the next scout's turn.
-        let next = {
-            let b = Arc::clone(&b);
-            tokio::spawn(async move { b.admit(deadline).await })
-        };
+        let next = waiter(&b, deadline);
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(!next.is_finished(), "one scout at a time");
         b.record(Outcome::Timeout, scout);
@@ -498,10 +504,7 @@ mod tests {
             first.is_some_and(|p| !p.is_scout()),
             "the first waiter probes"
         );
-        let waiter = {
-            let b = Arc::clone(&b);
-            tokio::spawn(async move { b.admit(deadline).await })
-        };
+        let waiter = waiter(&b, deadline);
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(!waiter.is_finished(), "the only probe slot is taken");
         b.record(Outcome::Throttled(429), first);

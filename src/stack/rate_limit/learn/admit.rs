@@ -159,15 +159,11 @@ impl Pacer {
             // doubles per refusal's round trip, not per answer. Per answer of 2 s, each of
             // `azure-responses`' windows of 100 (every 10 s) was half spent regrowing the pace
             // from half a request a second.
-            let confirmed: Vec<Ticket> = self
-                .unanswered
-                .range(from..)
-                .take_while(|t| t.seq <= last)
-                .copied()
-                .collect();
             self.consented_seq = last;
-            for t in confirmed {
+            let mut i = from;
+            while let Some(&t) = self.unanswered.get(i).filter(|t| t.seq <= last) {
                 self.recover_per(t, t.cost.max(1.0), wait.as_secs_f64());
+                i += 1;
             }
             return;
         }

@@ -9,7 +9,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderValue};
 
 /// No hint is believed beyond this.
 pub const MAX_HINT: Duration = Duration::from_secs(24 * 3600);
@@ -95,7 +95,14 @@ pub fn parse_rfc3339_from(value: &str, now: SystemTime) -> Option<(Duration, Dur
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers.get(name)?.to_str().ok()
+    text(headers.get(name)?)
+}
+
+/// A header's value as text. UTF-8, not only visible ASCII as `to_str` takes: Go formats a
+/// duration under a millisecond with a micro sign (`728µs`), and OpenAI's resets are Go
+/// durations, so a token bucket refilled in under a millisecond reported no reset at all.
+pub fn text(value: &HeaderValue) -> Option<&str> {
+    std::str::from_utf8(value.as_bytes()).ok()
 }
 
 /// The wait the upstream asks for before the next attempt, if it says.

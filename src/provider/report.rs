@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, HeaderName};
 
-use super::hints::{parse_go_duration, parse_rfc3339_from};
+use super::hints::{parse_go_duration, parse_rfc3339_from, text};
 use super::Kind;
 
 /// What one response's headers say about one bucket.
@@ -51,7 +51,7 @@ pub fn reports(headers: &HeaderMap, now_wall: impl FnOnce() -> SystemTime) -> [O
 /// Parse the report for `kind` from any provider's header family; `None` when absent or
 /// nonsensical (Azure's `-1`, remaining above limit, garbage).
 pub fn report(headers: &HeaderMap, kind: Kind, now_wall: SystemTime) -> Option<Report> {
-    let get = |name: &HeaderName| headers.get(name)?.to_str().ok().map(str::trim);
+    let get = |name: &HeaderName| text(headers.get(name)?).map(str::trim);
     let num = |name: &HeaderName| {
         get(name)?
             .parse::<f64>()
@@ -189,5 +189,19 @@ mod tests {
         ] {
             assert_eq!(report(&garbage, Kind::Requests, now), None, "{garbage:?}");
         }
+    }
+
+    /// Go writes a duration under a millisecond with a micro sign, which is not visible ASCII:
+    /// a token bucket of 2,000,000 a minute that counted 25 tokens reports `728µs`.
+    #[test]
+    fn a_reset_in_microseconds_is_read() {
+        let now = SystemTime::UNIX_EPOCH;
+        let tokens = crate::provider::header_map(&[
+            ("x-ratelimit-limit-tokens", "2000000"),
+            ("x-ratelimit-remaining-tokens", "1999975"),
+            ("x-ratelimit-reset-tokens", "728\u{b5}s"),
+        ]);
+        let r = report(&tokens, Kind::Tokens, now).unwrap();
+        assert_eq!(r.reset, Some(Duration::from_micros(728)));
     }
 }

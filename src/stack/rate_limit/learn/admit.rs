@@ -191,6 +191,14 @@ impl Pacer {
         }
     }
 
+    /// Units in flight neither answered nor confirmed by their silence.
+    pub(super) fn unconfirmed(&self) -> f64 {
+        let from = self
+            .unanswered
+            .partition_point(|t| t.seq <= self.consented_seq);
+        self.unanswered.range(from..).map(|t| t.cost).sum()
+    }
+
     /// How long until the oldest attempt not yet confirmed is confirmed by its silence.
     fn next_consent(&self, now: Instant) -> Option<Duration> {
         if !matches!(self.source, Source::SlowStart | Source::Headers) && !self.recovering() {

@@ -116,3 +116,24 @@ fn an_overload_in_slow_start_gives_its_slot_back() {
     let second = sent(&mut pacer, answered, 150).len();
     assert!(second >= 10, "{second} sent: the ten slots back");
 }
+
+/// Reported headroom is confirmed as a window: what is in flight unconfirmed is spent from it,
+/// so each answer lets go what it confirmed, not a whole window more. Behind a stream's heads
+/// of 3 ms, every answer let a window go: 48 sent in 30 ms at a bucket of 20.
+#[test]
+fn confirmed_headroom_is_a_window_not_a_gift_per_answer() {
+    let start = Instant::now();
+    let report = refilling(1200.0, 20.0);
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, start);
+    let first = pacer.try_acquire(1.0, start).unwrap();
+    let answered = start + Duration::from_millis(3);
+    pacer.observe(first, Answer::Ok, Some(report(1199.0)), answered);
+    assert_eq!(pacer.source(), Source::Headers);
+    let window = sent(&mut pacer, answered, 20);
+    assert_eq!(window.len(), 11, "the initial ten and the one confirmed");
+    // One answer more: one confirmed, one slot back; ten still in flight.
+    let later = answered + Duration::from_millis(20);
+    pacer.observe(window[0], Answer::Ok, Some(report(1198.0)), later);
+    let next = sent(&mut pacer, later, 10);
+    assert_eq!(next.len(), 2, "its slot and one more, not a window");
+}

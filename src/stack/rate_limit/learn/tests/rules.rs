@@ -635,7 +635,10 @@ fn before_a_refusal_silence_counts_after_the_handshake() {
     let fast = first + sent(&mut near, start + Duration::from_millis(40), 260).len();
     let mut unknown = Pacer::new(Kind::Requests, 10, 1.0, start);
     let slow = sent(&mut unknown, start, 300).len();
-    assert!(first <= 10, "{first}: the initial burst, nothing confirmed in 40 ms");
+    assert!(
+        first <= 10,
+        "{first}: the initial burst, nothing confirmed in 40 ms"
+    );
     assert_eq!(slow, 10, "the initial burst, nothing confirmed");
     assert!(fast >= 80, "{fast} sent in 300 ms");
     // A fleet replica counts silence as soon, but spreads its window over `RAMP_RTT_GUESS`
@@ -645,7 +648,10 @@ fn before_a_refusal_silence_counts_after_the_handshake() {
     replica.handshake(0.0001);
     assert_eq!(replica.consent_wait(), near.consent_wait());
     let spread = sent(&mut replica, start, 300).len();
-    assert!(spread > slow && spread < fast / 2, "{spread} sent in 300 ms, {fast} alone");
+    assert!(
+        spread > slow && spread < fast / 2,
+        "{spread} sent in 300 ms, {fast} alone"
+    );
     // Once answers come back they pace the ramp: silence waits the half second again.
     let mut answered = Pacer::new(Kind::Requests, 10, 1.0, start);
     answered.handshake(0.0001);

@@ -193,7 +193,10 @@ impl Pacer {
         }
     }
 
-    /// Units in flight neither answered nor confirmed by their silence.
+    /// Units in flight neither answered nor confirmed by their silence: spent from the window
+    /// of confirmed headroom, as TCP's in flight are from its window. A report that set the
+    /// level to the whole window let a window more go per answer: behind a stream's heads of
+    /// 3 ms, 48 sent in 30 ms at a bucket of 20 (`openai-stream`, 46 refused).
     pub(super) fn unconfirmed(&self) -> f64 {
         let from = self
             .unanswered

@@ -243,13 +243,9 @@ impl Pacer {
         let owed = (self.header_rate * self.reach() * share)
             .max(slack)
             .min(self.burst);
-        // The confirmed headroom is a window, as TCP's: what is in flight unconfirmed (neither
-        // answered nor confirmed by its silence) is spent from it. Each answer set the level
-        // to the whole window, so behind answers' heads of 3 ms (a stream's) every answer let
-        // a window more go: 48 sent in 30 ms at a bucket of 20 (`openai-stream`, 46 refused).
-        let unconfirmed = self.unconfirmed();
+        // The confirmed headroom is a window: what is in flight unconfirmed is spent from it.
         let level = (level.min(self.burst / self.part()))
-            .min(self.verified - unconfirmed)
+            .min(self.verified - self.unconfirmed())
             .max(-owed);
         // A report newer than the last one used sets the level; an older one (an answer that
         // took long describes the bucket as it was long ago) may only lower it.

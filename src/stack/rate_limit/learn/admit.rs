@@ -13,12 +13,10 @@ use crate::provider::Kind;
 
 impl Pacer {
     /// The spacing of sends while headroom is unconfirmed (slow start, or reported headroom
-    /// beyond what answers have confirmed): one round trip over the confirmed window (in slow
-    /// start what it may still send plus what is in flight unconfirmed, so it doubles per
-    /// round trip).
+    /// beyond what answers have confirmed): one round trip over the confirmed window.
     pub(super) fn ramp_gap(&self) -> Option<Duration> {
         let window = match self.source {
-            Source::SlowStart => self.burst.max(self.level.max(0.0) + self.unconfirmed()),
+            Source::SlowStart => self.burst,
             Source::Headers if self.verified < self.burst => self.verified,
             _ => return None,
         };

@@ -130,8 +130,8 @@ const SLOW_START_STALL: Duration = Duration::from_secs(1);
 /// to refuse beyond the network, within `MIN_CONSENT..=CONSENT`. A herd's requests reach it at
 /// once and it reads them one after another: behind a Python upstream on loopback (handshakes
 /// of 0.1 ms), 10 ms of work let corral send 488 of 500 before the first refusal came back,
-/// 300 of them refused (`azure`, a window of 200); 20 ms, 32; 30 ms, 2; 40 ms, 2 in every
-/// run. The price is the ramp's: a herd of 500 behind answers of 3 s on a limit that holds it
+/// 300 of them refused (`azure`, a window of 200); 20 ms, 32; 30 ms, 2; 40 ms, 2-3 in five
+/// runs. The price is the ramp's: a herd of 500 behind answers of 3 s on a limit that holds it
 /// all starts 0.25 s later than at 10 ms.
 const CONSENT: Duration = Duration::from_millis(500);
 const MIN_CONSENT: Duration = Duration::from_millis(10);

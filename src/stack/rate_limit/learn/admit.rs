@@ -141,9 +141,7 @@ impl Pacer {
             return;
         }
         let wait = self.consent_wait();
-        let from = self
-            .unanswered
-            .partition_point(|t| t.seq <= self.consented_seq);
+        let from = self.first_unconfirmed();
         let (mut units, mut last) = (0.0, None);
         for t in self.unanswered.range(from..) {
             if now.saturating_duration_since(t.sent_at) < wait {
@@ -196,10 +194,14 @@ impl Pacer {
     /// level to the whole window let a window more go per answer: behind a stream's heads of
     /// 3 ms, 48 sent in 30 ms at a bucket of 20 (`openai-stream`, 46 refused).
     pub(super) fn unconfirmed(&self) -> f64 {
-        let from = self
-            .unanswered
-            .partition_point(|t| t.seq <= self.consented_seq);
+        let from = self.first_unconfirmed();
         self.unanswered.range(from..).map(|t| t.cost).sum()
+    }
+
+    /// Where the tickets in flight not yet confirmed by their silence begin.
+    fn first_unconfirmed(&self) -> usize {
+        self.unanswered
+            .partition_point(|t| t.seq <= self.consented_seq)
     }
 
     /// How long until the oldest attempt not yet confirmed is confirmed by its silence.
@@ -208,9 +210,7 @@ impl Pacer {
             return None;
         }
         let wait = self.consent_wait();
-        let from = self
-            .unanswered
-            .partition_point(|t| t.seq <= self.consented_seq);
+        let from = self.first_unconfirmed();
         let oldest = self.unanswered.get(from)?;
         Some((oldest.sent_at + wait).saturating_duration_since(now))
     }

@@ -556,3 +556,58 @@ async fn a_named_pause_ends_at_the_pace_not_in_a_burst() {
     let refused = *refused.lock().unwrap();
     assert!(refused <= 12, "the bucket refused {refused} sends");
 }
+
+/// Gemini's per-day quota spent, its reset minutes away (`retryDelay` 300 s: within corral's
+/// 10-minute deadline, beyond the client's). The official SDKs say how long they wait for the
+/// head (`x-stainless-read-timeout`, openai-python 3.63 `_base_client.py`), so the 429 is
+/// answered at once and so is the next request, refused under the named pause: not held for
+/// the reset past the client's own timeout (seen in the `gemini-daily` world at 23:52 Pacific:
+/// 299 clients held until their 60 s timeouts). Without the header the same wait is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_wait_beyond_the_sdks_timeout_is_answered_at_once() {
+    let upstream = MockUpstream::start(|_| async {
+        json(
+            429,
+            serde_json::json!([{"error": {
+            "code": 429, "status": "RESOURCE_EXHAUSTED",
+            "message": "Quota exceeded for metric: generate_requests_per_model_per_day",
+            "details": [
+                {"@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                 "violations": [{"quotaId": "GenerateRequestsPerDayPerProjectPerModel"}]},
+                {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "300s"}
+            ]}}]),
+        )
+    })
+    .await;
+    let corral = Corral::start(&one_upstream(&upstream, "")).await;
+    let c = client();
+    let url = corral.url("/v1/chat/completions");
+    let sdk = |i: usize| {
+        let mut req = post(&url, &format!(r#"{{"model":"m","input":"{i}"}}"#));
+        req.headers_mut()
+            .insert("x-stainless-read-timeout", "5.0".parse().unwrap());
+        req
+    };
+    let start = Instant::now();
+    let (first, _) = send(&c, sdk(0)).await;
+    assert_eq!(first.status, 429);
+    assert!(
+        first.headers.get("x-corral-error").is_none(),
+        "the upstream's"
+    );
+    let (second, _) = send(&c, sdk(1)).await;
+    assert_eq!(second.status, 429);
+    assert_eq!(second.headers["x-corral-error"], "rate_limited");
+    // Bound: two answers with no wait in 2 s on a loaded machine; held, each would wait out
+    // its 4.75 s (the timeout less a twentieth) or the 300 s.
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(upstream.calls(), 1, "the second was never sent");
+    // A client that names no timeout is held for the reset, within corral's deadline.
+    let plain = post(&url, r#"{"model":"m","input":"plain"}"#);
+    let held = tokio::time::timeout(Duration::from_secs(1), send(&c, plain)).await;
+    assert!(held.is_err(), "held under the 300 s pause");
+}

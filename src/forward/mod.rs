@@ -7,6 +7,7 @@
 //! the request body as well as the wait for the response head, and a client's
 //! `x-corral-deadline-ms` bounds the streamed response body too ([`time_response`]).
 
+mod asks;
 pub mod buffer;
 mod names;
 
@@ -20,16 +21,11 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Uri};
 use tokio::time::Instant;
 
+pub use self::asks::{Asks, Deadlines, DEADLINE_HEADER, PRIORITY_HEADER};
 pub use self::names::{credential, scan};
 use self::names::{Name, Present, HOP_BY_HOP};
 use crate::body::{Body, Timed, TimeoutKind};
 use crate::config::HeaderMode;
-
-/// Header a client may send to shorten (never lengthen) the request's deadline. (Header names
-/// made once: a `&str` key is parsed and hashed at every lookup.)
-pub const DEADLINE_HEADER: HeaderName = HeaderName::from_static("x-corral-deadline-ms");
-/// The client's priority for its request: `interactive` or `batch`; corral's, never forwarded.
-pub const PRIORITY_HEADER: HeaderName = HeaderName::from_static("x-corral-priority");
 
 /// The methods corral forwards (any other is refused with a 405), as the `method` label names
 /// them; `None` for any other.
@@ -354,66 +350,6 @@ pub fn injected_value(value: &str) -> Option<HeaderValue> {
     Some(value)
 }
 
-/// A request's deadlines, both counted from its arrival.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Deadlines {
-    /// For the request body and the response head: the configured `deadline`, shortened by
-    /// the client's header.
-    pub head: Instant,
-    /// For the whole exchange, streamed response body included: the client's header, if sent.
-    /// (The configured deadline does not cut streams: a long generation is not a hang, and
-    /// `stream_idle_timeout` catches the streams that are.)
-    pub exchange: Option<Instant>,
-}
-
-/// What a client asks of corral in its request's headers (its deadline, its priority), found
-/// with one look at their names: most requests send neither, and a lookup of each would hash
-/// its name for nothing.
-pub struct Asks<'a> {
-    deadline: Option<&'a HeaderValue>,
-    priority: Option<&'a HeaderValue>,
-}
-
-impl<'a> Asks<'a> {
-    pub fn of(headers: &'a HeaderMap) -> Self {
-        let present = Present::of(headers);
-        let get = |name: Name, header: HeaderName| {
-            present.has(name).then(|| headers.get(header)).flatten()
-        };
-        Self {
-            deadline: get(Name::Deadline, DEADLINE_HEADER),
-            priority: get(Name::Priority, PRIORITY_HEADER),
-        }
-    }
-
-    /// The deadlines for a request that arrived at `start`.
-    pub fn deadlines(&self, start: Instant, configured: Duration) -> Deadlines {
-        let asked = self
-            .deadline
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_millis);
-        Deadlines {
-            head: start + asked.map_or(configured, |a| a.min(configured)),
-            // A deadline beyond what an `Instant` can hold is no deadline.
-            exchange: asked.and_then(|a| start.checked_add(a)),
-        }
-    }
-
-    /// The request's priority: its `x-corral-priority`, else `default`; a value that is
-    /// neither `interactive` nor `batch` is refused.
-    pub fn priority(
-        &self,
-        default: crate::config::Priority,
-    ) -> Result<crate::config::Priority, crate::error::ProxyError> {
-        match self.priority {
-            None => Ok(default),
-            Some(v) => crate::config::Priority::parse(v.as_bytes())
-                .ok_or(crate::error::ProxyError::BadPriority),
-        }
-    }
-}
-
 /// The response body on its way to the client, cut (abruptly) when the upstream pauses longer
 /// than `idle` or the client's deadline passes; `on_timeout` counts it.
 pub fn time_response<B>(
@@ -653,47 +589,5 @@ mod tests {
         for m in ["TRACE", "CONNECT", "BREW", "get"] {
             assert_eq!(proxied_method(&m.parse().unwrap()), None, "{m}");
         }
-    }
-
-    #[test]
-    fn the_clients_priority_is_read_when_sent_and_refused_when_unknown() {
-        use crate::config::Priority;
-        let asks = |pairs: &[(&str, &str)]| Asks::of(&map(pairs)).priority(Priority::Interactive);
-        assert_eq!(asks(&[("x-other", "1")]).ok(), Some(Priority::Interactive));
-        let batch = asks(&[(PRIORITY_HEADER.as_str(), "batch"), ("x-other", "1")]);
-        assert_eq!(batch.ok(), Some(Priority::Batch));
-        assert!(asks(&[(PRIORITY_HEADER.as_str(), "urgent")]).is_err());
-    }
-
-    #[test]
-    fn client_deadline_only_shortens_the_head_and_alone_bounds_the_exchange() {
-        let start = Instant::now();
-        let ten = Duration::from_secs(10);
-        let deadline = |start, ten, headers: &HeaderMap| Asks::of(headers).deadlines(start, ten);
-        assert_eq!(
-            deadline(start, ten, &map(&[("x-other", "1")])),
-            Deadlines {
-                head: start + ten,
-                exchange: None
-            }
-        );
-        let two = start + Duration::from_secs(2);
-        assert_eq!(
-            deadline(start, ten, &map(&[(DEADLINE_HEADER.as_str(), "2000")])),
-            Deadlines {
-                head: two,
-                exchange: Some(two)
-            }
-        );
-        let long = deadline(start, ten, &map(&[(DEADLINE_HEADER.as_str(), "99000")]));
-        assert_eq!(long.head, start + ten);
-        assert_eq!(long.exchange, Some(start + Duration::from_secs(99)));
-        assert_eq!(
-            deadline(start, ten, &map(&[(DEADLINE_HEADER.as_str(), "soon")])),
-            Deadlines {
-                head: start + ten,
-                exchange: None
-            }
-        );
     }
 }

@@ -1,12 +1,12 @@
 //! The headers corral removes or rewrites on a message's way through, found in one pass over
 //! its names ([`Present::of`]): a lookup or a removal of a header the message does not carry
 //! still hashes the name and probes the map, and most messages carry few of these. Headers
-//! corral only reads, found the same way: [`scan`] for one, [`credential`] for the first
-//! credential.
+//! corral only reads, found the same way: the official SDKs' timeouts in the same pass,
+//! [`scan`] for one, [`credential`] for the first credential.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-/// A header corral removes or rewrites.
+/// A header corral removes or rewrites, or reads on every request (the SDKs' timeouts).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Name {
     Connection,
@@ -23,6 +23,8 @@ pub enum Name {
     Deadline,
     Priority,
     ForwardedFor,
+    ReadTimeout,
+    Timeout,
 }
 
 /// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus the proxy
@@ -60,6 +62,8 @@ impl Name {
             "x-corral-deadline-ms" => Self::Deadline,
             "x-corral-priority" => Self::Priority,
             "x-forwarded-for" => Self::ForwardedFor,
+            "x-stainless-read-timeout" => Self::ReadTimeout,
+            "x-stainless-timeout" => Self::Timeout,
             _ => return None,
         })
     }
@@ -144,6 +148,8 @@ mod tests {
             (Name::Deadline, "x-corral-deadline-ms"),
             (Name::Priority, "x-corral-priority"),
             (Name::ForwardedFor, "x-forwarded-for"),
+            (Name::ReadTimeout, "x-stainless-read-timeout"),
+            (Name::Timeout, "x-stainless-timeout"),
         ];
         let every = HOP_BY_HOP
             .iter()

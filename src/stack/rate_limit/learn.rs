@@ -85,6 +85,7 @@
 //! A pure state machine: every method takes `now`, so tests drive it in virtual time.
 
 mod admit;
+mod clock;
 mod drain;
 mod headers;
 mod meter;
@@ -97,6 +98,7 @@ use tokio::time::Instant;
 
 use crate::provider::{Kind, Report};
 
+use self::clock::Clock;
 use self::drain::Drain;
 use self::meter::{Admitted, Meter};
 use self::throttle::{Cap, Throttles};
@@ -244,6 +246,8 @@ pub enum Admission {
     Paced,
     /// Past the pace: nothing in flight or answered for a while.
     Anyway,
+    /// As a window that opens on the clock takes it (`learn/clock.rs`), charged nothing.
+    Window,
 }
 
 /// Proof of admission, handed back with the answer.
@@ -327,6 +331,8 @@ pub struct Pacer {
     /// it, not by the order answers came back in.
     refused_sent: VecDeque<Instant>,
     throttle_log: Throttles,
+    /// The windows that open on the clock, if the 429s show them (`learn/clock.rs`).
+    clock: Clock,
     cap: Option<Cap>,
     /// The slow start's window when a cut ended it: the ramp [`Pacer::forget_cuts`] goes back to.
     ramp_window: Option<f64>,
@@ -404,6 +410,7 @@ impl Pacer {
             last_ok_sent: None,
             refused_sent: VecDeque::new(),
             throttle_log: Throttles::default(),
+            clock: Clock::default(),
             cap: None,
             ramp_window: None,
             peer_cap: false,
@@ -554,9 +561,10 @@ impl Pacer {
             let rtt = now.saturating_duration_since(ticket.sent_at).as_secs_f64();
             self.min_rtt = Some(self.min_rtt.map_or(rtt, |m| m.min(rtt)));
             let units = ticket.cost.max(1.0);
-            if let Some(previous) = self.last_ok_sent {
-                self.unnamed_pause(previous, ticket.sent_at);
-            }
+            let paused = self
+                .last_ok_sent
+                .is_some_and(|previous| self.unnamed_pause(previous, ticket.sent_at));
+            self.clock_admitted(ticket, units, paused);
             let last_ok_sent = self
                 .last_ok_sent
                 .map_or(ticket.sent_at, |s| s.max(ticket.sent_at));
@@ -567,6 +575,9 @@ impl Pacer {
         }
         if matches!(answer, Answer::RateLimited | Answer::Overloaded) {
             self.throttles += 1;
+        }
+        if answer == Answer::RateLimited {
+            self.clock_refused(ticket.sent_at);
         }
         if answer == Answer::RateLimited && self.last_ok_sent.is_none_or(|ok| ticket.sent_at > ok) {
             if self.refused_sent.len() >= REFUSALS_KEPT {

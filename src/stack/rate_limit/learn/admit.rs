@@ -43,6 +43,9 @@ impl Pacer {
             return true;
         }
         self.refill(now);
+        if let Some(verdict) = self.clock_admits(now) {
+            return verdict.is_ok();
+        }
         (self.ramp_gap().is_none() || now >= self.next_send)
             && self.level >= cost.min(self.burst).max(f64::MIN_POSITIVE)
     }
@@ -84,6 +87,10 @@ impl Pacer {
                 self.quiet_since = now;
                 self.admit_anyway(cost, now)
             }
+            Admission::Window => {
+                self.clock_took(now);
+                self.admit(cost, now)
+            }
         }
     }
 
@@ -105,6 +112,9 @@ impl Pacer {
             // Larger than the bucket: no wait here can make room for it. It goes now, charged
             // nothing; the upstream's answer (its report) settles what it cost.
             return Ok(Admission::Free);
+        }
+        if let Some(verdict) = self.clock_admits(now) {
+            return verdict.map_err(Some);
         }
         let need = cost.min(self.burst).max(f64::MIN_POSITIVE);
         let gap = self.ramp_gap();

@@ -356,22 +356,26 @@ impl Pacer {
     /// admits the cut pace's next send or the one after; a window that reopens only after
     /// seconds left a pace cut by each refused probe to crawl at a few a second through
     /// windows of a hundred (`azure-responses`: 439 of 500 done in 120 s for a 40 s bound).
-    pub(super) fn unnamed_pause(&mut self, previous: Instant, sent: Instant) {
-        let Some(cap) = self.cap.as_mut() else {
-            return;
-        };
-        if cap.recovering || cap.before.is_none() || cap.since <= previous {
-            return;
+    pub(super) fn unnamed_pause(&mut self, previous: Instant, sent: Instant) -> bool {
+        let paused = self.paused_between(previous, sent);
+        if let Some(cap) = self.cap.as_mut() {
+            if paused && !cap.recovering && cap.before.is_some() && cap.since > previous {
+                cap.recovering = true;
+            }
         }
+        paused
+    }
+
+    /// Whether nothing sent between `previous` and `sent` was admitted for longer than
+    /// [`STORM`], with [`PAUSE_SENDS`] sends into that gap refused.
+    fn paused_between(&self, previous: Instant, sent: Instant) -> bool {
         let gap = sent.saturating_duration_since(previous);
         let refused = self
             .refused_sent
             .iter()
             .filter(|&&at| at > previous && at < sent)
             .count();
-        if gap > STORM && refused >= PAUSE_SENDS {
-            cap.recovering = true;
-        }
+        gap > STORM && refused >= PAUSE_SENDS
     }
 
     /// This pacer's bucket refused and the upstream named when it takes the next send
@@ -382,6 +386,7 @@ impl Pacer {
     /// 3 ms of each pause's end, 12 refused). From nothing, the sends are spread at the pace
     /// and the first refusal stops them.
     pub fn hold(&mut self, until: Instant) {
+        self.clock.named();
         if matches!(self.source, Source::Aimd | Source::Observed) {
             self.level = self.level.min(0.0);
             self.held_until = Some(self.held_until.map_or(until, |h| h.max(until)));

@@ -216,7 +216,7 @@ impl Partition {
             let refusing = if for_tokens == Answer::RateLimited {
                 p.tokens.time_for(tickets.tokens.cost().max(1.0))
             } else {
-                p.requests.time_for(1.0)
+                p.requests.refusal_pause(now)
             };
             learned_pause = refusing;
         }

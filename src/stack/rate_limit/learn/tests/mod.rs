@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use super::*;
 use crate::provider::report;
 
+mod clock;
 mod cuts;
 mod fleet;
 mod ramp;

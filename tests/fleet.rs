@@ -1067,3 +1067,72 @@ async fn a_shrunk_bucket_keeps_the_level_its_report_gives() {
         "the report's empty bucket, not a full one: {level}"
     );
 }
+
+/// A pause beyond the deadline (a per-day quota's) refuses the request waiting for the shared
+/// bucket at once: it noticed the pause only once it held a token, spent on a request refused
+/// after it, and in each replica the queue behind it waited as long (`corral bench herd --scenario daily-quota --replicas 4 --redis
+/// auto`, limit set: the last refusals 0.3 s after the quota's 429, 1.28x its bound).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_beyond_the_deadline_refuses_the_fleets_queue_at_once() {
+    let Some(server) = redis() else { return };
+    let (upstream, arrivals) = {
+        let arrivals = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::clone(&arrivals);
+        let upstream = MockUpstream::start(move |_| {
+            let n = seen.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                if n == 1 {
+                    json(200, serde_json::json!({"ok": true}))
+                } else {
+                    let mut r = json(429, serde_json::json!({"error": {"type": "rate_limit"}}));
+                    r.headers_mut()
+                        .insert("retry-after", "3600".parse().unwrap());
+                    r
+                }
+            }
+        })
+        .await;
+        (upstream, arrivals)
+    };
+    // One request a second: the queue waits for the shared bucket, a second a request.
+    let limit = "[upstream.limits]\nrpm = 60\nburst = 1\n";
+    let corral = Corral::start(&fleet_config(&upstream, &server.url(), "", limit)).await;
+    let url = corral.url("/v1/chat/completions");
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..5)
+        .map(|i| {
+            let mut req = post(&url, &format!(r#"{{"model":"m","input":"{i}"}}"#));
+            req.headers_mut()
+                .insert("x-corral-deadline-ms", "30000".parse().unwrap());
+            tokio::spawn(async move { send(&client(), req).await.0 })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        let parts = t.await.unwrap();
+        let refused_here = parts.headers.get("x-corral-error").is_some();
+        statuses.push((parts.status.as_u16(), refused_here));
+    }
+    statuses.sort_unstable();
+    assert_eq!(
+        statuses,
+        [
+            (200, false),
+            (429, false),
+            (429, true),
+            (429, true),
+            (429, true)
+        ],
+        "one served, the quota's 429 passed on, the rest refused by corral"
+    );
+    assert_eq!(
+        arrivals.load(Ordering::SeqCst),
+        2,
+        "none sent after the 429"
+    );
+    // Bound: the second request's token comes a second after the first, the refusals at
+    // once after its 429 (1.04 s here); the request that held the turn waiting for the next
+    // token would be refused a second later (2.04 s without the race), 0.6 s of slack.
+    let took = start.elapsed();
+    assert!(took < Duration::from_millis(1700), "took {took:?}");
+}

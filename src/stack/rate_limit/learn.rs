@@ -71,6 +71,11 @@
 //!   the window's own successes come back after the probes' refusals), then a success (a
 //!   window that opens on the clock, as Azure's 10 s ones do when their 429s carry no hint:
 //!   [`Pacer::unnamed_pause`]).
+//! - **Windows that open on the clock** (requests, a corral alone on its key): each pause no
+//!   one named that ends in a success is an opening; once two periods between openings agree,
+//!   what the last whole window admitted goes at each opening and nothing after until just
+//!   before the next is due, when probes look for it (`learn/clock.rs`: Azure's sub-windows,
+//!   whose 429s on the Responses API name no wait).
 //! - **A named pause ends at the pace.** The bucket that named a wait was empty: a level no
 //!   report resynchronises (no headers, or demoted ones) banks nothing over the pause, so its
 //!   end sends at the pace, not in one burst ([`Pacer::hold`]).

@@ -509,10 +509,10 @@ class World:
         ps = st["per_second"].setdefault(sec, {})
         key = "200" if status == 200 else f"{status}:{cause}"
         ps[key] = ps.get(key, 0) + 1
-        if self.name in H1_WORLDS:  # finer timeline for the incident worlds (answers per 100 ms)
-            k100 = f"{int((time.monotonic() - self.t0) * 10) / 10:.1f}"
-            p100 = st.setdefault("per_100ms", {}).setdefault(k100, {})
-            p100[key] = p100.get(key, 0) + 1
+        # a finer timeline, answers per 100 ms (every world since stop 49)
+        k100 = f"{int((time.monotonic() - self.t0) * 10) / 10:.1f}"
+        p100 = st.setdefault("per_100ms", {}).setdefault(k100, {})
+        p100[key] = p100.get(key, 0) + 1
         if model:
             bm = st["by_model"].setdefault(model, {})
             bm[key] = bm.get(key, 0) + 1

@@ -22,12 +22,13 @@ const TIMEOUT_HEADER: HeaderName = HeaderName::from_static("x-stainless-timeout"
 /// How long a client that sent `timeout` (seconds; `60.0`, `600`) waits for the response
 /// head: its timeout less a twentieth (at most a second), so corral's answer reaches it before
 /// its own clock runs out (that clock starts when it has sent the request, after corral's).
-/// `None` for a value that is not a positive number of seconds (anthropic's `NOT_GIVEN`).
+/// `None` for a value that is not a number of seconds of at least a millisecond (anthropic's
+/// `NOT_GIVEN`, `1e-9`).
 fn client_wait(timeout: &HeaderValue) -> Option<Duration> {
     let secs = timeout.to_str().ok()?.trim().parse::<f64>().ok()?;
     let timeout = Duration::try_from_secs_f64(secs)
         .ok()
-        .filter(|t| !t.is_zero())?;
+        .filter(|t| *t >= Duration::from_millis(1))?;
     Some(timeout - (timeout / 20).min(Duration::from_secs(1)))
 }
 
@@ -43,9 +44,9 @@ pub struct Deadlines {
     pub exchange: Option<Instant>,
 }
 
-/// What a client asks of corral in its request's headers (its deadline, its priority), found
-/// with one look at their names: most requests send neither, and a lookup of each would hash
-/// its name for nothing.
+/// What a client asks of corral in its request's headers (its deadline, its SDK's timeouts,
+/// its priority), found with one look at their names: most requests send none of them, and a
+/// lookup of each would hash its name for nothing.
 pub struct Asks<'a> {
     deadline: Option<&'a HeaderValue>,
     priority: Option<&'a HeaderValue>,
@@ -194,7 +195,7 @@ mod tests {
         ]);
         assert_eq!(corral.head, start + Duration::from_secs(1));
         // What is not a positive number of seconds is no timeout.
-        for odd in ["NOT_GIVEN", "0", "-3", "inf", "NaN", ""] {
+        for odd in ["NOT_GIVEN", "0", "1e-9", "-3", "inf", "NaN", ""] {
             let odd = head(&[("x-stainless-timeout", odd)]);
             assert_eq!(odd.head, start + ten);
         }

@@ -251,7 +251,8 @@ pub enum Admission {
     Paced,
     /// Past the pace: nothing in flight or answered for a while.
     Anyway,
-    /// As a window that opens on the clock takes it (`learn/clock.rs`), charged nothing.
+    /// As a window that opens on the clock takes it (`learn/clock.rs`): counted as sent, the
+    /// level untouched.
     Window,
 }
 

@@ -12,7 +12,8 @@
 //! upstream counts it, and then nothing until shortly before the next opening is due, when
 //! probes go a fiftieth of the period apart until one is admitted (the new opening). Learned
 //! only for the requests of a corral alone on its key (a fleet shares its refill otherwise),
-//! and dropped when no opening comes within a period past the due one.
+//! and dropped when no opening is seen within two periods past the due one, or when the
+//! window refuses more than a quarter of its learned count.
 
 use std::time::Duration;
 
@@ -37,28 +38,33 @@ pub(super) struct Clock {
     /// The latest opening: when its first admitted attempt was sent (the window was open by
     /// then), and the units sent before that attempt (its ticket's `seq` less its cost).
     opened: Option<(Instant, f64)>,
-    /// When the last attempt refused before that opening was sent (the window was still
-    /// closed then): the opening came between the two.
+    /// When the last attempt refused before that opening was sent (once learned, of the
+    /// probes for it): the window was still closed then, so the opening came between the two.
     closed: Option<Instant>,
     /// Units admitted of the attempts sent since `opened`.
     admitted: f64,
-    /// The last period seen, and the learned one (two that agreed).
-    last_period: Option<Duration>,
+    /// The last period seen, and the learned one (two that agreed), each with how far off it
+    /// may be (half the spans its openings lay in, added).
+    last_period: Option<(Duration, Duration)>,
     period: Option<Duration>,
+    period_off: Duration,
     /// What the last whole window admitted.
     capacity: Option<f64>,
     /// The current window refused an attempt sent within it: its count is spent.
     spent: bool,
+    /// Attempts of the current window's learned count it refused: past a quarter of the
+    /// count, the window is no clock's and is forgotten.
+    refused_open: f64,
     /// The next probe for an opening may go at this instant.
     next_probe: Option<Instant>,
-    /// A wait was named since the last opening: that pause was the upstream's word.
-    named: bool,
+    /// The end of the last pause the upstream named: a pause it overlapped was its word.
+    named_until: Option<Instant>,
 }
 
 impl Clock {
     /// The learned window: its latest opening (instant, units sent before it), period and
     /// capacity.
-    fn learned(&self) -> Option<(Instant, f64, Duration, f64)> {
+    pub(super) fn learned(&self) -> Option<(Instant, f64, Duration, f64)> {
         let (at, seq) = self.opened?;
         Some((at, seq, self.period?, self.capacity?))
     }
@@ -78,9 +84,50 @@ impl Clock {
         Some(closed + at.saturating_duration_since(closed) / 2)
     }
 
-    /// The upstream named a wait: the pause it ends is no clock's.
-    pub(super) fn named(&mut self) {
-        self.named = true;
+    /// The upstream named a wait until `until`: the pause it ends is no clock's.
+    pub(super) fn named(&mut self, until: Instant) {
+        self.named_until = Some(self.named_until.map_or(until, |u| u.max(until)));
+    }
+
+    /// A window opens at `sent` (units sent before it: `seq`), the last refusal before it at
+    /// `closed`, with `units` admitted.
+    fn anchor(&mut self, sent: Instant, seq: f64, closed: Instant, units: f64) {
+        self.opened = Some((sent, seq));
+        self.closed = Some(closed);
+        self.admitted = units;
+        self.spent = false;
+        self.refused_open = 0.0;
+        self.next_probe = None;
+    }
+
+    /// A period measured between the middles of two openings, off by up to `off`: learned
+    /// once two agree (within [`AGREE`] of each other, and half what each may be off: before
+    /// the window is learned the cut pace's probes are up to 2 s apart), then averaged, with
+    /// what the window before it admitted as the count.
+    fn measured(&mut self, period: Duration, off: Duration) {
+        if period < MIN_PERIOD {
+            return;
+        }
+        let agree = |p: Duration, p_off: Duration| {
+            period.abs_diff(p) <= p.mul_f64(AGREE) + (off + p_off) / 2
+        };
+        let (learned, learned_off) = (self.period, self.period_off);
+        self.period = match (learned, self.last_period) {
+            (Some(learned), _) if agree(learned, learned_off) => {
+                self.period_off = (learned_off + off) / 2;
+                Some((learned + period) / 2)
+            }
+            (_, Some((last, last_off))) if agree(last, last_off) => {
+                self.period_off = (last_off + off) / 2;
+                Some((last + period) / 2)
+            }
+            _ => None,
+        };
+        self.last_period = Some((period, off));
+        self.capacity = Some(match self.capacity {
+            Some(known) if !self.spent => known.max(self.admitted),
+            _ => self.admitted,
+        });
     }
 }
 
@@ -90,83 +137,101 @@ impl Pacer {
         self.kind == Kind::Requests && !self.fleet && self.clock.learned().is_some()
     }
 
-    /// An attempt sent at its ticket's instant was admitted (`units`); `paused`: a pause no one
-    /// named came before it. The first success, and each that ends such a pause or (once
-    /// learned) comes from a probe for the next opening, opens a window.
+    /// An attempt sent at its ticket's instant was admitted (`units`); `paused`: a pause came
+    /// before it (see [`Pacer::unnamed_pause`]). The first success opens a window; so does each
+    /// that ends such a pause, measuring a period if no wait the upstream named overlapped the
+    /// pause, and, once learned, each sent from a twentieth of the period before the next
+    /// opening is due: measuring a period when a probe was refused before it, else (the window
+    /// never closed: its count is more than learned) with a tenth more room and no period.
     pub(super) fn clock_admitted(&mut self, ticket: Ticket, units: f64, paused: bool) {
         if self.kind != Kind::Requests || self.fleet {
             return;
         }
         let sent = ticket.sent_at;
-        let closed = self
-            .refused_sent
-            .iter()
-            .filter(|&&at| at < sent)
+        let probe_from = self.clock.probe_from();
+        // Once learned, only the probes' refusals bound the opening: the window's own, once
+        // spent, came a period before it.
+        let closed = (self.refused_sent.iter())
+            .filter(|&&at| at < sent && probe_from.is_none_or(|from| at >= from))
             .max()
             .copied();
+        let seq = ticket.seq - ticket.cost;
         let c = &mut self.clock;
         let (Some((at, _)), Some(middle)) = (c.opened, c.middle()) else {
-            c.opened = Some((sent, ticket.seq - ticket.cost));
-            c.admitted = units;
+            c.anchor(sent, seq, sent, units);
             return;
         };
-        let opening = match c.probe_from() {
+        let named = c.named_until.is_some_and(|until| until > at);
+        let opening = match probe_from {
             Some(from) => sent >= from,
-            None => paused && !c.named,
+            None => paused,
         };
         if !opening {
             if sent >= at {
                 c.admitted += units;
             }
+            if c.named_until.is_some_and(|until| sent >= until) {
+                c.named_until = None;
+            }
             return;
         }
-        let earliest = closed.filter(|&c| c > at).unwrap_or(sent);
-        let period = (earliest + sent.saturating_duration_since(earliest) / 2)
-            .saturating_duration_since(middle);
-        if period >= MIN_PERIOD {
-            let agree = |p: Duration| period.abs_diff(p).as_secs_f64() <= AGREE * p.as_secs_f64();
-            c.period = match (c.period, c.last_period) {
-                (Some(learned), _) if agree(learned) => Some((learned + period) / 2),
-                (_, Some(last)) if agree(last) => Some((last + period) / 2),
-                _ => None,
-            };
-            c.last_period = Some(period);
-            c.capacity = Some(if c.spent || c.capacity.is_none() {
-                c.admitted
-            } else {
-                c.capacity.unwrap_or(0.0).max(c.admitted)
-            });
+        match (probe_from, closed.filter(|&closed| closed > at)) {
+            (Some(_), None) => {
+                let known = c.capacity.unwrap_or(0.0);
+                c.capacity = Some(known + (known / 10.0).max(1.0));
+                c.anchor(sent, seq, sent, units);
+                return;
+            }
+            (None, _) if named => c.named_until = None,
+            (_, closed) => {
+                let earliest = closed.unwrap_or(sent);
+                let span = sent.saturating_duration_since(earliest);
+                let off = (span
+                    + c.closed
+                        .map_or(Duration::ZERO, |c| at.saturating_duration_since(c)))
+                    / 2;
+                c.measured((earliest + span / 2).saturating_duration_since(middle), off);
+            }
         }
-        c.opened = Some((sent, ticket.seq - ticket.cost));
-        c.closed = Some(earliest);
-        c.admitted = units;
-        c.spent = false;
-        c.named = false;
-        c.next_probe = None;
+        c.anchor(
+            sent,
+            seq,
+            closed.filter(|&closed| closed > at).unwrap_or(sent),
+            units,
+        );
     }
 
     /// An attempt sent at `sent` was refused as a rate 429: sent within a window's open span,
     /// the window's count is spent.
     pub(super) fn clock_refused(&mut self, sent: Instant) {
-        if self.clock.opened.is_some_and(|(at, _)| sent >= at)
-            && self.clock.probe_from().is_none_or(|from| sent < from)
-        {
-            self.clock.spent = true;
+        let c = &mut self.clock;
+        if c.opened.is_some_and(|(at, _)| sent >= at) && c.probe_from().is_none_or(|f| sent < f) {
+            c.spent = true;
+            if let Some((_, _, _, capacity)) = c.learned() {
+                c.refused_open += 1.0;
+                if c.refused_open > capacity / 4.0 {
+                    *c = Clock::default();
+                }
+            }
         }
     }
 
     /// What the learned window says of one more request now: `None` when it has no say (not
-    /// learned, or lost: no opening came within a period past the due one, and then it is
-    /// forgotten), else admit it ([`Admission::Window`]) or wait so long.
+    /// learned, or lost: no opening seen within two periods past the due one, which leaves
+    /// a period for the answer to a probe to come back, and then it is forgotten), else admit
+    /// it ([`Admission::Window`]) or wait so long. A pause the upstream named holds it too.
     pub(super) fn clock_admits(&mut self, now: Instant) -> Option<Result<Admission, Duration>> {
         if !self.clocked() {
             return None;
         }
         let (at, seq, period, capacity) = self.clock.learned()?;
         let probe_from = self.clock.probe_from()?;
-        if now >= at + period * 2 {
+        if now >= at + period * 3 {
             self.clock = Clock::default();
             return None;
+        }
+        if let Some(held) = self.held_until.filter(|held| *held > now) {
+            return Some(Err(held - now));
         }
         if now < probe_from {
             let used = self.sent - seq;

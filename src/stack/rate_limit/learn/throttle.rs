@@ -386,7 +386,7 @@ impl Pacer {
     /// 3 ms of each pause's end, 12 refused). From nothing, the sends are spread at the pace
     /// and the first refusal stops them.
     pub fn hold(&mut self, until: Instant) {
-        self.clock.named();
+        self.clock.named(until);
         if matches!(self.source, Source::Aimd | Source::Observed) {
             self.level = self.level.min(0.0);
             self.held_until = Some(self.held_until.map_or(until, |h| h.max(until)));

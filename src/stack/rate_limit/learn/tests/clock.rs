@@ -4,22 +4,19 @@ use std::collections::VecDeque;
 
 use super::*;
 
-/// A fixed window of `capacity` per `period` counted from `start`, whose 429s name no wait
-/// (Azure's sub-windows on the Responses API), answering successes in `service` and refusals
-/// in 5 ms; `tasks` queued at once, each sent again when refused, through one pacer trying every
-/// millisecond. Returns when each window's refusals were sent (by window) and the makespan.
-fn fixed_windows(
+/// `tasks` queued at once through one pacer trying every millisecond, each sent again when
+/// refused: `admits(now)` says whether the upstream takes a send now, which it answers in
+/// `service` (refusals, 429s that name no wait, in 5 ms); `each` sees the pacer after every
+/// millisecond. Returns when each refused attempt was sent and the makespan.
+fn drive(
     tasks: usize,
-    capacity: usize,
-    period: Duration,
     service: Duration,
-) -> (Vec<usize>, Duration) {
+    mut admits: impl FnMut(Instant) -> bool,
+    mut each: impl FnMut(&mut Pacer, Instant),
+) -> (Vec<Duration>, Duration) {
     let start = Instant::now();
     let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, start);
-    let mut counts: Vec<usize> = Vec::new();
-    let mut refused: Vec<usize> = Vec::new();
-    let mut queue = tasks;
-    let mut done = 0;
+    let (mut queue, mut done, mut refused) = (tasks, 0, Vec::new());
     let mut answers: VecDeque<(Instant, Ticket, bool)> = VecDeque::new();
     let mut now = start;
     let end = start + Duration::from_secs(300);
@@ -41,23 +38,54 @@ fn fixed_windows(
                 break;
             };
             queue -= 1;
-            let window = (now - start).as_millis() as usize / period.as_millis() as usize;
-            if counts.len() <= window {
-                counts.resize(window + 1, 0);
-                refused.resize(window + 1, 0);
-            }
-            if counts[window] < capacity {
-                counts[window] += 1;
+            if admits(now) {
                 answers.push_back((now + service, ticket, true));
             } else {
-                refused[window] += 1;
+                refused.push(now - start);
                 answers.push_back((now + Duration::from_millis(5), ticket, false));
             }
         }
+        each(&mut pacer, now);
         now += Duration::from_millis(1);
     }
-    assert_eq!(done, tasks, "all done within 300 s: {refused:?}");
+    assert_eq!(done, tasks, "all done within 300 s");
     (refused, now - start)
+}
+
+/// A fixed window of `capacity` per `period` counted from the start (Azure's sub-windows on
+/// the Responses API): refusals by the window they were sent in, and the makespan. `named`:
+/// 3 s in, the upstream names a wait of half a second once (another 429 on the key, as the
+/// partition reports it).
+fn fixed_windows(
+    tasks: usize,
+    capacity: usize,
+    period: Duration,
+    named: bool,
+) -> (Vec<usize>, Duration) {
+    let start = Instant::now();
+    let mut counts: Vec<usize> = Vec::new();
+    let window = |at: Duration| (at.as_millis() / period.as_millis()) as usize;
+    let admits = |now: Instant| {
+        let w = window(now - start);
+        if counts.len() <= w {
+            counts.resize(w + 1, 0);
+        }
+        counts[w] += 1;
+        counts[w] <= capacity
+    };
+    let mut held = !named;
+    let hold = |p: &mut Pacer, now: Instant| {
+        if !held && now >= start + Duration::from_secs(3) {
+            p.hold(now + Duration::from_millis(500));
+            held = true;
+        }
+    };
+    let (refusals, makespan) = drive(tasks, Duration::from_millis(200), admits, hold);
+    let mut refused = vec![0; window(makespan) + 1];
+    for at in refusals {
+        refused[window(at)] += 1;
+    }
+    (refused, makespan)
 }
 
 /// Once two openings a period apart have shown the window, each window's count goes at its
@@ -69,7 +97,7 @@ fn fixed_windows(
 #[test]
 fn a_window_that_opens_on_the_clock_is_learned() {
     let period = Duration::from_secs(10);
-    let (refused, makespan) = fixed_windows(500, 100, period, Duration::from_millis(200));
+    let (refused, makespan) = fixed_windows(500, 100, period, false);
     let learned: usize = refused[2..].iter().sum();
     assert!(
         learned <= 5 * (refused.len() - 2),
@@ -80,5 +108,51 @@ fn a_window_that_opens_on_the_clock_is_learned() {
     assert!(
         makespan < Duration::from_secs(41),
         "{makespan:?}, {refused:?}"
+    );
+}
+
+/// A wait the upstream named in the first window makes that window's pause no measure, and
+/// no more: the clock is learned a window later (a named pause once kept it from ever being
+/// learned).
+#[test]
+fn a_named_wait_delays_the_clock_by_a_window() {
+    let (refused, makespan) = fixed_windows(600, 100, Duration::from_secs(10), true);
+    let learned: usize = refused[3..].iter().sum();
+    assert!(
+        learned <= 5 * (refused.len() - 3),
+        "refused by window {refused:?}"
+    );
+    assert!(
+        makespan < Duration::from_secs(51),
+        "{makespan:?}, {refused:?}"
+    );
+}
+
+/// A bucket that refills as it goes (50, refilled 20 a second), refusing with no hint, is no
+/// clock's: its refusals never make a pause of a second with four refused in it, so no window
+/// is learned, and nothing goes past the pace as a window's count would.
+#[test]
+fn a_bucket_that_refills_as_it_goes_is_no_clock() {
+    let start = Instant::now();
+    let (mut level, mut last) = (50.0_f64, start);
+    let admits = |now: Instant| {
+        level = (level + 20.0 * (now - last).as_secs_f64()).min(50.0);
+        last = now;
+        let ok = level >= 1.0;
+        if ok {
+            level -= 1.0;
+        }
+        ok
+    };
+    let mut learned = false;
+    let (refused, makespan) = drive(500, Duration::from_millis(200), admits, |p, _| {
+        learned |= p.clock.learned().is_some();
+    });
+    assert!(!learned, "a clock learned from a bucket");
+    // Bound: (500 - 50) / 20 = 22.5 s, and the cut pace's way there.
+    assert!(
+        makespan < Duration::from_secs(30),
+        "{makespan:?}, {} refused",
+        refused.len()
     );
 }

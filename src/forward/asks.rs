@@ -114,19 +114,8 @@ impl<'a> Asks<'a> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::map;
     use super::*;
-
-    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
-        pairs
-            .iter()
-            .map(|(k, v)| {
-                (
-                    HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                    HeaderValue::from_str(v).unwrap(),
-                )
-            })
-            .collect()
-    }
 
     #[test]
     fn the_clients_priority_is_read_when_sent_and_refused_when_unknown() {

@@ -369,7 +369,8 @@ where
 mod tests {
     use super::*;
 
-    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+    /// A header map of `pairs`, in order (the `asks` tests' too).
+    pub(super) fn map(pairs: &[(&str, &str)]) -> HeaderMap {
         pairs
             .iter()
             .map(|(k, v)| {

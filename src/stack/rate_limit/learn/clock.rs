@@ -161,6 +161,8 @@ impl Pacer {
             c.anchor(sent, seq, sent, units);
             return;
         };
+        // A refusal before the last opening bounds none after it.
+        let closed = closed.filter(|&closed| closed > at);
         let named = c.named_until.is_some_and(|until| until > at);
         let opening = match probe_from {
             Some(from) => sent >= from,
@@ -175,7 +177,7 @@ impl Pacer {
             }
             return;
         }
-        match (probe_from, closed.filter(|&closed| closed > at)) {
+        match (probe_from, closed) {
             (Some(_), None) => {
                 let known = c.capacity.unwrap_or(0.0);
                 c.capacity = Some(known + (known / 10.0).max(1.0));
@@ -193,12 +195,7 @@ impl Pacer {
                 c.measured((earliest + span / 2).saturating_duration_since(middle), off);
             }
         }
-        c.anchor(
-            sent,
-            seq,
-            closed.filter(|&closed| closed > at).unwrap_or(sent),
-            units,
-        );
+        c.anchor(sent, seq, closed.unwrap_or(sent), units);
     }
 
     /// An attempt sent at `sent` was refused as a rate 429: sent within a window's open span,

@@ -98,17 +98,18 @@ fn fixed_windows(
 fn a_window_that_opens_on_the_clock_is_learned() {
     let period = Duration::from_secs(10);
     let (refused, makespan) = fixed_windows(500, 100, period, false);
-    let learned: usize = refused[2..].iter().sum();
-    assert!(
-        learned <= 5 * (refused.len() - 2),
-        "refused by window {refused:?}"
-    );
     // Bound: four waits for an opening and a service time (40.2 s); each opening found
     // within its probes' spacing once learned.
-    assert!(
-        makespan < Duration::from_secs(41),
-        "{makespan:?}, {refused:?}"
-    );
+    learned_from(&refused, 2, makespan, Duration::from_secs(41));
+}
+
+/// From window `from` on, at most five refused a window (the probes for its opening), and
+/// all done within `bound`.
+fn learned_from(refused: &[usize], from: usize, makespan: Duration, bound: Duration) {
+    let learned: usize = refused[from..].iter().sum();
+    let windows = refused.len() - from;
+    assert!(learned <= 5 * windows, "refused by window {refused:?}");
+    assert!(makespan < bound, "{makespan:?}, {refused:?}");
 }
 
 /// A wait the upstream named in the first window makes that window's pause no measure, and
@@ -117,15 +118,7 @@ fn a_window_that_opens_on_the_clock_is_learned() {
 #[test]
 fn a_named_wait_delays_the_clock_by_a_window() {
     let (refused, makespan) = fixed_windows(600, 100, Duration::from_secs(10), true);
-    let learned: usize = refused[3..].iter().sum();
-    assert!(
-        learned <= 5 * (refused.len() - 3),
-        "refused by window {refused:?}"
-    );
-    assert!(
-        makespan < Duration::from_secs(51),
-        "{makespan:?}, {refused:?}"
-    );
+    learned_from(&refused, 3, makespan, Duration::from_secs(51));
 }
 
 /// A bucket that refills as it goes (50, refilled 20 a second), refusing with no hint, is no

@@ -45,12 +45,13 @@
 //!   more go (doubling per round trip), and the first throttle ends it.
 //! - **Silence is consent.** A bucket refuses at once; an answer takes the service time, for an
 //!   LLM seconds. An attempt not refused within twice the slowest recent refusal (any 429 or
-//!   overload: each shows how long this upstream takes to refuse; before one is seen and while
-//!   no answer has come either, twice the slowest recent connection handshake plus
-//!   `REFUSAL_WORK`; else `CONSENT`; `MIN_CONSENT` at least) was admitted, and confirms its units as a success would
-//!   (its answer then adds nothing). So the ramp doubles per refusal round trip when answers are
-//!   slower than that, not per answer: a herd behind answers of seconds on a key whose limit
-//!   holds it all is not held back by half a second per doubling.
+//!   overload: each shows how long this upstream takes to refuse; before one is seen, twice
+//!   the slowest recent connection handshake plus `REFUSAL_WORK`, answers or not; `CONSENT`
+//!   before a connection opened; `MIN_CONSENT` at least) was admitted, and confirms its units
+//!   as a success would (its answer then adds nothing). So the ramp doubles per refusal round
+//!   trip when answers are slower than that, not per answer: a herd behind answers of a
+//!   fraction of a second or of seconds, on a key whose limit holds it all, is not held back
+//!   by an answer's time per doubling.
 //! - **No headers** (source `aimd`): the first 429 cuts the measured send rate by `BETA` (AWS's
 //!   adaptive mode); throttle windows then estimate the rate as above.
 //! - **Evidence bounds every cut.** Only 429s read as "the bucket is empty" reach
@@ -132,7 +133,7 @@ const SLOW_START_STALL: Duration = Duration::from_secs(1);
 /// Before any refusal is seen, an attempt unanswered this long was admitted: a bucket refuses
 /// at once, an answer takes the service time ([`Pacer::consent`]). Once refusals are seen, twice
 /// the slowest recent one, but at least `MIN_CONSENT` (a timer's tick and a busy scheduler).
-/// Before a refusal and before any answer, once a connection to the upstream has opened: twice
+/// Before a refusal, once a connection to the upstream has opened: twice
 /// its handshake (a round trip, two with TLS) plus `REFUSAL_WORK`, the time a front door takes
 /// to refuse beyond the network, within `MIN_CONSENT..=CONSENT`. A herd's requests reach it at
 /// once and it reads them one after another: behind a Python upstream on loopback (handshakes

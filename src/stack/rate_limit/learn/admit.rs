@@ -222,21 +222,32 @@ impl Pacer {
         let wait = self.consent_wait();
         let from = self.first_unconfirmed();
         let oldest = self.unanswered.get(from)?;
-        Some((oldest.sent_at + wait).saturating_duration_since(now))
+        let mut due = oldest.sent_at + wait;
+        if self.handshake.is_none() && self.min_rtt.is_none() && self.refusal_latency.is_none() {
+            // The wait is the half-second guess that the first connection's handshake, a
+            // round trip away, replaces: look again then. Slept on, it held the first sends'
+            // silence unread until an answer came (`lb-resets`, answers of 0.5 s: the ramp
+            // doubled per answer, 2.9 s for the median task where the client alone took 1.6).
+            due = due.min(now + REFUSAL_WORK);
+        }
+        Some(due.saturating_duration_since(now))
     }
 
     /// How long an attempt must go unanswered to count as admitted: twice the slowest recent
-    /// refusal (this upstream's own time to refuse, network included). Before one is seen,
-    /// [`CONSENT`], unless no answer has come yet either and a connection has opened: then
-    /// twice the slowest recent handshake plus [`REFUSAL_WORK`] (within `MIN_CONSENT..=CONSENT`).
-    /// Silence is all a ramp behind answers of seconds has to go on; once answers come back they
-    /// pace the ramp, and silence counting sooner than they come would only hurry it (four
-    /// corrals on one key with answers of 20 ms, each ramping per 10 ms of silence, overshot
-    /// the key together and cut each other to 1.3-2x the bound). A `[fleet]` replica takes the
-    /// short wait too, but spreads its sends over the guessed round trip ([`Pacer::ramp_gap`]).
+    /// refusal (this upstream's own time to refuse, network included). Before one is seen, once
+    /// a connection has opened, twice the slowest recent handshake plus [`REFUSAL_WORK`] (within
+    /// `MIN_CONSENT..=CONSENT`); [`CONSENT`] before that. Silence is all a ramp behind answers
+    /// of seconds has to go on. Answers faster than the wait pace the ramp themselves (the
+    /// wait never goes below `REFUSAL_WORK` before a refusal: four corrals on one key with
+    /// answers of 20 ms, each ramping per 10 ms of silence, overshot the key together and cut
+    /// each other to 1.3-2x the bound); slower ones do not stand in for it: an answer's time
+    /// is the service's, not a refusal's (a herd behind answers of 0.2-0.5 s with no limit,
+    /// waiting the half second once one came, doubled per answer: 1.2 s to send 500 where the
+    /// client alone sends them at once). A `[fleet]` replica takes the short wait too, but
+    /// spreads its sends over the guessed round trip ([`Pacer::ramp_gap`]).
     pub(super) fn consent_wait(&self) -> Duration {
         match (self.refusal_latency, self.handshake, self.min_rtt) {
-            (None, Some(h), None) => (Duration::from_secs_f64(2.0 * h.min(60.0)) + REFUSAL_WORK)
+            (None, Some(h), _) => (Duration::from_secs_f64(2.0 * h.min(60.0)) + REFUSAL_WORK)
                 .clamp(MIN_CONSENT, CONSENT),
             (None, _, _) => CONSENT,
             (Some(l), _, _) => Duration::from_secs_f64(2.0 * l.min(60.0)).max(MIN_CONSENT),

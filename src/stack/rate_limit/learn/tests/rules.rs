@@ -652,12 +652,22 @@ fn before_a_refusal_silence_counts_after_the_handshake() {
         spread > slow && spread < fast / 2,
         "{spread} sent in 300 ms, {fast} alone"
     );
-    // Once answers come back they pace the ramp: silence waits the half second again.
+    // Answers do not replace the handshake's measure: one of 200 ms says how long the
+    // service takes, not how long a refusal would (a herd behind answers of 0.2-0.5 s with
+    // no limit doubled per answer, 1.2 s to send 500 where the client alone sends at once).
     let mut answered = Pacer::new(Kind::Requests, 10, 1.0, start);
     answered.handshake(0.0001);
     let t = answered.try_acquire(1.0, start).unwrap();
-    answered.observe(t, Answer::Ok, None, start + Duration::from_millis(20));
-    assert_eq!(answered.consent_wait(), CONSENT);
+    answered.observe(t, Answer::Ok, None, start + Duration::from_millis(200));
+    assert_eq!(answered.consent_wait(), near.consent_wait());
+    // Before a connection has opened, the wait for the first sends' silence is a guess the
+    // handshake soon replaces: the next look comes within `REFUSAL_WORK`, not the half second.
+    let mut early = Pacer::new(Kind::Requests, 10, 1.0, start);
+    assert_eq!(sent(&mut early, start, 100).len(), 10);
+    let wait = early
+        .try_acquire(1.0, start + Duration::from_millis(100))
+        .unwrap_err();
+    assert!(wait.is_some_and(|w| w <= REFUSAL_WORK), "{wait:?}");
     // A refusal of 100 ms replaces the handshake's measure.
     let t = near.admit_anyway(1.0, start);
     near.observe(

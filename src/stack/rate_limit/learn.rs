@@ -41,6 +41,10 @@
 //!   others did. Added up over a window, a share well under the whole caps the pace at that
 //!   share of the key's rate before any 429 shows it; a share near the whole lifts such a cap
 //!   (`learn/drain.rs`).
+//! - **A second's quantum** (requests, a corral alone on its key): a report per minute may hide
+//!   a bucket per second (OpenAI's quantized limits). Until the edge is found, a ramp past one
+//!   second of the reported rate sends one probe and waits for it to be admitted
+//!   (`learn/quantum.rs`).
 //! - **Slow start** before anything is known: `initial_burst` requests go, each success lets two
 //!   more go (doubling per round trip), and the first throttle ends it.
 //! - **Silence is consent.** A bucket refuses at once; an answer takes the service time, for an
@@ -95,6 +99,7 @@ mod clock;
 mod drain;
 mod headers;
 mod meter;
+mod quantum;
 mod throttle;
 
 use std::collections::VecDeque;
@@ -107,6 +112,7 @@ use crate::provider::{Kind, Report};
 use self::clock::Clock;
 use self::drain::Drain;
 use self::meter::{Admitted, Meter};
+use self::quantum::Quantum;
 use self::throttle::{Cap, Throttles};
 
 /// Multiplicative cut on a throttle without an estimate (AWS adaptive retry's beta).
@@ -368,6 +374,8 @@ pub struct Pacer {
     admitted: Admitted,
     /// Others' drain on the key, from the reports ([`Pacer::drained`]).
     drain: Drain,
+    /// Sends over the last second while a per-minute report may hide a per-second bucket.
+    quantum: Quantum,
     /// A `[fleet]` replica ([`Pacer::in_fleet`]).
     fleet: bool,
     /// A bucket the fleet shares through Redis (configured, or learned from the headers)
@@ -432,6 +440,7 @@ impl Pacer {
             throttles: 0,
             admitted: Admitted::default(),
             drain: Drain::default(),
+            quantum: Quantum::default(),
             fleet_bucket: false,
             fleet_scale: 1.0,
             fleet: false,
@@ -552,6 +561,7 @@ impl Pacer {
         self.refill(now);
         self.quiet_since = now;
         self.forget(ticket, now);
+        self.quantum.answered(ticket.seq, answer == Answer::Ok);
         // A report of a long window (a per-day quota, as Groq's request headers are): its rate
         // is a day's average and its `remaining` the day's, nothing about the bucket that
         // refuses first. The pacer learns as without headers; the quota's own 429 is read as

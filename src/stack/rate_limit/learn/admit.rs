@@ -48,6 +48,7 @@ impl Pacer {
         }
         (self.ramp_gap().is_none() || now >= self.next_send)
             && self.level >= cost.min(self.burst).max(f64::MIN_POSITIVE)
+            && !self.quantum_holds(cost, now)
     }
 
     /// Admit `cost` units now, or say how long to wait (`None`: until an answer arrives).
@@ -116,6 +117,9 @@ impl Pacer {
         if let Some(verdict) = self.clock_admits(now) {
             return verdict.map_err(Some);
         }
+        if self.quantum_holds(cost, now) {
+            return Err(self.next_consent(now));
+        }
         let need = cost.min(self.burst).max(f64::MIN_POSITIVE);
         let gap = self.ramp_gap();
         if gap.is_some() && now < self.next_send && self.level >= need {
@@ -161,6 +165,7 @@ impl Pacer {
             last = Some(t.seq);
         }
         let Some(last) = last else { return };
+        self.quantum.consented(last);
         if self.recovering() {
             // Each attempt sent after the last cut and not refused within the wait adds its
             // units per that wait: the way back from a window that reopened on the clock
@@ -321,6 +326,7 @@ impl Pacer {
             if self.kind == Kind::Requests && self.source == Source::Headers && !self.fleet {
                 self.drain.sent(self.sent, now);
             }
+            self.quantum_sent(self.sent, cost, now);
             if self.unanswered.len() >= MAX_UNANSWERED {
                 self.unanswered.pop_front();
             }
@@ -350,6 +356,7 @@ impl Pacer {
     /// The attempt admitted with `ticket` will never be answered (its request was cancelled).
     pub fn abandon(&mut self, ticket: Ticket, now: Instant) {
         self.forget(ticket, now);
+        self.quantum.answered(ticket.seq, false);
     }
 
     /// Units sent shortly before `ticket` and still unanswered: on a busy machine they may reach

@@ -137,3 +137,49 @@ fn confirmed_headroom_is_a_window_not_a_gift_per_answer() {
     let next = sent(&mut pacer, later, 10);
     assert_eq!(next.len(), 2, "its slot and one more, not a window");
 }
+
+/// A per-minute report (1,200) over a bucket of 20 refilled 20 a second, answers' heads in
+/// 3 ms (a stream's), refusals in 4 ms: each answer confirms a send before any refusal can come
+/// back, so the ramp doubles faster than the bucket's edge can show itself. Past a second of
+/// the reported rate one probe goes alone; its refusal finds the edge: 1 refused in 2 s, 58
+/// admitted. Without the probe, 30 refused (14-19 in `openai-stream`).
+#[tokio::test(start_paused = true)]
+async fn past_a_second_of_the_reported_rate_one_probe_goes_alone() {
+    let start = Instant::now();
+    let mut model = Model::styled(20.0, 20.0, Style::Quantized);
+    let mut pacer = Pacer::new(Kind::Requests, 10, 0.97, start);
+    pacer.handshake(0.0001);
+    let mut in_flight: Vec<(Instant, Ticket, bool, HeaderMap)> = Vec::new();
+    let (mut admitted, mut refused) = (0, 0);
+    let mut paused = start;
+    while start.elapsed() < Duration::from_secs(2) {
+        let now = Instant::now();
+        let (due, rest): (Vec<_>, Vec<_>) = in_flight.into_iter().partition(|(t, ..)| *t <= now);
+        in_flight = rest;
+        for (_, ticket, ok, headers) in due {
+            let r = report(&headers, Kind::Requests, SystemTime::now());
+            let answer = if ok { Answer::Ok } else { Answer::RateLimited };
+            pacer.observe(ticket, answer, r, now);
+            if !ok {
+                paused = paused.max(now + pacer.time_for(1.0).unwrap_or_default());
+            }
+        }
+        while let Some(ticket) = (paused <= now)
+            .then(|| pacer.try_acquire(1.0, now).ok())
+            .flatten()
+        {
+            let (ok, headers, _) = model.arrive(now);
+            let delay = Duration::from_millis(if ok { 3 } else { 4 });
+            in_flight.push((now + delay, ticket, ok, headers));
+            if ok {
+                admitted += 1;
+            } else {
+                refused += 1;
+            }
+        }
+        tokio::time::advance(Duration::from_micros(250)).await;
+    }
+    assert!(refused <= 2, "{refused} refused, {admitted} admitted");
+    // The bucket's 20 and its refill since, less a little: the probe costs no pace.
+    assert!(admitted >= 50, "{admitted} admitted in 2 s");
+}

@@ -1,0 +1,115 @@
+//! A report per minute over a bucket per second. OpenAI's guide says a limit may be quantized
+//! ("60,000 requests/minute may be enforced as 1,000 requests/second"), other hosted APIs that
+//! it "may be enforced based on QPS (RPM/60)": until the upstream has admitted more than one
+//! second of the reported rate within a second, the headroom a report shows may end a second's
+//! worth in. So until the bucket's edge is found, a ramp spending reported headroom sends past
+//! that point one probe at a time: the next goes once the probe is admitted (answered, or
+//! confirmed by its silence), and a refused probe finds the edge with one 429, not with the
+//! whole round trip the ramp had in flight (`openai-stream`: heads of 3 ms doubled the ramp
+//! faster than a refusal came back, 14-19 sends refused at the second's end).
+//!
+//! Requests only: the quantum of a token limit is no count of sends.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Pacer, Source};
+use crate::provider::Kind;
+
+/// The span a quantized limit is enforced over.
+const QUANTUM: Duration = Duration::from_secs(1);
+/// Sends remembered over that span, at most.
+const SENDS_KEPT: usize = 4096;
+
+/// Sends over the last [`QUANTUM`] and the probe beyond it (see the module).
+#[derive(Debug, Default)]
+pub(super) struct Quantum {
+    /// When each send went and its units, over the last `QUANTUM`.
+    sends: VecDeque<(Instant, f64)>,
+    /// Their units added up.
+    units: f64,
+    /// The sequence number of the send past a second of the reported rate, unanswered.
+    probe: Option<f64>,
+    /// The upstream admitted a probe, or the edge is known: nothing to gate.
+    done: bool,
+}
+
+impl Quantum {
+    fn expire(&mut self, now: Instant) {
+        while let Some(&(at, units)) = self.sends.front() {
+            if now.saturating_duration_since(at) < QUANTUM && self.sends.len() < SENDS_KEPT {
+                break;
+            }
+            self.sends.pop_front();
+            self.units -= units;
+        }
+        if self.sends.is_empty() {
+            self.units = 0.0;
+        }
+    }
+
+    /// The attempt with `seq` was answered or given up: a probe admitted (`ok`) ends the gate.
+    pub(super) fn answered(&mut self, seq: f64, ok: bool) {
+        if self.probe == Some(seq) {
+            self.probe = None;
+            self.done |= ok;
+        }
+    }
+
+    /// Attempts up to `seq` were confirmed by their silence.
+    pub(super) fn consented(&mut self, seq: f64) {
+        if self.probe.is_some_and(|probe| probe <= seq) {
+            self.probe = None;
+            self.done = true;
+        }
+    }
+
+    /// Nothing more to gate: the bucket's edge is known.
+    pub(super) fn end(&mut self) {
+        self.done = true;
+        self.probe = None;
+        self.sends.clear();
+        self.units = 0.0;
+    }
+}
+
+impl Pacer {
+    /// One second of the reported rate, while the quantum gates this pacer (see the module).
+    fn quantum(&self) -> Option<f64> {
+        let gated = !self.quantum.done
+            && self.kind == Kind::Requests
+            && self.source == Source::Headers
+            && self.floor.is_none()
+            && !self.fleet
+            && self.header_rate > 0.0;
+        gated.then(|| self.header_rate * QUANTUM.as_secs_f64())
+    }
+
+    /// Whether a send of `cost` now waits for the probe already past the quantum.
+    pub(super) fn quantum_holds(&mut self, cost: f64, now: Instant) -> bool {
+        let Some(quantum) = self.quantum() else {
+            return false;
+        };
+        self.quantum.expire(now);
+        self.quantum.probe.is_some() && self.quantum.units + cost.max(1.0) > quantum
+    }
+
+    /// A send with sequence number `seq` of `cost` units at `now`: counted while the ramp may
+    /// still meet a quantum (slow start's sends too: the first report comes after them), and
+    /// the probe if it is the first past one.
+    pub(super) fn quantum_sent(&mut self, seq: f64, cost: f64, now: Instant) {
+        let ramping = matches!(self.source, Source::SlowStart | Source::Headers);
+        if self.quantum.done || self.kind != Kind::Requests || self.fleet || !ramping {
+            return;
+        }
+        self.quantum.expire(now);
+        self.quantum.units += cost.max(1.0);
+        self.quantum.sends.push_back((now, cost.max(1.0)));
+        let past = self.quantum().is_some_and(|q| self.quantum.units > q);
+        if past && self.quantum.probe.is_none() {
+            self.quantum.probe = Some(seq);
+        }
+    }
+}

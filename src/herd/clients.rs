@@ -40,6 +40,8 @@ pub(super) struct TaskOutcome {
     pub latency: Duration,
     /// It gave up waiting after the world's patience.
     pub abandoned: bool,
+    /// The model it named, as an index into the world's models (0 when it has none).
+    pub model: usize,
 }
 
 /// Fires the world's tasks at once at `targets` and returns what became of each, in task
@@ -66,10 +68,8 @@ pub(super) async fn fire(
             } else {
                 targets[i % n].clone()
             };
-            let model = match world.models.len() {
-                0 => "sim",
-                len => world.models[i % len].name,
-            };
+            let index = model_of(i, n, world.models.len());
+            let model = world.models.get(index).map_or("sim", |m| m.name);
             // Nine characters of content: every request costs the same tokens.
             let body = Bytes::from(format!(
                 r#"{{"model":"{model}","messages":[{{"role":"user","content":"task {:04}"}}],"max_tokens":16}}"#,
@@ -84,6 +84,7 @@ pub(super) async fn fire(
                     ok: finished == Ok(true),
                     latency: start.elapsed(),
                     abandoned: finished.is_err(),
+                    model: index,
                 }
             })
         })
@@ -93,6 +94,14 @@ pub(super) async fn fire(
         outcomes.push(h.await.map_err(std::io::Error::other)?);
     }
     Ok(outcomes)
+}
+
+/// The model task `i` names among `models` (0 when there are none), with `corrals` behind
+/// the clients: the models alternate by round of the corrals, not by task, so every corral
+/// serves every model. By task, with two models and an even number of corrals each corral
+/// served one model alone: the per-model figures took the fleet's corrals for models.
+fn model_of(i: usize, corrals: usize, models: usize) -> usize {
+    (i / corrals.max(1)) % models.max(1)
 }
 
 /// One client's request, retried as `retries` says; whether it got a 200.
@@ -168,4 +177,27 @@ async fn post(
     let (parts, body) = response.into_parts();
     let _ = body.collect().await;
     Some((parts.status.as_u16(), parts.headers))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::model_of;
+
+    #[test]
+    fn every_corral_serves_every_model() {
+        for corrals in 1..=4 {
+            for corral in 0..corrals {
+                let models: Vec<usize> = (0..48)
+                    .filter(|i| i % corrals == corral)
+                    .map(|i| model_of(i, corrals, 2))
+                    .collect();
+                assert_eq!(
+                    models.iter().filter(|&&m| m == 0).count(),
+                    24 / corrals,
+                    "{corrals} corrals, corral {corral}: {models:?}"
+                );
+            }
+        }
+        assert_eq!(model_of(7, 4, 0), 0, "no models: the one");
+    }
 }

@@ -503,15 +503,15 @@ fn retries(spec: &Spec, strategy: Strategy) -> Retries {
     }
 }
 
-/// Each model's share of a run: its tasks are those whose index picks it.
+/// Each model's share of a run: the tasks that named it.
 fn per_model(world: &World, outcomes: &[TaskOutcome]) -> Vec<ModelRun> {
-    let len = world.models.len();
     world
         .models
         .iter()
         .enumerate()
         .map(|(m, model)| {
-            let mine: Vec<TaskOutcome> = outcomes.iter().skip(m).step_by(len).copied().collect();
+            let mine: Vec<TaskOutcome> =
+                outcomes.iter().filter(|t| t.model == m).copied().collect();
             let mut latencies: Vec<Duration> = mine.iter().map(|t| t.latency).collect();
             latencies.sort();
             ModelRun {
@@ -621,22 +621,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn per_model_figures_take_the_tasks_whose_index_picks_the_model() {
+    fn per_model_figures_take_the_tasks_that_named_the_model() {
         let spec = Spec {
             scenario: Some(Scenario::Models),
             ..Spec::reference(5, 10.0)
         };
         let world = spec.world();
         let ms = Duration::from_millis;
-        // Tasks 0, 2, 4 name `fast`; 1 and 3 name `slow`.
-        let outcomes =
-            [(true, 10), (false, 70), (true, 30), (true, 50), (true, 20)].map(|(ok, latency)| {
-                TaskOutcome {
-                    ok,
-                    latency: ms(latency),
-                    abandoned: false,
-                }
-            });
+        // Tasks 0, 2, 4 named `fast`; 1 and 3 `slow`.
+        let outcomes = [(true, 10), (false, 70), (true, 30), (true, 50), (true, 20)]
+            .into_iter()
+            .enumerate()
+            .map(|(i, (ok, latency))| TaskOutcome {
+                ok,
+                latency: ms(latency),
+                abandoned: false,
+                model: i % 2,
+            })
+            .collect::<Vec<_>>();
         let figures: Vec<_> = per_model(&world, &outcomes)
             .into_iter()
             .map(|m| (m.model, m.tasks, m.failed, m.makespan, m.median))

@@ -141,8 +141,9 @@ pub struct World {
     /// minute of scaled time): the herd's own guard, so that a run stays bounded in time
     /// whatever the strategy does. A run that needs it has failed anyway.
     pub patience: Duration,
-    /// Models the clients alternate by index (task `i` names `models[i % len]`), each with its
-    /// own bound; empty: every client names the one model `sim`.
+    /// Models the clients alternate by round of the corrals (task `i` of `n` corrals names
+    /// `models[(i / n) % len]`, so every corral serves every model), each with its own bound;
+    /// empty: every client names the one model `sim`.
     pub models: Vec<ModelWorld>,
 }
 

@@ -180,10 +180,7 @@ impl Pacer {
                 Some(_) => {}
                 // The first 429 says where this report refuses: 0 for an honest one, the offset
                 // for a per-minute one.
-                None => {
-                    self.floor = Some(r.remaining);
-                    self.quantum.end();
-                }
+                None => self.floor = Some(r.remaining),
             }
         }
         self.reported_size = Some((r.limit - self.floor.unwrap_or(0.0)).max(1.0));

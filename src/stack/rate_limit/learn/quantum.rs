@@ -32,7 +32,7 @@ pub(super) struct Quantum {
     units: f64,
     /// The sequence number of the send past a second of the reported rate, unanswered.
     probe: Option<f64>,
-    /// The upstream admitted a probe, or the edge is known: nothing to gate.
+    /// The upstream admitted a probe, or the edge is known: nothing to gate (or count).
     done: bool,
 }
 
@@ -65,14 +65,6 @@ impl Quantum {
             self.done = true;
         }
     }
-
-    /// Nothing more to gate: the bucket's edge is known.
-    pub(super) fn end(&mut self) {
-        self.done = true;
-        self.probe = None;
-        self.sends.clear();
-        self.units = 0.0;
-    }
 }
 
 impl Pacer {
@@ -102,6 +94,12 @@ impl Pacer {
     pub(super) fn quantum_sent(&mut self, seq: f64, cost: f64, now: Instant) {
         let ramping = matches!(self.source, Source::SlowStart | Source::Headers);
         if self.quantum.done || self.kind != Kind::Requests || self.fleet || !ramping {
+            return;
+        }
+        if self.floor.is_some() {
+            // The first 429 set the report's floor: the edge is known, nothing to gate.
+            self.quantum.done = true;
+            self.quantum.sends.clear();
             return;
         }
         self.quantum.expire(now);

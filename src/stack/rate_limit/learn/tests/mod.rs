@@ -212,9 +212,7 @@ async fn drive_peers(
         let (due, rest): (Vec<_>, Vec<_>) = in_flight.into_iter().partition(|(t, ..)| *t <= now);
         in_flight = rest;
         for (_, i, ticket, ok, headers, hint) in due {
-            let r = report(&headers, Kind::Requests, SystemTime::now());
-            let answer = if ok { Answer::Ok } else { Answer::RateLimited };
-            pacers[i].observe(ticket, answer, r, now);
+            answer(&mut pacers[i], ticket, ok, &headers, now);
             if !ok {
                 let pause = hint.or_else(|| pacers[i].time_for(1.0)).unwrap_or_default();
                 paused[i] = paused[i].max(now + pause);
@@ -263,6 +261,13 @@ async fn drive_peers(
         throttles,
         pacers,
     }
+}
+
+/// The model's answer to `ticket` (admitted or refused, with its headers) told to `pacer`.
+fn answer(pacer: &mut Pacer, ticket: Ticket, ok: bool, headers: &HeaderMap, now: Instant) {
+    let r = report(headers, Kind::Requests, SystemTime::now());
+    let answer = if ok { Answer::Ok } else { Answer::RateLimited };
+    pacer.observe(ticket, answer, r, now);
 }
 
 /// Each world the learner must hold in, 30 s of always-busy clients: the

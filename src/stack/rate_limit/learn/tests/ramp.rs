@@ -157,9 +157,7 @@ async fn past_a_second_of_the_reported_rate_one_probe_goes_alone() {
         let (due, rest): (Vec<_>, Vec<_>) = in_flight.into_iter().partition(|(t, ..)| *t <= now);
         in_flight = rest;
         for (_, ticket, ok, headers) in due {
-            let r = report(&headers, Kind::Requests, SystemTime::now());
-            let answer = if ok { Answer::Ok } else { Answer::RateLimited };
-            pacer.observe(ticket, answer, r, now);
+            answer(&mut pacer, ticket, ok, &headers, now);
             if !ok {
                 paused = paused.max(now + pacer.time_for(1.0).unwrap_or_default());
             }
@@ -182,4 +180,21 @@ async fn past_a_second_of_the_reported_rate_one_probe_goes_alone() {
     assert!(refused <= 2, "{refused} refused, {admitted} admitted");
     // The bucket's 20 and its refill since, less a little: the probe costs no pace.
     assert!(admitted >= 50, "{admitted} admitted in 2 s");
+}
+
+/// Before a connection has opened, the wait for the first sends' silence is the half-second
+/// guess the first handshake soon replaces: the next look comes within `REFUSAL_WORK`. Slept
+/// on, it held the ramp to one doubling per answer (`lb-resets`, answers of 0.5 s).
+#[test]
+fn before_a_connection_opens_the_first_sends_are_looked_at_again_soon() {
+    let start = Instant::now();
+    let mut early = Pacer::new(Kind::Requests, 10, 1.0, start);
+    assert_eq!(sent(&mut early, start, 100).len(), 10);
+    let now = start + Duration::from_millis(100);
+    let wait = early.try_acquire(1.0, now).unwrap_err();
+    assert!(wait.is_some_and(|w| w <= REFUSAL_WORK), "{wait:?}");
+    // Once a connection has opened, the handshake's wait confirms them.
+    early.handshake(0.0001);
+    let later = now + REFUSAL_WORK;
+    assert!(early.try_acquire(1.0, later).is_ok());
 }

@@ -660,14 +660,6 @@ fn before_a_refusal_silence_counts_after_the_handshake() {
     let t = answered.try_acquire(1.0, start).unwrap();
     answered.observe(t, Answer::Ok, None, start + Duration::from_millis(200));
     assert_eq!(answered.consent_wait(), near.consent_wait());
-    // Before a connection has opened, the wait for the first sends' silence is a guess the
-    // handshake soon replaces: the next look comes within `REFUSAL_WORK`, not the half second.
-    let mut early = Pacer::new(Kind::Requests, 10, 1.0, start);
-    assert_eq!(sent(&mut early, start, 100).len(), 10);
-    let wait = early
-        .try_acquire(1.0, start + Duration::from_millis(100))
-        .unwrap_err();
-    assert!(wait.is_some_and(|w| w <= REFUSAL_WORK), "{wait:?}");
     // A refusal of 100 ms replaces the handshake's measure.
     let t = near.admit_anyway(1.0, start);
     near.observe(

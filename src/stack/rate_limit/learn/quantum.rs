@@ -6,7 +6,8 @@
 //! that point one probe at a time: the next goes once the probe is admitted (answered, or
 //! confirmed by its silence), and a refused probe finds the edge with one 429, not with the
 //! whole round trip the ramp had in flight (`openai-stream`: heads of 3 ms doubled the ramp
-//! faster than a refusal came back, 14-19 sends refused at the second's end).
+//! faster than a refusal came back, and once the bucket's 20 were spent 14-19 more sends were
+//! refused, all in the run's first 40 ms).
 //!
 //! Requests only: the quantum of a token limit is no count of sends.
 

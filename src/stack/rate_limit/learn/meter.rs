@@ -46,6 +46,43 @@ impl Meter {
     }
 }
 
+/// Units over the last [`ADMITTED_WINDOW`], in slots of [`ADMITTED_SLOT`]: a few dozen entries
+/// whatever the rate.
+#[derive(Debug, Default)]
+pub(super) struct Slots(VecDeque<(Instant, f64)>);
+
+impl Slots {
+    /// `units` at `now`, after dropping the slots the window has left behind.
+    pub(super) fn add(&mut self, now: Instant, units: f64) {
+        self.expire(now);
+        match self.0.back_mut() {
+            Some((start, n)) if now.saturating_duration_since(*start) < ADMITTED_SLOT => {
+                *n += units
+            }
+            _ => self.0.push_back((now, units)),
+        }
+    }
+
+    pub(super) fn expire(&mut self, now: Instant) {
+        while let Some((start, _)) = self.0.front() {
+            if now.saturating_duration_since(*start) > ADMITTED_WINDOW {
+                self.0.pop_front();
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// The units the window holds (as of the last [`Self::expire`]).
+    pub(super) fn sum(&self) -> f64 {
+        self.0.iter().map(|(_, n)| n).sum()
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
 /// Units the upstream admitted (answered without a throttle) over the last
 /// [`ADMITTED_WINDOW`], in slots of [`ADMITTED_SLOT`]; once a throttle event has shown the
 /// bucket empty, only of attempts sent after the last one. Until the bucket's edge is found it
@@ -55,7 +92,7 @@ impl Meter {
 /// rest of that second let 26 more 429s through).
 #[derive(Debug, Default)]
 pub(super) struct Admitted {
-    slots: VecDeque<(Instant, f64)>,
+    slots: Slots,
     /// When the attempt that marked the last throttle event was sent.
     edge: Option<Instant>,
 }
@@ -66,23 +103,7 @@ impl Admitted {
         if self.edge.is_some_and(|edge| sent < edge) {
             return;
         }
-        self.expire(now);
-        match self.slots.back_mut() {
-            Some((start, n)) if now.saturating_duration_since(*start) < ADMITTED_SLOT => {
-                *n += units
-            }
-            _ => self.slots.push_back((now, units)),
-        }
-    }
-
-    fn expire(&mut self, now: Instant) {
-        while let Some((start, _)) = self.slots.front() {
-            if now.saturating_duration_since(*start) > ADMITTED_WINDOW {
-                self.slots.pop_front();
-            } else {
-                break;
-            }
-        }
+        self.slots.add(now, units);
     }
 
     /// Units per second over the window, or since the edge when that is shorter (but at
@@ -92,13 +113,13 @@ impl Admitted {
     /// admitted, a little lower at each 429 (four replicas at the key's rate, one 429: 15%
     /// under it, for seconds).
     pub(super) fn rate(&mut self, now: Instant, lag: Duration) -> f64 {
-        self.expire(now);
+        self.slots.expire(now);
         let span = self.edge.map_or(ADMITTED_WINDOW, |edge| {
             now.saturating_duration_since(edge)
                 .saturating_sub(lag)
                 .clamp(ADMITTED_SLOT, ADMITTED_WINDOW)
         });
-        self.slots.iter().map(|(_, n)| n).sum::<f64>() / span.as_secs_f64()
+        self.slots.sum() / span.as_secs_f64()
     }
 
     /// A throttle event marked by an attempt sent at `sent`: the bucket was empty then, and

@@ -11,26 +11,17 @@
 //!
 //! Requests only: the quantum of a token limit is no count of sends.
 
-use std::collections::VecDeque;
-use std::time::Duration;
-
 use tokio::time::Instant;
 
-use super::{Pacer, Source};
+use super::meter::Slots;
+use super::{Pacer, Source, ADMITTED_WINDOW};
 use crate::provider::Kind;
 
-/// The span a quantized limit is enforced over.
-const QUANTUM: Duration = Duration::from_secs(1);
-/// Sends remembered over that span, at most.
-const SENDS_KEPT: usize = 4096;
-
-/// Sends over the last [`QUANTUM`] and the probe beyond it (see the module).
+/// Sends over the last second ([`ADMITTED_WINDOW`], the span a quantized limit is enforced
+/// over) and the probe beyond it (see the module).
 #[derive(Debug, Default)]
 pub(super) struct Quantum {
-    /// When each send went and its units, over the last `QUANTUM`.
-    sends: VecDeque<(Instant, f64)>,
-    /// Their units added up.
-    units: f64,
+    sends: Slots,
     /// The sequence number of the send past a second of the reported rate, unanswered.
     probe: Option<f64>,
     /// The upstream admitted a probe, or the edge is known: nothing to gate (or count).
@@ -38,19 +29,6 @@ pub(super) struct Quantum {
 }
 
 impl Quantum {
-    fn expire(&mut self, now: Instant) {
-        while let Some(&(at, units)) = self.sends.front() {
-            if now.saturating_duration_since(at) < QUANTUM && self.sends.len() < SENDS_KEPT {
-                break;
-            }
-            self.sends.pop_front();
-            self.units -= units;
-        }
-        if self.sends.is_empty() {
-            self.units = 0.0;
-        }
-    }
-
     /// The attempt with `seq` was answered or given up: a probe admitted (`ok`) ends the gate.
     pub(super) fn answered(&mut self, seq: f64, ok: bool) {
         if self.probe == Some(seq) {
@@ -77,7 +55,7 @@ impl Pacer {
             && self.floor.is_none()
             && !self.fleet
             && self.header_rate > 0.0;
-        gated.then(|| self.header_rate * QUANTUM.as_secs_f64())
+        gated.then(|| self.header_rate * ADMITTED_WINDOW.as_secs_f64())
     }
 
     /// Whether a send of `cost` now waits for the probe already past the quantum.
@@ -85,8 +63,8 @@ impl Pacer {
         let Some(quantum) = self.quantum() else {
             return false;
         };
-        self.quantum.expire(now);
-        self.quantum.probe.is_some() && self.quantum.units + cost.max(1.0) > quantum
+        self.quantum.sends.expire(now);
+        self.quantum.probe.is_some() && self.quantum.sends.sum() + cost.max(1.0) > quantum
     }
 
     /// A send with sequence number `seq` of `cost` units at `now`: counted while the ramp may
@@ -103,10 +81,8 @@ impl Pacer {
             self.quantum.sends.clear();
             return;
         }
-        self.quantum.expire(now);
-        self.quantum.units += cost.max(1.0);
-        self.quantum.sends.push_back((now, cost.max(1.0)));
-        let past = self.quantum().is_some_and(|q| self.quantum.units > q);
+        self.quantum.sends.add(now, cost.max(1.0));
+        let past = self.quantum().is_some_and(|q| self.quantum.sends.sum() > q);
         if past && self.quantum.probe.is_none() {
             self.quantum.probe = Some(seq);
         }

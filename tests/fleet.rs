@@ -767,6 +767,33 @@ async fn a_herd_over_four_corrals_sharing_redis() {
     }
 }
 
+/// Four corrals on Redis told one limit for the key (the sum of its two models' rows, as one
+/// might add the rows of a limits page) over a model whose own limit is a sixth of it: the
+/// shared bucket never binds for that model, so each replica must take its part of the
+/// model's own report rather than all of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_set_above_a_models_own_leaves_each_replica_its_part_of_the_report() {
+    use corral::herd::{run_one, Scenario, Spec, Strategy};
+    let Some(server) = redis() else { return };
+    let spec = Spec {
+        replicas: 4,
+        redis: Some(server.url()),
+        scenario: Some(Scenario::Models),
+        ..Spec::reference(500, 10.0)
+    };
+    let r = run_one(&spec, Strategy::CorralConfigured).await.unwrap();
+    assert_eq!(r.failed, 0, "no client failed");
+    // Each replica reading the whole report: 33-53 rate 429s of 500 in this world; its
+    // part: 2-7. 4% leaves room for a loaded machine.
+    assert!(
+        r.rate_429 <= 20,
+        "{} rate 429s of 500 ({:?} for a bound of {:?})",
+        r.rate_429,
+        r.makespan,
+        r.bound
+    );
+}
+
 /// A request that needs more tokens than a block (a large `max_tokens`) gets a lease of its
 /// size at once, instead of waiting for its deadline behind a block that cannot cover it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -28,6 +28,11 @@ use crate::config::UpstreamConfig;
 use crate::metrics::FleetMode;
 use crate::sync::lock;
 
+/// A shared bucket divides a reported one when its rate is at most this many times the
+/// report's: a learned bucket is the report's own rate, a configured one near it is the
+/// limit the user read from the same page.
+const DIVIDES: f64 = 1.1;
+
 /// What a lease tells its partition of its peers' 429s.
 pub struct Peers {
     /// The end of a pause Redis reports (a peer's 429 named it).
@@ -193,16 +198,20 @@ impl Lease {
 
     /// For each bucket (requests, tokens), the replicas that read the provider's reports of it
     /// with nothing dividing it (the live ones while Redis has no shared bucket of its kind, else
-    /// 1), and whether a shared bucket divides it.
-    pub fn undivided(&self) -> [(u64, bool); 2] {
+    /// 1), and whether a shared bucket divides it. `reported`: the rate each pacer reads from
+    /// the provider's headers, if any. A shared bucket faster than that by more than
+    /// [`DIVIDES`] divides nothing the upstream enforces (a configured limit above the
+    /// provider's: one told for a key, over a model whose own limit is lower, or a limit that
+    /// dropped): each replica then takes its part of the report. Each reading all of it under
+    /// a bucket that never bound, four replicas sent four times the slow model's rate
+    /// (`models` on Redis with the limit set: 40-53 rate 429s of 500).
+    pub fn undivided(&self, reported: [Option<f64>; 2]) -> [(u64, bool); 2] {
         let s = lock(&self.account);
         let live = s.live.max(1);
-        [0, 1].map(|k| {
-            if s.holdings[k].shared.is_some() {
-                (1, true)
-            } else {
-                (live, false)
-            }
+        [0, 1].map(|k| match (s.holdings[k].shared, reported[k]) {
+            (Some((rate, _)), Some(report)) if rate > report * DIVIDES => (live, false),
+            (Some(_), _) => (1, true),
+            (None, _) => (live, false),
         })
     }
 

@@ -182,7 +182,8 @@ impl Partition {
         }
         let own_wait_kept = full_after.0 || full_after.1 || admission;
         if let Some(lease) = &self.lease {
-            let [(requests, divided), (tokens, _)] = lease.undivided();
+            let reported = [&p.requests, &p.tokens].map(|q| q.upstream_model().map(|m| m.0));
+            let [(requests, divided), (tokens, _)] = lease.undivided(reported);
             p.requests.among(requests);
             p.requests.fleet_bucket(divided);
             p.tokens.among(tokens);

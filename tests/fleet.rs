@@ -725,6 +725,16 @@ async fn a_flushed_script_is_loaded_again() {
     under_fault(fault, false, &server).await;
 }
 
+/// The herd's 500 clients over four corrals sharing `server`, at `scale` (rates times it,
+/// times over it).
+fn four_on_redis(server: &RedisServer, scale: f64) -> corral::herd::Spec {
+    corral::herd::Spec {
+        replicas: 4,
+        redis: Some(server.url()),
+        ..corral::herd::Spec::reference(500, scale)
+    }
+}
+
 /// The herd (at a fifth of its time scale: bucket 50 refilled at 100/s, bound 4.5 s) split
 /// unevenly over four corrals that share the whole limit through Redis: every client
 /// succeeds, near the bound, with few 429s and few Redis round trips. Bounds are generous
@@ -735,10 +745,8 @@ async fn a_herd_over_four_corrals_sharing_redis() {
     use corral::herd::{run_one, Spec, Strategy};
     let Some(server) = redis() else { return };
     let spec = Spec {
-        replicas: 4,
-        redis: Some(server.url()),
         uneven: true,
-        ..Spec::reference(500, 5.0)
+        ..four_on_redis(&server, 5.0)
     };
     for strategy in [Strategy::CorralConfigured, Strategy::CorralAuto] {
         let r = run_one(&spec, strategy).await.unwrap();
@@ -776,17 +784,15 @@ async fn a_limit_set_above_a_models_own_leaves_each_replica_its_part_of_the_repo
     use corral::herd::{run_one, Scenario, Spec, Strategy};
     let Some(server) = redis() else { return };
     let spec = Spec {
-        replicas: 4,
-        redis: Some(server.url()),
         scenario: Some(Scenario::Models),
-        ..Spec::reference(500, 10.0)
+        ..four_on_redis(&server, 5.0)
     };
     let r = run_one(&spec, Strategy::CorralConfigured).await.unwrap();
     assert_eq!(r.failed, 0, "no client failed");
-    // Each replica reading the whole report: 33-53 rate 429s of 500 in this world; its
-    // part: 2-7. 4% leaves room for a loaded machine.
+    // At this scale (bound 12 s), each replica reading the whole report: 44-51 rate 429s of
+    // 500 in three runs; its part: 6-13 in five. 5% leaves room for a loaded machine.
     assert!(
-        r.rate_429 <= 20,
+        r.rate_429 <= 25,
         "{} rate 429s of 500 ({:?} for a bound of {:?})",
         r.rate_429,
         r.makespan,

@@ -10,7 +10,8 @@
 //! opening; the time from one opening to the next, a period. Once two periods agree, the
 //! window is learned: what the last whole window admitted goes at the opening, as the
 //! upstream counts it, and then nothing until shortly before the next opening is due, when
-//! probes go a fiftieth of the period apart until one is admitted (the new opening). Learned
+//! probes go a fiftieth of the period apart (or a fifth of the span the last opening was found
+//! within, if wider) until one is admitted (the new opening). Learned
 //! only for the requests of a corral alone on its key (a fleet shares its refill otherwise),
 //! and dropped when no opening is seen within two periods past the due one, or when the
 //! window refuses more than a quarter of its learned count.
@@ -26,9 +27,14 @@ use crate::provider::Kind;
 const AGREE: f64 = 0.2;
 /// Probes for an opening begin this share of the period before it is due...
 const EARLY: f64 = 0.05;
-/// ...and go this share of the period apart, at least [`PROBE_MIN`].
+/// ...and go this share of the period apart, at least [`PROBE_MIN`], and at least the span the
+/// latest opening was found within over [`PROBES_PER_SPAN`]: the first opening of a learned
+/// window was found by the cut pace's probes, up to 2 s apart, and probes a fiftieth of the
+/// period apart from the span's start drew ten refusals in the window after it
+/// (`azure-responses`, 10 s windows).
 const PROBE_SHARE: f64 = 0.02;
 const PROBE_MIN: Duration = Duration::from_millis(20);
+const PROBES_PER_SPAN: u32 = 5;
 /// A period shorter than this is a bucket's refill seen through a storm, not a window.
 const MIN_PERIOD: Duration = Duration::from_secs(2);
 
@@ -75,6 +81,14 @@ impl Clock {
         let (at, _, period, _) = self.learned()?;
         let earliest = self.closed.map_or(at, |c| c.min(at));
         Some(earliest + period - period.mul_f64(EARLY))
+    }
+
+    /// The latest opening's span: from the last refusal before it to its first success.
+    fn span(&self) -> Duration {
+        let Some((at, _)) = self.opened else {
+            return Duration::ZERO;
+        };
+        at.saturating_duration_since(self.closed.map_or(at, |c| c.min(at)))
     }
 
     /// The middle of the latest opening's span (see `closed`).
@@ -128,6 +142,26 @@ impl Clock {
             Some(known) if !self.spent => known.max(self.admitted),
             _ => self.admitted,
         });
+    }
+}
+
+#[cfg(test)]
+impl Clock {
+    /// A window of `capacity` a `period`, learned, its latest opening found at `at` within
+    /// `span` of the refusal before it.
+    pub(super) fn learned_at(at: Instant, span: Duration, period: Duration, capacity: f64) -> Self {
+        Self {
+            opened: Some((at, 0.0)),
+            closed: Some(at - span),
+            period: Some(period),
+            capacity: Some(capacity),
+            ..Self::default()
+        }
+    }
+
+    /// When the next probe for an opening may go.
+    pub(super) fn next_probe(&self) -> Option<Instant> {
+        self.next_probe
     }
 }
 
@@ -250,7 +284,8 @@ impl Pacer {
             (self.clock.learned(), self.clock.probe_from())
         {
             if now >= from {
-                let gap = period.mul_f64(PROBE_SHARE).max(PROBE_MIN);
+                let gap = (period.mul_f64(PROBE_SHARE).max(PROBE_MIN))
+                    .max(self.clock.span() / PROBES_PER_SPAN);
                 self.clock.next_probe = Some(now + gap);
             }
         }

@@ -112,6 +112,35 @@ fn learned_from(refused: &[usize], from: usize, makespan: Duration, bound: Durat
     assert!(makespan < bound, "{makespan:?}, {refused:?}");
 }
 
+/// Probes for the next opening go a fiftieth of the period apart, or a fifth of the span the
+/// latest opening was found within if wider. The first opening of a learned window is found
+/// by the cut pace's probes, up to 2 s apart: probes a fiftieth apart through all of that span
+/// drew ten refusals in `azure-responses`' next window, four to six a fifth apart.
+#[test]
+fn probes_spread_over_the_span_the_last_opening_was_found_in() {
+    let t0 = Instant::now();
+    let period = Duration::from_secs(10);
+    for (span_ms, gap_ms) in [(2_200, 440), (200, 200)] {
+        let span = Duration::from_millis(span_ms);
+        let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, t0);
+        let at = t0 + Duration::from_secs(20);
+        pacer.clock = Clock::learned_at(at, span, period, 100.0);
+        // Probes begin a twentieth of the period before the earliest the next can open.
+        let from = at - span + period - period / 20;
+        assert!(
+            matches!(pacer.clock_admits(from), Some(Ok(_))),
+            "span {span:?}"
+        );
+        pacer.clock_took(from);
+        let next = from + Duration::from_millis(gap_ms);
+        assert_eq!(pacer.clock.next_probe(), Some(next), "span {span:?}");
+        assert!(matches!(
+            pacer.clock_admits(next - Duration::from_millis(1)),
+            Some(Err(_))
+        ));
+    }
+}
+
 /// A wait the upstream named in the first window makes that window's pause no measure, and
 /// no more: the clock is learned a window later (a named pause once kept it from ever being
 /// learned).

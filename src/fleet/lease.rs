@@ -189,9 +189,10 @@ impl Lease {
         }
     }
 
-    /// Whether a shared requests bucket (configured, or learned from the provider's headers)
-    /// divides the key among the replicas: then the peers' refusals and shares have nothing
-    /// to add (they are for a key whose rate only the 429s show).
+    /// Whether Redis holds a shared requests bucket for the key (configured, or learned from
+    /// the provider's headers): then the peers' refusals and shares have nothing to add (they
+    /// are for a key whose rate only the 429s show; where the bucket is faster than the
+    /// provider's report, the pacers take their part of the report, [`Self::undivided`]).
     fn shared_requests(&self) -> bool {
         lock(&self.account).holdings[REQUESTS].shared.is_some()
     }

@@ -94,8 +94,7 @@ impl Clock {
     /// The middle of the latest opening's span (see `closed`).
     fn middle(&self) -> Option<Instant> {
         let (at, _) = self.opened?;
-        let closed = self.closed.map_or(at, |c| c.min(at));
-        Some(closed + at.saturating_duration_since(closed) / 2)
+        Some(at - self.span() / 2)
     }
 
     /// The upstream named a wait until `until`: the pause it ends is no clock's.

@@ -76,25 +76,30 @@ impl Clock {
     }
 
     /// When the learned window's next opening may come, less [`EARLY`]: a period after the
-    /// latest one's earliest instant (the last refusal before it).
+    /// latest one's earliest instant.
     fn probe_from(&self) -> Option<Instant> {
-        let (at, _, period, _) = self.learned()?;
-        let earliest = self.closed.map_or(at, |c| c.min(at));
-        Some(earliest + period - period.mul_f64(EARLY))
+        let (_, _, period, _) = self.learned()?;
+        Some(self.earliest()? + period - period.mul_f64(EARLY))
     }
 
-    /// The latest opening's span: from the last refusal before it to its first success.
-    fn span(&self) -> Duration {
-        let Some((at, _)) = self.opened else {
-            return Duration::ZERO;
-        };
-        at.saturating_duration_since(self.closed.map_or(at, |c| c.min(at)))
-    }
-
-    /// The middle of the latest opening's span (see `closed`).
-    fn middle(&self) -> Option<Instant> {
+    /// The earliest the latest opening can have come: the last refusal before it (see
+    /// `closed`), else its first success.
+    fn earliest(&self) -> Option<Instant> {
         let (at, _) = self.opened?;
-        Some(at - self.span() / 2)
+        Some(self.closed.map_or(at, |c| c.min(at)))
+    }
+
+    /// The latest opening's span: from [`Self::earliest`] to its first success.
+    fn span(&self) -> Duration {
+        match (self.opened, self.earliest()) {
+            (Some((at, _)), Some(earliest)) => at - earliest,
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// The middle of the latest opening's span.
+    fn middle(&self) -> Option<Instant> {
+        Some(self.earliest()? + self.span() / 2)
     }
 
     /// The upstream named a wait until `until`: the pause it ends is no clock's.

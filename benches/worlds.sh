@@ -29,9 +29,12 @@
 # SDK with its default retries straight at it ("sdk-alone"), and the same SDK with
 # max_retries=0 through a fresh, unconfigured corral (`corral --upstream URL`). A third mode,
 # "corral-retries" (the SDK's default max_retries=2 through a fresh corral: stacked retries),
-# runs when asked (drive.py --modes sdk-alone,corral,corral-retries). Each client's
-# deadline is max(10 x the world's bound, 60 s), at most 120 s in the eight added worlds. The
-# upstream counts its refusals by cause: "rate" (the bucket the sender emptied) and "other"
+# runs when asked (drive.py --modes sdk-alone,corral,corral-retries), and so does "fleet":
+# the SDK (max_retries=0) through four corrals sharing one redis-server (started and stopped
+# by drive.py; `REDIS_SERVER` or on the PATH), the clients spread over them in turn:
+#   MODES=sdk-alone,corral,fleet benches/worlds.sh
+# Each client's deadline is max(10 x the world's bound, 60 s), at most 120 s in the eight
+# added worlds. The upstream counts its refusals by cause: "rate" (the bucket the sender emptied) and "other"
 # (overload, admission, 5xx). Report: bench-out/worlds/results.md (per-run JSON and logs
 # beside it).
 #
@@ -46,6 +49,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export OUT=${OUT:-$root/bench-out/worlds}
 VENV=${VENV:-$OUT/venv}
 N=${N:-500}
+MODES=${MODES:-sdk-alone,corral}
 WORLDS=${WORLDS:-"nolimit openai-quantized openai-overload two-models anthropic azure gemini together vllm admission groq-daily
     openai-tokens openai-stream staggered tier-up sglang bedrock anthropic-accel azure-responses
     anthropic-529 openai-incident lb-resets anthropic-504 openai-overload-incident openai-quota
@@ -60,7 +64,7 @@ if [[ ! -x $VENV/bin/python ]]; then
     "$VENV/bin/pip" install --quiet openai aiohttp
 fi
 for w in $WORLDS; do
-    timeout 900 "$VENV/bin/python" "$root/benches/worlds/drive.py" --world "$w" --n "$N"
+    timeout 900 "$VENV/bin/python" "$root/benches/worlds/drive.py" --world "$w" --n "$N" --modes "$MODES"
 done
 "$VENV/bin/python" "$root/benches/worlds/report.py" "$N" > /dev/null
 echo "wrote $OUT/results.md"

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Drive N simultaneous clients at one world: (a) SDK alone, (b) SDK (max_retries=0) through corral,
-(c) "corral-retries": the SDK with its default retries (2, as users leave it) through corral.
+(c) "corral-retries": the SDK with its default retries (2, as users leave it) through corral,
+(d) "fleet": the SDK (max_retries=0) through four corrals sharing one Redis, each client sent to one
+of them in turn (as a Kubernetes Service spreads pods' clients), one quota behind them.
 
-Usage: drive.py --world W [--n 500] [--modes sdk-alone,corral[,corral-retries]] [--out results/W.json]
-Starts upstream.py for the world and (per corral run) a fresh corral, stops both by PID.
+Usage: drive.py --world W [--n 500] [--modes sdk-alone,corral[,corral-retries,fleet]] [--out results/W.json]
+Starts upstream.py for the world and (per corral run) fresh corrals (and for "fleet" a fresh
+redis-server, `REDIS_SERVER` or on the PATH), stops them all by PID.
 """
 import argparse
 import asyncio
@@ -30,6 +33,8 @@ PY = sys.executable
 # the added worlds bound their clients' deadlines so a run stays within ~2 minutes
 DEADLINE_CAP = {w: 120.0 for w in U.NEW_BOUNDS}
 STREAM_WORLDS = ("openai-stream", "anthropic-stream-error")
+REPLICAS = 4
+REDIS = os.environ.get("REDIS_SERVER", "redis-server")
 CORRAL = os.environ.get("CORRAL_BIN", os.path.join(HERE, "..", "..", "target", "release", "corral"))
 OUT = os.environ.get("OUT", os.path.join(HERE, "..", "..", "bench-out", "worlds"))
 
@@ -138,17 +143,21 @@ async def one_task(client, i, model, deadline, t_start, kw=None, stream=False, d
     return rec
 
 
-async def run_mode(base_url, n, deadline, max_retries, models, world=""):
+async def run_mode(base_urls, n, deadline, max_retries, models, world=""):
+    """Task i asks for models[i % len(models)] through base_urls[(i // len(models)) % len(base_urls)]:
+    every corral of a fleet gets each model's share."""
     limits = httpx2.Limits(max_connections=2000, max_keepalive_connections=2000)
     timeout = httpx2.Timeout(deadline, connect=deadline)
     async with httpx2.AsyncClient(limits=limits, timeout=timeout) as hc:
         kw = {} if max_retries is None else {"max_retries": max_retries}
-        client = AsyncOpenAI(base_url=base_url, api_key="sk-harness-key", http_client=hc, timeout=timeout, **kw)
+        clients = [AsyncOpenAI(base_url=b, api_key="sk-harness-key", http_client=hc, timeout=timeout, **kw)
+                   for b in base_urls]
         t_start = time.monotonic()
         arr = U.arrivals(world, n)
         stream = world in STREAM_WORLDS
-        tasks = [asyncio.create_task(one_task(client, i, models[i % len(models)], deadline, t_start,
-                                              U.task_request(world, i), stream, arr[i]))
+        nm = len(models)
+        tasks = [asyncio.create_task(one_task(clients[(i // nm) % len(clients)], i, models[i % nm], deadline,
+                                              t_start, U.task_request(world, i), stream, arr[i]))
                  for i in range(n)]
         recs = await asyncio.gather(*tasks)
         return recs
@@ -267,28 +276,41 @@ def main():
         models = ["fast", "slow"] if a.world == "two-models" else ["gpt-4o-mini"]
         for mode in a.modes.split(","):
             http_json(f"http://127.0.0.1:{uport}/stats/reset", "POST")
-            cp = None
+            procs = []
             try:
-                if mode in ("corral", "corral-retries"):
-                    cport = free_port()
-                    lname = "corral" if mode == "corral" else "corral-retries"
-                    clog = open(os.path.join(logdir, f"{lname}-{a.world}.log"), "w")
-                    cp = subprocess.Popen([a.corral, "--upstream", f"http://127.0.0.1:{uport}/v1",
-                                           "--listen", f"127.0.0.1:{cport}"], stdout=clog, stderr=subprocess.STDOUT)
-                    wait_port(cport, cp)
-                    base = f"http://127.0.0.1:{cport}/v1"
-                    mr = 0 if mode == "corral" else None  # corral-retries: SDK default (2)
+                if mode in ("corral", "corral-retries", "fleet"):
+                    extra = []
+                    if mode == "fleet":
+                        rport = free_port()
+                        rp = subprocess.Popen([REDIS, "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
+                                               "--appendonly", "no"], stdout=subprocess.DEVNULL,
+                                              stderr=subprocess.DEVNULL)
+                        procs.append(rp)
+                        wait_port(rport, rp)
+                        extra = ["--redis", f"redis://127.0.0.1:{rport}"]
+                    bases = []
+                    for k in range(REPLICAS if mode == "fleet" else 1):
+                        cport = free_port()
+                        lname = mode if mode != "fleet" else f"fleet{k}"
+                        clog = open(os.path.join(logdir, f"{lname}-{a.world}.log"), "w")
+                        cp = subprocess.Popen([a.corral, "--upstream", f"http://127.0.0.1:{uport}/v1",
+                                               "--listen", f"127.0.0.1:{cport}"] + extra,
+                                              stdout=clog, stderr=subprocess.STDOUT)
+                        procs.append(cp)
+                        wait_port(cport, cp)
+                        bases.append(f"http://127.0.0.1:{cport}/v1")
+                    mr = None if mode == "corral-retries" else 0  # corral-retries: SDK default (2)
                 else:
-                    base = f"http://127.0.0.1:{uport}/v1"
+                    bases = [f"http://127.0.0.1:{uport}/v1"]
                     mr = None  # SDK default (2)
                 t0 = time.monotonic()
                 # hard wall-clock cap on the whole run: last arrival + deadline + 30 s
-                recs = asyncio.run(asyncio.wait_for(run_mode(base, a.n, deadline, mr, models, a.world),
+                recs = asyncio.run(asyncio.wait_for(run_mode(bases, a.n, deadline, mr, models, a.world),
                                                     last_arrival + deadline + 30))
                 wall = time.monotonic() - t0
             finally:
-                if cp is not None:
-                    stop(cp)
+                for p in reversed(procs):
+                    stop(p)
             stats = http_json(f"http://127.0.0.1:{uport}/stats")
             s = summarize(recs, stats, bound, a.n)
             s["wall"] = round(wall, 2)

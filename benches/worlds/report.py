@@ -9,10 +9,12 @@ OUT = os.environ.get("OUT", os.path.join(HERE, "..", "..", "bench-out", "worlds"
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 500
 ORDER = ["nolimit", "openai-quantized", "openai-overload", "two-models", "anthropic", "azure", "gemini",
          "together", "vllm", "admission", "groq-daily", "openai-tokens", "openai-stream", "staggered",
-         "tier-up", "sglang", "bedrock", "anthropic-accel", "azure-responses"]
+         "tier-up", "sglang", "bedrock", "anthropic-accel", "azure-responses", "anthropic-529",
+         "openai-incident", "lb-resets", "anthropic-504", "openai-overload-incident", "openai-quota",
+         "anthropic-spend", "gemini-daily", "anthropic-stream-error"]
 # corral modes, compared each with sdk-alone; "corral-retries" (the SDK's default retries through
-# corral) gets its own column only when some result has it
-CMODES = ["corral", "corral-retries"]
+# corral) and "fleet" (four corrals sharing Redis) get their own columns only when some result has them
+CMODES = ["corral", "corral-retries", "fleet"]
 
 
 def cell(s):
@@ -29,7 +31,7 @@ def main():
         r = json.load(open(p))
         if r.get("sdk-alone") and any(r.get(m) for m in CMODES):
             runs.append((w, r))
-    modes = [m for m in CMODES if m == "corral" or any(r.get(m) for _, r in runs)]
+    modes = [m for m in CMODES if any(r.get(m) for _, r in runs)]
     for w, r in runs:
         a = r["sdk-alone"]
         b = r["bound"]
@@ -47,7 +49,8 @@ def main():
            "Cells: failed / makespan / makespan÷bound / rate 429s (upstream-counted) / other refusals (429 overload/admission, 5xx)",
            "Median task time counts from t=0, except `staggered` (from each task's arrival).",
            ] + (["`corral`: the SDK with max_retries=0 through corral; `corral-retries`: the SDK with its "
-                 "default retries (2) through corral."] if len(modes) > 1 else []) + [
+                 "default retries (2) through corral; `fleet`: the SDK with max_retries=0 through four "
+                 "corrals sharing one Redis, clients spread over them in turn."] if len(modes) > 1 else []) + [
            "", f"| world | bound | sdk-alone | {' | '.join(modes)} | median task s ({label}) | "
            f"{'corral' if len(modes) == 1 else ' / '.join(modes)} answers w/ non-upstream headers |",
            "|---|---|---|" + "---|" * len(modes) + "---|---|"] + rows + [

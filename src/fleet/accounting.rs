@@ -227,6 +227,9 @@ pub(super) struct Account {
     /// When this replica's latest refusal at a bucket's edge was seen, to publish to the peers
     /// while it is news ([`EDGE_NEWS`]).
     pub(super) edge_at: Option<Instant>,
+    /// The latest edge was the partition's first send after its pause ended, refused (see
+    /// `Partition::admission_control`): published with it.
+    pub(super) first: bool,
     /// This replica's estimate of its share of the key's request rate and its demand, to
     /// publish with the next call.
     pub(super) estimate: Option<(f64, f64)>,
@@ -293,6 +296,7 @@ impl Account {
             pause_until: None,
             refused: 0,
             edge_at: None,
+            first: false,
             estimate: None,
             pace_news: None,
             live: 1,
@@ -537,6 +541,7 @@ impl Account {
             .edge_at
             .take()
             .is_some_and(|at| now.saturating_duration_since(at) < EDGE_NEWS);
+        let first = std::mem::take(&mut self.first) && edge;
         CallArgs {
             keys: keys.clone(),
             resync: self.resync,
@@ -544,6 +549,7 @@ impl Account {
             pause_ms,
             refused: if pause_ms > 0 || edge { refused } else { 0 },
             edge,
+            first,
             estimate: self.estimate.take(),
             pace: self.pace_news.take(),
             kinds,
@@ -617,6 +623,7 @@ impl Account {
         if args.edge {
             // Its age still counts from `sent`: a late edge is no window's end.
             self.edge_at = Some(self.edge_at.map_or(sent, |at| at.max(sent)));
+            self.first |= args.first;
             self.refused |= args.refused;
             self.urgent = true;
         }

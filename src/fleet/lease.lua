@@ -27,7 +27,9 @@
 -- "PACE DEMAND" ("-": none): the caller's pace, capped by the 429s of a key that reports no
 -- limit, and its demand, published ("PAUSE-KEY pace PACE DEMAND REPLICA"): the replicas split
 -- the sum of their paces by demand (a replica whose queue ran dry leaves its part to those
--- still queued).
+-- still queued). ARGV[29] "1" when the edge of ARGV[24] was the caller's first send after its
+-- pause ended: the publication ends with " first" (a peer that saw every replica's first send
+-- after a pause refused knows no bucket refilled over the wait it named: an admission control's).
 --
 -- Returns, per bucket (requests, then tokens): units granted, the level before the grant, the
 -- rate, the burst (rate "0": nothing known, the bucket does not gate) and its epoch (set when
@@ -136,7 +138,8 @@ if created then
   redis.call('PUBLISH', ARGV[20], KEYS[3] .. ' learned')
 end
 if throttled > 0 and ARGV[24] == '1' then
-  redis.call('PUBLISH', ARGV[20], KEYS[3] .. ' throttled ' .. throttled .. ' ' .. ARGV[1])
+  local first = ARGV[29] == '1' and ' first' or ''
+  redis.call('PUBLISH', ARGV[20], KEYS[3] .. ' throttled ' .. throttled .. ' ' .. ARGV[1] .. first)
 end
 if ARGV[25] and ARGV[25] ~= '-' then
   redis.call('PUBLISH', ARGV[20], KEYS[3] .. ' share ' .. ARGV[25] .. ' ' .. ARGV[1])

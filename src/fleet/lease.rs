@@ -33,6 +33,12 @@ use crate::sync::lock;
 /// limit the user read from the same page.
 const DIVIDES: f64 = 1.1;
 
+/// A replica's refused first send after a pause is kept this long ([`Lease::first_refused`]).
+const FIRSTS_KEPT: Duration = Duration::from_secs(10);
+/// The replicas' refused first sends after one pause are heard within this of each other: the
+/// pause ends when its publication reaches each, and each refusal takes its round trip.
+const FIRSTS_SPREAD: Duration = Duration::from_millis(500);
+
 /// What a lease tells its partition of its peers' 429s.
 pub struct Peers {
     /// The end of a pause Redis reports (a peer's 429 named it).
@@ -46,6 +52,9 @@ pub struct Peers {
     pub pace: Box<dyn Fn() -> Option<f64> + Send + Sync>,
     /// This replica's part of the fleet's paces split by demand, as a multiple of its own.
     pub scale: Box<dyn Fn(f64) + Send + Sync>,
+    /// Every live replica's first send after one pause was refused with a named wait: the
+    /// upstream's refusals are an admission control's, not a bucket's ([`Lease::throttled`]).
+    pub admission: Box<dyn Fn() + Send + Sync>,
 }
 
 /// One partition's lease.
@@ -72,6 +81,8 @@ pub struct Lease {
     queued: Arc<AtomicUsize>,
     /// Answers to the partition's attempts, counted ([`Lease::answered`]).
     answers: AtomicU64,
+    /// When each peer's first send after a pause was last refused ([`Lease::peer_first`]).
+    firsts: Mutex<Vec<(String, Instant)>>,
 }
 
 impl std::fmt::Debug for Lease {
@@ -117,6 +128,7 @@ impl Lease {
             mine: Mutex::new(MyPace::default()),
             queued,
             answers: AtomicU64::new(0),
+            firsts: Mutex::new(Vec::new()),
         })
     }
 
@@ -225,6 +237,41 @@ impl Lease {
         let part = lock(&self.shares).heard(replica, rate, demand, me, Instant::now());
         if let Some(part) = part {
             (self.peers.share)(part);
+        }
+    }
+
+    /// Set the count of live replicas as a lease's answer would.
+    #[cfg(test)]
+    pub(super) fn set_live(&self, live: u64) {
+        lock(&self.account).live = live;
+    }
+
+    /// A peer's first send after its pause ended was refused at a bucket's edge.
+    pub(super) fn peer_first(&self, replica: &str) {
+        self.first_refused(replica);
+    }
+
+    /// `replica`'s first send after its pause ended was refused with a named wait (this
+    /// replica's own, or a peer's as told): when every live replica's was, within
+    /// [`FIRSTS_SPREAD`] of this replica's, no bucket refilled over the wait the upstream named
+    /// (one of them would have been admitted), and the partition is told that its refusals
+    /// are an admission control's. Pauses named are a second or more apart, so the firsts of
+    /// one pause are not counted with the next's. Not before Redis has counted the replicas.
+    fn first_refused(&self, replica: &str) {
+        let now = Instant::now();
+        let mut firsts = lock(&self.firsts);
+        firsts.retain(|(r, at)| r != replica && now.saturating_duration_since(*at) < FIRSTS_KEPT);
+        firsts.push((replica.to_owned(), now));
+        let me = &self.fleet.replica;
+        let Some(mine) = firsts.iter().find(|(r, _)| r == me).map(|f| f.1) else {
+            return;
+        };
+        let near = |at: Instant| at.max(mine) - at.min(mine) < FIRSTS_SPREAD;
+        let peers = firsts.iter().filter(|(r, at)| r != me && near(*at)).count();
+        drop(firsts);
+        let live = lock(&self.account).live;
+        if live > 0 && peers as u64 >= live - 1 {
+            (self.peers.admission)();
         }
     }
 
@@ -340,8 +387,16 @@ impl Lease {
 
     /// A 429: share its pause (`None`: the upstream named none, and corral's own guess stays
     /// its own), which buckets refused, and whether they refused at their edge (`edge`: the
-    /// bucket was empty; the peers end a throttle window there), with the fleet now.
-    pub fn throttled(&self, pause: Option<Duration>, requests: bool, tokens: bool, edge: bool) {
+    /// bucket was empty; the peers end a throttle window there; `first`: the partition's first
+    /// send after its pause ended), with the fleet now.
+    pub fn throttled(
+        &self,
+        pause: Option<Duration>,
+        requests: bool,
+        tokens: bool,
+        edge: bool,
+        first: bool,
+    ) {
         let mut s = lock(&self.account);
         let now = Instant::now();
         if let Some(pause) = pause {
@@ -350,11 +405,15 @@ impl Lease {
         }
         if edge {
             s.edge_at = Some(now);
+            s.first |= first;
         }
         s.refused |= u8::from(requests) | (u8::from(tokens) << 1);
         s.urgent = true;
         drop(s);
         self.wake.notify_one();
+        if edge && first {
+            self.first_refused(&self.fleet.replica);
+        }
     }
 
     /// The fleet moved between shared and fallback.

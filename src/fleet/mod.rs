@@ -177,7 +177,8 @@ impl Fleet {
     /// A message on the fleet's channel: "PAUSE-KEY pause MS" (another replica's 429 paused
     /// the partition), "PAUSE-KEY learned" (a shared bucket now paces it: lease from it),
     /// "PAUSE-KEY joined" (a replica new to it: the count of live replicas grew) or
-    /// "PAUSE-KEY throttled BUCKETS REPLICA" (a replica met an empty bucket).
+    /// "PAUSE-KEY throttled BUCKETS REPLICA [first]" (a replica met an empty bucket, with its
+    /// first send after its pause ended).
     fn on_message(&self, message: &str) {
         let Some(message) = Message::parse(message) else {
             return;
@@ -199,7 +200,17 @@ impl Fleet {
                     // A call now: its answer brings the new count of live replicas, and
                     // with it each pacer's part of an undivided report.
                     Message::Learned { .. } | Message::Joined { .. } => lease.refresh(),
-                    Message::Throttled { refused, .. } => lease.peer_edge(refused),
+                    Message::Throttled {
+                        refused,
+                        replica,
+                        first,
+                        ..
+                    } => {
+                        if first {
+                            lease.peer_first(replica);
+                        }
+                        lease.peer_edge(refused);
+                    }
                     Message::Share {
                         rate,
                         demand,
@@ -568,6 +579,7 @@ mod tests {
                 share: Box::new(|_| {}),
                 pace: Box::new(|| None),
                 scale: Box::new(|_| {}),
+                admission: Box::new(|| {}),
             },
             Arc::default(),
         );
@@ -613,6 +625,7 @@ mod tests {
                 share: Box::new(move |part| p.lock().unwrap().push(part)),
                 pace: Box::new(|| Some(50.0)),
                 scale: Box::new(move |scale| sc.lock().unwrap().push(scale)),
+                admission: Box::new(|| {}),
             },
             Arc::default(),
         );
@@ -649,6 +662,7 @@ mod tests {
                 share: Box::new(move |_| *s.lock().unwrap() += 1),
                 pace: Box::new(|| Some(50.0)),
                 scale: Box::new(move |_| *c.lock().unwrap() += 1),
+                admission: Box::new(|| {}),
             },
             Arc::default(),
         );
@@ -659,6 +673,62 @@ mod tests {
         fleet.on_message(&format!("{key} pace 50 100 peer"));
         fleet.on_message(&format!("{key} pace 50 300 {me}"));
         assert_eq!(*calls.lock().unwrap(), 0);
+    }
+
+    /// Every live replica's first send after one pause refused (this one's, and its peers' as
+    /// the channel tells) is an admission control's; the firsts of two pauses a second apart,
+    /// or a peer's refusal that was not its first send, are not.
+    #[tokio::test(start_paused = true)]
+    async fn every_replicas_first_send_refused_after_a_pause_is_an_admission_control() {
+        let (fleet, upstream) = offline_fleet();
+        let found = Arc::new(Mutex::new(0));
+        let lease_on = |credential: &'static [u8]| {
+            let f = Arc::clone(&found);
+            let lease = fleet.lease(
+                &upstream,
+                Some(credential),
+                Peers {
+                    pause: Box::new(|_| {}),
+                    edge: Box::new(|_, _| None),
+                    share: Box::new(|_| {}),
+                    pace: Box::new(|| None),
+                    scale: Box::new(|_| {}),
+                    admission: Box::new(move || *f.lock().unwrap() += 1),
+                },
+                Arc::default(),
+            );
+            lease.set_live(3);
+            let key = lease.pause_key().to_owned();
+            (lease, key)
+        };
+        let second = Duration::from_secs(1);
+        let (lease, key) = lease_on(b"one key");
+        lease.throttled(Some(second), true, false, true, true);
+        fleet.on_message(&format!("{key} throttled 1 peer-a first"));
+        fleet.on_message(&format!("{key} throttled 1 peer-b"));
+        assert_eq!(
+            *found.lock().unwrap(),
+            0,
+            "peer-b's refusal was not its first"
+        );
+        tokio::time::advance(Duration::from_millis(50)).await;
+        fleet.on_message(&format!("{key} throttled 1 peer-b first"));
+        assert_eq!(*found.lock().unwrap(), 1);
+
+        let (lease, key) = lease_on(b"another key");
+        lease.throttled(Some(second), true, false, true, true);
+        fleet.on_message(&format!("{key} throttled 1 peer-a first"));
+        tokio::time::advance(second).await;
+        fleet.on_message(&format!("{key} throttled 1 peer-b first"));
+        assert_eq!(
+            *found.lock().unwrap(),
+            1,
+            "peer-b's first came after the next pause"
+        );
+        // This replica's own first of that next pause completes it.
+        lease.throttled(Some(second), true, false, true, true);
+        fleet.on_message(&format!("{key} throttled 1 peer-a first"));
+        assert_eq!(*found.lock().unwrap(), 2);
     }
 
     #[test]

@@ -28,6 +28,8 @@ pub(super) struct CallArgs {
     pub refused: u8,
     /// The refusals are a bucket's edge: the script publishes them to the peers.
     pub edge: bool,
+    /// The edge was the caller's first send after its pause ended: published with it.
+    pub first: bool,
     /// This replica's estimate of its share of the key's rate, and its demand, to publish.
     pub estimate: Option<(f64, f64)>,
     /// This replica's pace (capped by the 429s) and its demand, to publish.
@@ -94,6 +96,7 @@ impl CallArgs {
             Some((pace, demand)) => format!("{pace:.3} {demand:.3}"),
             None => "-".to_owned(),
         });
+        invocation.arg(if self.first { "1" } else { "0" });
         invocation
     }
 }
@@ -133,12 +136,14 @@ pub(super) enum Message<'a> {
     Learned { key: &'a str },
     /// "PAUSE-KEY joined": a replica new to the partition called: the live count grew.
     Joined { key: &'a str },
-    /// "PAUSE-KEY throttled BUCKETS REPLICA": the upstream refused `replica` because a bucket
-    /// was empty (`refused`: 1 requests, 2 tokens, 3 both).
+    /// "PAUSE-KEY throttled BUCKETS REPLICA [first]": the upstream refused `replica` because a
+    /// bucket was empty (`refused`: 1 requests, 2 tokens, 3 both); `first`: the refused attempt
+    /// was the replica's first send after its pause ended.
     Throttled {
         key: &'a str,
         refused: u8,
         replica: &'a str,
+        first: bool,
     },
     /// "PAUSE-KEY share RATE DEMAND REPLICA": `replica`'s estimate of its share of the key's
     /// request rate, and its demand (requests it would send in the next second).
@@ -177,11 +182,21 @@ impl<'a> Message<'a> {
             }),
             "learned" => words.next().is_none().then_some(Self::Learned { key }),
             "joined" => words.next().is_none().then_some(Self::Joined { key }),
-            "throttled" => Some(Self::Throttled {
-                key,
-                refused: words.next()?.parse().ok().filter(|r| (1..=3).contains(r))?,
-                replica: words.next()?,
-            }),
+            "throttled" => {
+                let refused = words.next()?.parse().ok().filter(|r| (1..=3).contains(r))?;
+                let replica = words.next()?;
+                let first = match words.next() {
+                    None => false,
+                    Some("first") => true,
+                    Some(_) => return None,
+                };
+                words.next().is_none().then_some(Self::Throttled {
+                    key,
+                    refused,
+                    replica,
+                    first,
+                })
+            }
             "share" => Some(Self::Share {
                 key,
                 rate: number(words.next())?,
@@ -245,9 +260,19 @@ mod tests {
             Some(Message::Throttled {
                 key: "k",
                 refused: 3,
-                replica: "host:1"
+                replica: "host:1",
+                first: false,
             })
         ));
+        assert!(matches!(
+            Message::parse("k throttled 1 host:1 first"),
+            Some(Message::Throttled {
+                refused: 1,
+                first: true,
+                ..
+            })
+        ));
+        assert!(Message::parse("k throttled 1 host:1 later").is_none());
         assert!(matches!(
             Message::parse("k share 4.5 110 host:1"),
             Some(Message::Share {

@@ -274,6 +274,11 @@ pub struct Ticket {
 }
 
 impl Ticket {
+    /// When the attempt was sent.
+    pub fn sent_at(&self) -> Instant {
+        self.sent_at
+    }
+
     /// Units this one took.
     pub fn cost(&self) -> f64 {
         self.cost

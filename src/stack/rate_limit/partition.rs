@@ -35,6 +35,7 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use self::answers::ADMISSION_MEMORY;
 use super::bucket::{ready_all, take_ready, Bucket};
 use super::learn::{Pacer, Source, Ticket};
 use crate::client::Handshakes;
@@ -88,6 +89,8 @@ struct Pause {
     until: AtomicU64,
     /// When the pause in force was set, nanoseconds after `origin`.
     set_at: AtomicU64,
+    /// The end of the last pause that was over when a later one was set (0: none).
+    ended_at: AtomicU64,
     /// Woken when the pause is pushed later.
     later: Notify,
 }
@@ -98,13 +101,18 @@ impl Pause {
             origin: Instant::now(),
             until: AtomicU64::new(0),
             set_at: AtomicU64::new(0),
+            ended_at: AtomicU64::new(0),
             later: Notify::new(),
         }
     }
 
     fn extend(&self, until: Instant) {
         let nanos = self.nanos(until);
-        if self.until.fetch_max(nanos, Ordering::AcqRel) < nanos {
+        let old = self.until.fetch_max(nanos, Ordering::AcqRel);
+        if old < nanos {
+            if old > 0 && old <= self.nanos(Instant::now()) {
+                self.ended_at.fetch_max(old, Ordering::AcqRel);
+            }
             self.later.notify_waiters();
         }
     }
@@ -147,6 +155,17 @@ impl Pause {
         (nanos > 0 && until <= now).then_some(until)
     }
 
+    /// The end of the last pause that was over by `sent`, if any (one set since may be in force
+    /// now).
+    fn ended_before(&self, sent: Instant) -> Option<Instant> {
+        let sent = self.nanos(sent);
+        [&self.until, &self.ended_at]
+            .into_iter()
+            .map(|a| a.load(Ordering::Acquire))
+            .find(|&end| end > 0 && end <= sent)
+            .map(|end| self.origin + Duration::from_nanos(end))
+    }
+
     /// The end of the pause in force at `now`, if any.
     fn until(&self, now: Instant) -> Option<Instant> {
         let nanos = self.until.load(Ordering::Acquire);
@@ -182,7 +201,7 @@ pub struct Partition {
     guessed_pause: Pause,
     /// Until when hinted 429s are read as an admission control's, each the refused request's
     /// own wait (see `Partition::admission_control`).
-    admission: Pause,
+    admission: Arc<Pause>,
     /// With `[fleet]`: the lease on the fleet's shared buckets (instead of the configured
     /// ceilings, which then live in Redis).
     lease: Option<Arc<Lease>>,
@@ -235,6 +254,7 @@ impl Partition {
     pub fn new(config: &UpstreamConfig, fleet: Option<(&Arc<Fleet>, Option<&[u8]>)>) -> Self {
         let l = &config.limits;
         let pause = Arc::new(Pause::new());
+        let admission = Arc::new(Pause::new());
         let queued = Arc::new(AtomicUsize::new(0));
         let a = &config.adaptive;
         let now = Instant::now();
@@ -252,6 +272,17 @@ impl Partition {
             let learners = pacers.as_ref().map(Arc::downgrade);
             let sharers = learners.clone();
             let (readers, scalers) = (learners.clone(), learners.clone());
+            let forgetters = learners.clone();
+            let queue = Arc::clone(&admission);
+            // Every replica's first send after a pause was refused: an admission control's.
+            let admission_found = move || {
+                queue.extend(Instant::now() + ADMISSION_MEMORY);
+                if let Some(pacers) = forgetters.as_ref().and_then(Weak::upgrade) {
+                    let mut p = lock(&pacers);
+                    p.requests.forget_cuts();
+                    p.tokens.forget_cuts();
+                }
+            };
             // Each replica's phase after a peer's refusal, its own draw (`Pacer::peer_throttled`).
             let phases = Mutex::new(SmallRng::from_os_rng());
             let edge = move |requests: bool, tokens: bool| {
@@ -288,6 +319,7 @@ impl Partition {
                 share: Box::new(share),
                 pace: Box::new(pace),
                 scale: Box::new(scale),
+                admission: Box::new(admission_found),
             };
             fleet.lease(config, credential, peers, Arc::clone(&queued))
         });
@@ -319,7 +351,7 @@ impl Partition {
             pause,
             lease,
             guessed_pause: Pause::new(),
-            admission: Pause::new(),
+            admission,
             release_jitter: config.retry.floor_jitter.0,
             default_pause: config.retry.base.0,
             rng: Mutex::new(SmallRng::from_os_rng()),

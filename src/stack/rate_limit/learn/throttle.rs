@@ -393,11 +393,23 @@ impl Pacer {
         }
     }
 
+    /// An admission control refused the attempt admitted with `ticket` on the request's own
+    /// account (see `Partition::admission_control`): the upstream answered and no bucket was
+    /// the refuser, so in slow start the answer grows the ramp as a success's does (its slot
+    /// back came with the refusal). Held to its slot, a fleet's ramp stayed at the window its
+    /// first refusals found: ten attempts per round trip per replica.
+    pub fn refused_by_queue(&mut self, ticket: Ticket) {
+        if self.source == Source::SlowStart && !self.consented(ticket) {
+            self.level += 1.0;
+            self.burst = self.burst.max(self.level);
+        }
+    }
+
     /// The 429s that cut this pace were an admission control's, not the bucket's edge (see
     /// `Partition::admission_control`): the pace goes back to where they found it, the ramp
     /// it was on when nothing had refused it.
     pub fn forget_cuts(&mut self) {
-        if self.source == Source::Aimd && self.cap.is_some_and(|c| c.before.is_some()) {
+        if self.source == Source::Aimd && self.cap.is_some() {
             self.cap = None;
             self.floor = None;
             self.source = Source::SlowStart;

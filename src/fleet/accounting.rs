@@ -376,6 +376,15 @@ impl Account {
             && self.holdings.iter().any(|p| p.held() > 0.0)
     }
 
+    /// `units` of bucket `kind` taken for a request were more than it cost (negative: less):
+    /// usable again, within one burst either way.
+    pub(super) fn settle(&mut self, kind: usize, units: f64) {
+        let holding = &mut self.holdings[kind];
+        if let Some((_, burst)) = holding.shared {
+            holding.available = (holding.available + units).clamp(-burst, burst);
+        }
+    }
+
     pub(super) fn try_take(&mut self, cost: f64, now: Instant) -> Admission {
         for holding in &mut self.holdings {
             holding.release(now);

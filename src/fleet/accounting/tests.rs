@@ -84,6 +84,27 @@ async fn a_huge_request_owes_the_lease_at_most_one_burst() {
     );
 }
 
+/// A request's tokens taken at its estimate are settled from what the upstream counted: the
+/// unused part is usable again at once (within one burst), an overrun owed.
+#[tokio::test(start_paused = true)]
+async fn tokens_taken_at_the_estimate_are_settled_from_the_count() {
+    let now = Instant::now();
+    let (rate, burst) = (1_000.0, 10_000.0);
+    let mut s = Account::new([None, Some((rate, burst))], now);
+    s.holdings[TOKENS].available = 3_000.0;
+    // Estimated at 2,500 (prompt plus max_tokens), counted 400.
+    assert!(matches!(s.try_take(2_500.0, now), Admission::Taken { .. }));
+    assert_eq!(s.holdings[TOKENS].available, 500.0);
+    s.settle(TOKENS, 2_500.0 - 400.0);
+    assert_eq!(s.holdings[TOKENS].available, 2_600.0);
+    assert!(matches!(s.try_take(2_500.0, now), Admission::Taken { .. }));
+    // An overrun is owed, and neither side of a settlement goes past one burst.
+    s.settle(TOKENS, -50_000.0);
+    assert_eq!(s.holdings[TOKENS].available, -burst);
+    s.settle(TOKENS, 50_000.0);
+    assert_eq!(s.holdings[TOKENS].available, burst);
+}
+
 /// Redis lost the bucket a grant came from (a new epoch): the grant's units not yet due are
 /// dropped, the usable ones kept; the same epoch keeps everything.
 #[tokio::test(start_paused = true)]

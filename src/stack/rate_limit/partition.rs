@@ -71,6 +71,8 @@ pub(super) struct Shown {
 pub struct Tickets {
     requests: Ticket,
     tokens: Ticket,
+    /// Tokens taken from the fleet's shared bucket for it (0: none).
+    leased: f64,
 }
 
 impl Tickets {
@@ -502,7 +504,11 @@ impl Partition {
         }
         let requests = p.requests.acquire_ready(1.0, now).ok()?;
         let tokens = p.tokens.acquire_ready(units, now).ok()?;
-        Some(Some(Tickets { requests, tokens }))
+        Some(Some(Tickets {
+            requests,
+            tokens,
+            leased: 0.0,
+        }))
     }
 
     /// Sleep until no pause is in force; `jitter`: each waiter then waits a little more, at
@@ -563,6 +569,7 @@ impl Partition {
     async fn wait(&self, price: Price<'_>, limits: Limits) -> Result<Option<Tickets>, Duration> {
         let deadline = limits.deadline;
         loop {
+            let mut leased = 0.0;
             let cost = price();
             let units = f64::from(cost);
             let ceilings: Vec<(&Bucket, u32)> = [(&self.requests, 1), (&self.tokens, cost)]
@@ -595,6 +602,9 @@ impl Partition {
                     taken = lease.acquire(units, deadline) => taken?,
                     beyond = self.pause.beyond(deadline) => return Err(beyond),
                 }
+                if lease.charges_tokens() {
+                    leased = units;
+                }
                 self.wait_pause(limits, false).await?;
             }
             take_ready(&ceilings);
@@ -608,7 +618,11 @@ impl Partition {
                 };
                 let requests = take(&mut p.requests, 1.0);
                 let tokens = take(&mut p.tokens, units);
-                Tickets { requests, tokens }
+                Tickets {
+                    requests,
+                    tokens,
+                    leased,
+                }
             }));
         }
     }

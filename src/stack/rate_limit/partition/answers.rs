@@ -396,12 +396,15 @@ impl Partition {
     }
 
     /// The upstream counted `tokens` for the attempt admitted with `tickets`: settle what the
-    /// tokens pacer charged for it.
+    /// tokens pacer charged for it, and what the fleet's shared bucket did.
     pub fn settle(&self, tickets: Tickets, tokens: f64) {
         if let Some(pacers) = &self.pacers {
             lock(pacers)
                 .tokens
                 .settle(tickets.tokens, tokens, Instant::now());
+        }
+        if let Some(lease) = self.lease.as_ref().filter(|_| tickets.leased > 0.0) {
+            lease.settle_tokens(tickets.leased, tokens);
         }
     }
 

@@ -240,6 +240,11 @@ impl Lease {
         }
     }
 
+    /// The live replicas on the key, as Redis last counted them (0 before it has).
+    pub fn live(&self) -> u64 {
+        lock(&self.account).live
+    }
+
     /// Set the count of live replicas as a lease's answer would.
     #[cfg(test)]
     pub(super) fn set_live(&self, live: u64) {

@@ -362,6 +362,9 @@ pub struct Pacer {
     replicas: f64,
     /// The replicas the slow start is already split among ([`Pacer::among`]).
     ramp_among: f64,
+    /// With `[fleet]`: the live replicas on the key, whatever divides it: each one's part of
+    /// the second a quantized limit may enforce ([`Pacer::fleet_live`]).
+    live: f64,
     /// While set and in the future, the headers' level is not believed (demoted).
     distrust_until: Option<Instant>,
     demotions: u32,
@@ -436,6 +439,7 @@ impl Pacer {
             peer_cap: false,
             replicas: 1.0,
             ramp_among: 1.0,
+            live: 1.0,
             distrust_until: None,
             demotions: 0,
             last_remaining: None,

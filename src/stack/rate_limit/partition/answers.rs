@@ -189,6 +189,7 @@ impl Partition {
             let reported = [&p.requests, &p.tokens].map(|q| q.upstream_model().map(|m| m.0));
             let [(requests, divided), (tokens, _)] = lease.undivided(reported);
             p.requests.among(requests);
+            p.requests.fleet_live(lease.live());
             p.requests.fleet_bucket(divided);
             p.tokens.among(tokens);
         }

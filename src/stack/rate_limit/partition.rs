@@ -22,12 +22,13 @@
 //! What it learns from each answer, and the pause a 429 puts on it, is in `answers`.
 
 mod answers;
+mod peers;
 
 use std::future::Future;
 use std::num::NonZeroU32;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
@@ -35,13 +36,12 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use self::answers::ADMISSION_MEMORY;
 use super::bucket::{ready_all, take_ready, Bucket};
 use super::learn::{Pacer, Source, Ticket};
 use crate::client::Handshakes;
 use crate::config::{LearnMode, Priority, UpstreamConfig};
 use crate::error::ProxyError;
-use crate::fleet::{Fleet, Lease, Peers};
+use crate::fleet::{Fleet, Lease};
 use crate::metrics::PacingGauges;
 use crate::provider::Kind;
 use crate::stack::priority::PriorityGate;
@@ -270,59 +270,7 @@ impl Partition {
             }))
         });
         let lease = fleet.map(|(fleet, credential)| {
-            let shared = Arc::clone(&pause);
-            let learners = pacers.as_ref().map(Arc::downgrade);
-            let sharers = learners.clone();
-            let (readers, scalers) = (learners.clone(), learners.clone());
-            let forgetters = learners.clone();
-            let queue = Arc::clone(&admission);
-            // Every replica's first send after a pause was refused: an admission control's.
-            let admission_found = move || {
-                queue.extend(Instant::now() + ADMISSION_MEMORY);
-                if let Some(pacers) = forgetters.as_ref().and_then(Weak::upgrade) {
-                    let mut p = lock(&pacers);
-                    p.requests.forget_cuts();
-                    p.tokens.forget_cuts();
-                }
-            };
-            // Each replica's phase after a peer's refusal, its own draw (`Pacer::peer_throttled`).
-            let phases = Mutex::new(SmallRng::from_os_rng());
-            let edge = move |requests: bool, tokens: bool| {
-                let pacers = learners.as_ref().and_then(Weak::upgrade)?;
-                let phase = lock(&phases).random_range(0.0..1.0);
-                let mut p = lock(&pacers);
-                let now = Instant::now();
-                if requests {
-                    p.requests.peer_throttled(now, phase);
-                }
-                if tokens {
-                    p.tokens.peer_throttled(now, phase);
-                }
-                p.requests.take_estimate()
-            };
-            let share = move |rate: f64| {
-                if let Some(pacers) = sharers.as_ref().and_then(Weak::upgrade) {
-                    lock(&pacers).requests.fleet_share(rate, Instant::now());
-                }
-            };
-            let pace = move || {
-                let pacers = readers.as_ref().and_then(Weak::upgrade)?;
-                let pace = lock(&pacers).requests.fleet_pace(Instant::now());
-                pace
-            };
-            let scale = move |scale: f64| {
-                if let Some(pacers) = scalers.as_ref().and_then(Weak::upgrade) {
-                    lock(&pacers).requests.fleet_scale(scale, Instant::now());
-                }
-            };
-            let peers = Peers {
-                pause: Box::new(move |until| shared.extend(until)),
-                edge: Box::new(edge),
-                share: Box::new(share),
-                pace: Box::new(pace),
-                scale: Box::new(scale),
-                admission: Box::new(admission_found),
-            };
+            let peers = peers::peers(pacers.as_ref(), &pause, &admission);
             fleet.lease(config, credential, peers, Arc::clone(&queued))
         });
         if let (Some(pacers), Some(_)) = (&pacers, &lease) {

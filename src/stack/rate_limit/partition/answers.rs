@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::{Pacers, Partition, Shown, Tickets};
 use crate::classify::{Outcome, Reason, Throttle};
+use crate::fleet::Lease;
 use crate::metrics::UpstreamMetrics;
 use crate::provider::{self, Report};
 use crate::stack::rate_limit::learn::{Answer, Pacer, Source, STORM};
@@ -50,6 +51,17 @@ struct Learned {
     /// Whether a bucket that only the 429s show refused: its edge is news to the fleet's
     /// peers. A bucket the provider's headers report is shared through Redis instead.
     edge: bool,
+}
+
+/// Each pacer's part of what the provider reports, among the fleet's live replicas `lease`
+/// counts (see `Lease::undivided`).
+fn fleet_parts(p: &mut Pacers, lease: &Lease) {
+    let reported = [&p.requests, &p.tokens].map(|q| q.upstream_model().map(|m| m.0));
+    let [(requests, divided), (tokens, _)] = lease.undivided(reported);
+    p.requests.among(requests);
+    p.requests.fleet_live(lease.live());
+    p.requests.fleet_bucket(divided);
+    p.tokens.among(tokens);
 }
 
 /// The upstream named a wait on a 429 that says a bucket is empty: a storm's cuts recover by
@@ -186,12 +198,7 @@ impl Partition {
         }
         let own_wait_kept = full_after.0 || full_after.1 || admission;
         if let Some(lease) = &self.lease {
-            let reported = [&p.requests, &p.tokens].map(|q| q.upstream_model().map(|m| m.0));
-            let [(requests, divided), (tokens, _)] = lease.undivided(reported);
-            p.requests.among(requests);
-            p.requests.fleet_live(lease.live());
-            p.requests.fleet_bucket(divided);
-            p.tokens.among(tokens);
+            fleet_parts(p, lease);
         }
         p.requests
             .observe(tickets.requests, for_requests, requests_report, now);

@@ -393,11 +393,13 @@ impl Pacer {
         }
     }
 
-    /// An admission control refused the attempt admitted with `ticket` on the request's own
-    /// account (see `Partition::admission_control`): the upstream answered and no bucket was
-    /// the refuser, so in slow start the answer grows the ramp as a success's does (its slot
-    /// back came with the refusal). Held to its slot, a fleet's ramp stayed at the window its
-    /// first refusals found: ten attempts per round trip per replica.
+    /// The attempt admitted with `ticket` was refused on the request's or the key's own
+    /// account, whatever the pace (an admission control's queue, see
+    /// `Partition::admission_control`; a quota): the upstream answered and no bucket was the
+    /// refuser, so in slow start the answer grows the ramp as a success's does (its slot back
+    /// came with the refusal). Held to its slot, a fleet's ramp stayed at the window its first
+    /// refusals found: ten attempts per round trip per replica, and four corrals on a key out of
+    /// quota told their 500 clients so over 5.6 s, the SDK alone over 3.4 s.
     pub fn refused_by_queue(&mut self, ticket: Ticket) {
         if self.source == Source::SlowStart && !self.consented(ticket) {
             self.level += 1.0;

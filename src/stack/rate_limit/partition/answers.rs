@@ -202,7 +202,9 @@ impl Partition {
         }
         p.requests
             .observe(tickets.requests, for_requests, requests_report, now);
-        if admission {
+        // A refusal no bucket made (an admission control's, or a quota's: the key's money or
+        // its day, whatever the pace) says the upstream took the send and answered it.
+        if admission || reason == Some(Reason::Quota) {
             p.requests.refused_by_queue(tickets.requests);
         }
         p.tokens

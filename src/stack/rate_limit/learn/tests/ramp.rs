@@ -229,3 +229,24 @@ fn before_a_connection_opens_the_first_sends_are_looked_at_again_soon() {
     let later = now + REFUSAL_WORK;
     assert!(early.try_acquire(1.0, later).is_ok());
 }
+
+/// A refusal no bucket made (an admission control's, a quota's) grows slow start's window as a
+/// success does; another bucket's refusal only gives its slot back.
+#[test]
+fn a_refusal_no_bucket_made_grows_the_ramp() {
+    let start = Instant::now();
+    let later = start + Duration::from_millis(101);
+    for grows in [false, true] {
+        let mut pacer = Pacer::new(Kind::Requests, 4, 1.0, start);
+        let window = sent(&mut pacer, start, 100);
+        assert_eq!(window.len(), 4);
+        for ticket in window {
+            pacer.observe(ticket, Answer::RefusedElsewhere, None, later);
+            if grows {
+                pacer.refused_by_queue(ticket);
+            }
+        }
+        let want = if grows { 8.0 } else { 4.0 };
+        assert_eq!(pacer.burst(), want, "grows: {grows}");
+    }
+}

@@ -202,10 +202,8 @@ impl Partition {
         }
         p.requests
             .observe(tickets.requests, for_requests, requests_report, now);
-        // A refusal no bucket made (an admission control's, or a quota's: the key's money or
-        // its day, whatever the pace) says the upstream took the send and answered it.
         if admission || reason == Some(Reason::Quota) {
-            p.requests.refused_by_queue(tickets.requests);
+            p.requests.refused_by_queue(tickets.requests); // no bucket refused it
         }
         p.tokens
             .observe(tickets.tokens, for_tokens, tokens_report, now);

@@ -237,6 +237,8 @@ pub(super) struct Account {
     /// publish.
     pub(super) pace_news: Option<(f64, f64)>,
     pub(super) live: u64,
+    /// Redis has counted the live replicas (`live` is its answer, not the starting guess).
+    pub(super) counted: bool,
     pub(super) share: Option<Arc<Share>>,
     /// After a call granted less than it asked (the shared bucket queued far ahead), no
     /// refill call before this.
@@ -261,6 +263,8 @@ pub(super) enum Admission {
         share: Option<Arc<Share>>,
         /// The lease runs low: wake the refill task.
         low: bool,
+        /// Tokens taken from the shared bucket's holding (to settle from usage).
+        tokens: f64,
     },
     /// The fleet has fallen back: take from this share instead.
     Fallback(Arc<Share>),
@@ -300,6 +304,7 @@ impl Account {
             estimate: None,
             pace_news: None,
             live: 1,
+            counted: false,
             share: None,
             not_before: None,
             carried: [0.0; 2],
@@ -405,10 +410,15 @@ impl Account {
             // A request larger than what is usable (its estimate beyond the burst) owes the
             // rest, but never more than one burst: the upstream's bucket cannot hold more, and a
             // larger debt would hold the partition for the whole of one request's cost.
+            let mut tokens = 0.0;
             for (k, units) in [(REQUESTS, 1.0), (TOKENS, cost)] {
                 if let (Some(_), Some((_, burst))) = (needs[k], self.holdings[k].shared) {
                     let holding = &mut self.holdings[k];
-                    holding.available = (holding.available - units).max(-burst);
+                    let before = holding.available;
+                    holding.available = (before - units).max(-burst);
+                    if k == TOKENS {
+                        tokens = before - holding.available;
+                    }
                 }
             }
             self.demand.record(now);
@@ -431,6 +441,7 @@ impl Account {
             return Admission::Taken {
                 share: rejoining.then(|| self.share()),
                 low,
+                tokens,
             };
         }
         let mut at = Some(now);
@@ -678,6 +689,7 @@ impl Account {
         self.not_before = not_before;
         self.resync = false;
         self.live = reply.live;
+        self.counted = true;
         leased
     }
 }

@@ -240,7 +240,7 @@ impl Lease {
         }
     }
 
-    /// The live replicas on the key, as Redis last counted them (0 before it has).
+    /// The live replicas on the key, as Redis last counted them (1 before it has).
     pub fn live(&self) -> u64 {
         lock(&self.account).live
     }
@@ -248,7 +248,9 @@ impl Lease {
     /// Set the count of live replicas as a lease's answer would.
     #[cfg(test)]
     pub(super) fn set_live(&self, live: u64) {
-        lock(&self.account).live = live;
+        let mut s = lock(&self.account);
+        s.live = live;
+        s.counted = true;
     }
 
     /// A peer's first send after its pause ended was refused at a bucket's edge.
@@ -261,7 +263,8 @@ impl Lease {
     /// [`FIRSTS_SPREAD`] of this replica's, no bucket refilled over the wait the upstream named
     /// (one of them would have been admitted), and the partition is told that its refusals
     /// are an admission control's. Pauses named are a second or more apart, so the firsts of
-    /// one pause are not counted with the next's. Not before Redis has counted the replicas.
+    /// one pause are not counted with the next's. Not before Redis has counted the replicas,
+    /// nor while the fleet has fallen back.
     fn first_refused(&self, replica: &str) {
         let now = Instant::now();
         let mut firsts = lock(&self.firsts);
@@ -274,8 +277,12 @@ impl Lease {
         let near = |at: Instant| at.max(mine) - at.min(mine) < FIRSTS_SPREAD;
         let peers = firsts.iter().filter(|(r, at)| r != me && near(*at)).count();
         drop(firsts);
-        let live = lock(&self.account).live;
-        if live > 0 && peers as u64 >= live - 1 {
+        let (live, counted) = {
+            let s = lock(&self.account);
+            (s.live, s.counted)
+        };
+        let fallen = self.fleet.mode() == FleetMode::Fallback;
+        if counted && !fallen && peers as u64 + 1 >= live {
             (self.peers.admission)();
         }
     }
@@ -329,9 +336,10 @@ impl Lease {
         lock(&self.account).settle(TOKENS, charged - actual);
     }
 
-    /// Take one request and `cost` tokens, waiting while the deadline allows; `Err`: the wait
-    /// it would need.
-    pub async fn acquire(self: &Arc<Self>, cost: f64, deadline: Instant) -> Result<(), Duration> {
+    /// Take one request and `cost` tokens, waiting while the deadline allows: the tokens taken
+    /// from the shared bucket (none from a fallback's local share), to settle from usage
+    /// ([`Lease::settle_tokens`]); `Err`: the wait it would need.
+    pub async fn acquire(self: &Arc<Self>, cost: f64, deadline: Instant) -> Result<f64, Duration> {
         self.start();
         loop {
             let granted = self.granted.notified();
@@ -353,14 +361,18 @@ impl Lease {
                 }
             };
             match admission {
-                Admission::Taken { share, low } => {
+                Admission::Taken { share, low, tokens } => {
                     if low {
                         self.wake.notify_one();
                     }
-                    let Some(share) = share else { return Ok(()) };
-                    return share.take(cost, deadline).await;
+                    let Some(share) = share else {
+                        return Ok(tokens);
+                    };
+                    return share.take(cost, deadline).await.map(|()| tokens);
                 }
-                Admission::Fallback(share) => return share.take(cost, deadline).await,
+                Admission::Fallback(share) => {
+                    return share.take(cost, deadline).await.map(|()| 0.0)
+                }
                 Admission::Wait { until: at, refill } => {
                     if refill {
                         self.wake.notify_one();

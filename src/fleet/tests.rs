@@ -165,13 +165,14 @@ async fn peers_refusals_shares_and_paces_reach_the_partition() {
 }
 
 /// Every live replica's first send after one pause refused (this one's, and its peers' as
-/// the channel tells) is an admission control's; the firsts of two pauses a second apart,
-/// or a peer's refusal that was not its first send, are not.
+/// the channel tells) is an admission control's; the firsts of two pauses a second apart, a
+/// peer's refusal that was not its first send, or this one's alone before Redis has counted
+/// the replicas, are not.
 #[tokio::test(start_paused = true)]
 async fn every_replicas_first_send_refused_after_a_pause_is_an_admission_control() {
     let (fleet, upstream) = offline_fleet();
     let found = Arc::new(Mutex::new(0));
-    let lease_on = |credential: &'static [u8]| {
+    let lease_on = |credential: &'static [u8], live: Option<u64>| {
         let f = Arc::clone(&found);
         let lease = fleet.lease(
             &upstream,
@@ -186,12 +187,18 @@ async fn every_replicas_first_send_refused_after_a_pause_is_an_admission_control
             },
             Arc::default(),
         );
-        lease.set_live(3);
+        if let Some(live) = live {
+            lease.set_live(live);
+        }
         let key = lease.pause_key().to_owned();
         (lease, key)
     };
     let second = Duration::from_secs(1);
-    let (lease, key) = lease_on(b"one key");
+    // Before Redis has counted the replicas, this one's own first proves nothing.
+    let (lease, _) = lease_on(b"uncounted key", None);
+    lease.throttled(Some(second), true, false, true, true);
+    assert_eq!(*found.lock().unwrap(), 0, "the replicas not yet counted");
+    let (lease, key) = lease_on(b"one key", Some(3));
     lease.throttled(Some(second), true, false, true, true);
     fleet.on_message(&format!("{key} throttled 1 peer-a first"));
     fleet.on_message(&format!("{key} throttled 1 peer-b"));
@@ -204,7 +211,7 @@ async fn every_replicas_first_send_refused_after_a_pause_is_an_admission_control
     fleet.on_message(&format!("{key} throttled 1 peer-b first"));
     assert_eq!(*found.lock().unwrap(), 1);
 
-    let (lease, key) = lease_on(b"another key");
+    let (lease, key) = lease_on(b"another key", Some(3));
     lease.throttled(Some(second), true, false, true, true);
     fleet.on_message(&format!("{key} throttled 1 peer-a first"));
     tokio::time::advance(second).await;

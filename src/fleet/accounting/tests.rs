@@ -93,11 +93,18 @@ async fn tokens_taken_at_the_estimate_are_settled_from_the_count() {
     let mut s = Account::new([None, Some((rate, burst))], now);
     s.holdings[TOKENS].available = 3_000.0;
     // Estimated at 2,500 (prompt plus max_tokens), counted 400.
-    assert!(matches!(s.try_take(2_500.0, now), Admission::Taken { .. }));
+    let taken = |a: Admission| match a {
+        Admission::Taken { tokens, .. } => tokens,
+        _ => panic!("not taken"),
+    };
+    assert_eq!(taken(s.try_take(2_500.0, now)), 2_500.0);
     assert_eq!(s.holdings[TOKENS].available, 500.0);
     s.settle(TOKENS, 2_500.0 - 400.0);
     assert_eq!(s.holdings[TOKENS].available, 2_600.0);
-    assert!(matches!(s.try_take(2_500.0, now), Admission::Taken { .. }));
+    assert_eq!(taken(s.try_take(2_500.0, now)), 2_500.0);
+    // A request beyond the burst owes at most one: what it took is what settles.
+    s.holdings[TOKENS].available = burst;
+    assert_eq!(taken(s.try_take(1.0e9, now)), 2.0 * burst);
     // An overrun is owed, and neither side of a settlement goes past one burst.
     s.settle(TOKENS, -50_000.0);
     assert_eq!(s.holdings[TOKENS].available, -burst);

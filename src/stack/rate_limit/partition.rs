@@ -546,13 +546,10 @@ impl Partition {
                 // per-day quota's, here or a peer's) refuses the request at once: its wait for
                 // the shared bucket held a fleet's queue past the quota's 429 (`daily-quota`,
                 // four on Redis, limit set: the last refusals 0.3 s after the quota's, 1.28x).
-                tokio::select! {
+                leased = tokio::select! {
                     taken = lease.acquire(units, deadline) => taken?,
                     beyond = self.pause.beyond(deadline) => return Err(beyond),
-                }
-                if lease.charges_tokens() {
-                    leased = units;
-                }
+                };
                 self.wait_pause(limits, false).await?;
             }
             take_ready(&ceilings);

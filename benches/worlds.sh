@@ -63,8 +63,10 @@ if [[ ! -x $VENV/bin/python ]]; then
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install --quiet openai aiohttp
 fi
+# 450 s a mode (a world's run is its clients' deadline, at most 120 s, and 30 s more)
+limit=$((450 * $(tr ',' '\n' <<< "$MODES" | wc -l)))
 for w in $WORLDS; do
-    timeout 900 "$VENV/bin/python" "$root/benches/worlds/drive.py" --world "$w" --n "$N" --modes "$MODES"
+    timeout "$limit" "$VENV/bin/python" "$root/benches/worlds/drive.py" --world "$w" --n "$N" --modes "$MODES"
 done
 "$VENV/bin/python" "$root/benches/worlds/report.py" "$N" > /dev/null
 echo "wrote $OUT/results.md"

@@ -13,6 +13,7 @@ import asyncio
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -252,6 +253,8 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--corral", default=CORRAL)
     a = ap.parse_args()
+    if "fleet" in a.modes.split(",") and shutil.which(REDIS) is None:
+        sys.exit(f"drive.py: mode fleet needs redis-server ({REDIS!r} is not on the PATH; set REDIS_SERVER)")
     out = a.out or os.path.join(OUT, "results", f"{a.world}-n{a.n}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     logdir = os.path.join(OUT, "logs")
@@ -323,12 +326,13 @@ def main():
                   f"no_upstream_id={s['answers_without_upstream_id']} fail_kinds={s['fail_kinds']} "
                   f"nonstd_on_failed={s['nonstandard_header_names_on_failed']} per_model="
                   f"{ {m: (v['failed'], v['makespan']) for m, v in s['per_model'].items()} }", flush=True)
+            # written after each mode: a run cut short keeps the modes it finished
+            with open(out, "w") as f:
+                json.dump(results, f, indent=1, default=str)
             time.sleep(0.5)
     finally:
         stop(up)
         ulog.close()
-    with open(out, "w") as f:
-        json.dump(results, f, indent=1, default=str)
     print(f"wrote {out}", flush=True)
 
 

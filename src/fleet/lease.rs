@@ -81,7 +81,8 @@ pub struct Lease {
     queued: Arc<AtomicUsize>,
     /// Answers to the partition's attempts, counted ([`Lease::answered`]).
     answers: AtomicU64,
-    /// When each peer's first send after a pause was last refused ([`Lease::peer_first`]).
+    /// When each replica's first send after a pause was last refused, this one's and its
+    /// peers' ([`Lease::first_refused`]).
     firsts: Mutex<Vec<(String, Instant)>>,
 }
 

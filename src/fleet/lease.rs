@@ -218,15 +218,17 @@ impl Lease {
     /// provider's: one told for a key, over a model whose own limit is lower, or a limit that
     /// dropped): each replica then takes its part of the report. Each reading all of it under
     /// a bucket that never bound, four replicas sent four times the slow model's rate
-    /// (`models` on Redis with the limit set: 40-53 rate 429s of 500).
-    pub fn undivided(&self, reported: [Option<f64>; 2]) -> [(u64, bool); 2] {
+    /// (`models` on Redis with the limit set: 40-53 rate 429s of 500). Also the live replicas
+    /// on the key (1 before Redis has counted them), from the same look at the account.
+    pub fn undivided(&self, reported: [Option<f64>; 2]) -> ([(u64, bool); 2], u64) {
         let s = lock(&self.account);
         let live = s.live.max(1);
-        [0, 1].map(|k| match (s.holdings[k].shared, reported[k]) {
+        let parts = [0, 1].map(|k| match (s.holdings[k].shared, reported[k]) {
             (Some((rate, _)), Some(report)) if rate > report * DIVIDES => (live, false),
             (Some(_), _) => (1, true),
             (None, _) => (live, false),
-        })
+        });
+        (parts, live)
     }
 
     /// `replica` (this one too: the fleet's channel echoes it) published its share and demand.
@@ -241,22 +243,12 @@ impl Lease {
         }
     }
 
-    /// The live replicas on the key, as Redis last counted them (1 before it has).
-    pub fn live(&self) -> u64 {
-        lock(&self.account).live
-    }
-
     /// Set the count of live replicas as a lease's answer would.
     #[cfg(test)]
     pub(super) fn set_live(&self, live: u64) {
         let mut s = lock(&self.account);
         s.live = live;
         s.counted = true;
-    }
-
-    /// A peer's first send after its pause ended was refused at a bucket's edge.
-    pub(super) fn peer_first(&self, replica: &str) {
-        self.first_refused(replica);
     }
 
     /// `replica`'s first send after its pause ended was refused with a named wait (this
@@ -266,7 +258,7 @@ impl Lease {
     /// are an admission control's. Pauses named are a second or more apart, so the firsts of
     /// one pause are not counted with the next's. Not before Redis has counted the replicas,
     /// nor while the fleet has fallen back.
-    fn first_refused(&self, replica: &str) {
+    pub(super) fn first_refused(&self, replica: &str) {
         let now = Instant::now();
         let mut firsts = lock(&self.firsts);
         firsts.retain(|(r, at)| r != replica && now.saturating_duration_since(*at) < FIRSTS_KEPT);

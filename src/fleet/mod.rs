@@ -207,7 +207,7 @@ impl Fleet {
                         ..
                     } => {
                         if first {
-                            lease.peer_first(replica);
+                            lease.first_refused(replica);
                         }
                         lease.peer_edge(refused);
                     }

@@ -635,12 +635,7 @@ impl Pacer {
                 if !self.consented(ticket) {
                     self.level += 2.0;
                 }
-                self.burst = self.burst.max(self.level);
-                if self.burst >= SLOW_START_END {
-                    // Thousands of answers, no header, no throttle: nothing to learn; stop
-                    // gating (a later 429 paces from the 429s).
-                    self.source = Source::None;
-                }
+                self.slow_start_grew();
             }
             None => {}
         }
@@ -650,6 +645,16 @@ impl Pacer {
             self.throttled(ticket, now);
         }
         self.rate = self.pace(now);
+    }
+
+    /// Slow start's window holds what its level grew to; at `SLOW_START_END` (thousands of
+    /// answers, no header, no throttle: nothing to learn) it stops gating (a later 429 paces
+    /// from the 429s).
+    fn slow_start_grew(&mut self) {
+        self.burst = self.burst.max(self.level);
+        if self.burst >= SLOW_START_END {
+            self.source = Source::None;
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::{
     Pacer, Source, Ticket, ALONE, BETA, GROWTH, GUESS_BETA, GUESS_GROWTH, GUESS_HOLD, HOLD,
     MAX_GAP, MAX_SCALE, MIN_PRESSURE, MIN_RATE, MIN_SCALE, MIN_WINDOW, PAUSE_SENDS, RAMP_RTT_GUESS,
-    REPEAT, SHARE_GROWTH, SLOW_START_END, STORM,
+    REPEAT, SHARE_GROWTH, STORM,
 };
 
 /// Throttle windows short of an estimate floor a cut once they hold this many units admitted
@@ -403,10 +403,7 @@ impl Pacer {
     pub fn refused_by_queue(&mut self, ticket: Ticket) {
         if self.source == Source::SlowStart && !self.consented(ticket) {
             self.level += 1.0;
-            self.burst = self.burst.max(self.level);
-            if self.burst >= SLOW_START_END {
-                self.source = Source::None; // as after thousands of answers: nothing gates
-            }
+            self.slow_start_grew();
         }
     }
 

@@ -57,9 +57,9 @@ struct Learned {
 /// counts (see `Lease::undivided`).
 fn fleet_parts(p: &mut Pacers, lease: &Lease) {
     let reported = [&p.requests, &p.tokens].map(|q| q.upstream_model().map(|m| m.0));
-    let [(requests, divided), (tokens, _)] = lease.undivided(reported);
+    let ([(requests, divided), (tokens, _)], live) = lease.undivided(reported);
     p.requests.among(requests);
-    p.requests.fleet_live(lease.live());
+    p.requests.fleet_live(live);
     p.requests.fleet_bucket(divided);
     p.tokens.among(tokens);
 }

@@ -555,7 +555,7 @@ impl Pacer {
         if matches!(self.source, Source::Observed | Source::Aimd) {
             self.burst = (self.rate * DEMOTED_BURST.as_secs_f64()).max(1.0);
         }
-        self.level = (self.level + self.rate * dt).min(self.burst / self.part());
+        self.level = (self.level + self.rate * dt).min(self.ceiling());
         self.consent(now);
     }
 

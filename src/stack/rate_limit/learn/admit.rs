@@ -47,7 +47,7 @@ impl Pacer {
             return verdict.is_ok();
         }
         (self.ramp_gap().is_none() || now >= self.next_send)
-            && self.level >= cost.min(self.burst).max(f64::MIN_POSITIVE)
+            && self.level >= self.need(cost)
             && !self.quantum_holds(cost, now)
     }
 
@@ -120,7 +120,7 @@ impl Pacer {
         if self.quantum_holds(cost, now) {
             return Err(self.next_consent(now));
         }
-        let need = cost.min(self.burst).max(f64::MIN_POSITIVE);
+        let need = self.need(cost);
         let gap = self.ramp_gap();
         if gap.is_some() && now < self.next_send && self.level >= need {
             return Err(Some(self.next_send - now));

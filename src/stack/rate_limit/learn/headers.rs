@@ -141,6 +141,27 @@ impl Pacer {
         }
     }
 
+    /// The most the level may hold: this pacer's part of the burst the headers report, or,
+    /// once the burst is its own (half a second of its pace when the report is demoted, the
+    /// ramp's window, the 429s' pace), all of it. Never less than one unit's need: a request
+    /// waits for the level to reach its cost or this, whichever is less. Divided again, a
+    /// demoted fleet replica's ceiling was an eighth of a second of its pace, under one
+    /// request below 8 a second, and its requests went only as lone ones after a quarter
+    /// second of nothing in flight: four corrals on Anthropic's acceleration limit sent 6 a
+    /// second for 30 s where each was paced at 4.6.
+    pub(super) fn ceiling(&self) -> f64 {
+        if self.source == Source::Headers {
+            self.burst / self.part()
+        } else {
+            self.burst
+        }
+    }
+
+    /// What a request of `cost` units waits for the level to hold (see [`Self::ceiling`]).
+    pub(super) fn need(&self, cost: f64) -> f64 {
+        cost.min(self.ceiling()).max(f64::MIN_POSITIVE)
+    }
+
     /// What `answer` to `ticket` confirms of the reported headroom, in the pacer's units (a
     /// tokens pacer confirms a request's tokens per answer). Only this bucket's refusal halves
     /// it (an overload says nothing about the bucket), and once per round trip, as a cut (TCP
@@ -244,7 +265,7 @@ impl Pacer {
             .max(slack)
             .min(self.burst);
         // The confirmed headroom is a window: what is in flight unconfirmed is spent from it.
-        let level = (level.min(self.burst / self.part()))
+        let level = (level.min(self.ceiling()))
             .min(self.verified - self.unconfirmed())
             .max(-owed);
         // A report newer than the last one used sets the level; an older one (an answer that

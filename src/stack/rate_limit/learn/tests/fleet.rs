@@ -144,3 +144,53 @@ fn a_cut_lowers_a_scaled_replicas_pace() {
         );
     }
 }
+
+/// A replica that takes its part of a report (four on a key whose per-minute report nothing in
+/// Redis divides) and finds the report a lie (a 429 with headroom left: demoted) paces at its
+/// own part, with a burst of half a second of it. That burst is its own already: divided by
+/// the replicas again, its level could not hold one request below 8 a second, and requests
+/// went only as lone ones after a quarter second with nothing in flight (four corrals on
+/// Anthropic's acceleration limit sent 6 a second in all where each was paced at 4.6).
+#[test]
+fn a_demoted_replica_sends_at_its_part_of_the_pace() {
+    let mut now = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 10, 1.0, now);
+    pacer.in_fleet();
+    pacer.among(4);
+    // 16 a second reported per minute: 960, less what was used.
+    let report = |remaining: f64| {
+        fine_report(
+            960.0,
+            remaining,
+            Duration::from_secs_f64((960.0 - remaining) / 16.0),
+        )
+    };
+    let t = pacer.admit_anyway(1.0, now);
+    pacer.observe(t, Answer::RateLimited, Some(report(100.0)), now);
+    now += Duration::from_secs(2);
+    let t = pacer.admit_anyway(1.0, now);
+    pacer.observe(t, Answer::RateLimited, Some(report(800.0)), now);
+    assert_eq!(pacer.source(), Source::Observed);
+    now += Duration::from_secs(1);
+    // Every millisecond for 10 s a request tries; each is answered after 200 ms.
+    let rtt = Duration::from_millis(200);
+    let mut in_flight: VecDeque<(Instant, Ticket)> = VecDeque::new();
+    let (mut count, from) = (0, now);
+    for step in 0..10_000 {
+        now = from + Duration::from_millis(step);
+        while in_flight.front().is_some_and(|(at, _)| now - *at >= rtt) {
+            let (_, t) = in_flight.pop_front().unwrap();
+            pacer.observe(t, Answer::Ok, Some(report(800.0)), now);
+        }
+        while let Ok(t) = pacer.try_acquire(1.0, now) {
+            in_flight.push_back((now, t));
+            count += 1;
+        }
+    }
+    let pace = pacer.rate();
+    assert!((2.0..=4.0).contains(&pace), "its part of 16/s: {pace}");
+    assert!(
+        count as f64 >= 0.9 * pace * 10.0,
+        "{count} sent in 10 s at {pace}/s"
+    );
+}

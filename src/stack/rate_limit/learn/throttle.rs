@@ -57,7 +57,8 @@ pub(super) struct Cap {
     pub(super) rate: f64,
     pub(super) since: Instant,
     pub(super) hold: Duration,
-    /// Growth after the hold, units per second per second.
+    /// Growth after the hold, units per second per second (an estimate's; a guess compounds,
+    /// see [`Cap::at`]).
     pub(super) slope: f64,
     /// The pace before a cut (`None` for an estimate, which is evidence, not a guess).
     pub(super) before: Option<f64>,
@@ -71,7 +72,15 @@ impl Cap {
         let t = now
             .saturating_duration_since(self.since + self.hold)
             .as_secs_f64();
-        self.rate + self.slope * t
+        if self.before.is_some() {
+            // A guess compounds by `GUESS_GROWTH` a second: past where it was cut from with
+            // no refusal, the edge that cut it has moved (an acceleration limit allows more
+            // the more is sent), and a fixed step would take ever longer to find it. The pace
+            // never runs past twice what is sent all the same (`Pacer::pace`).
+            self.rate * (1.0 + GUESS_GROWTH).powf(t)
+        } else {
+            self.rate + self.slope * t
+        }
     }
 }
 
@@ -486,7 +495,7 @@ impl Pacer {
             rate,
             since: now,
             hold: GUESS_HOLD,
-            slope: GUESS_GROWTH * rate,
+            slope: 0.0,
             before: Some(before),
             recovering: false,
         });

@@ -404,3 +404,51 @@ fn a_bursts_refusals_halve_the_confirmed_window_once() {
     pacer.observe(t, Answer::RateLimited, Some(report(0.0)), now);
     assert_eq!(pacer.verified, before / 2.0);
 }
+
+/// A cut is a guess: with no refusal after it, it compounds by `GUESS_GROWTH` a second, so a
+/// limit that allows more the more is sent (Anthropic's acceleration limits) is followed
+/// at a growing pace, not a fixed step. Sending all it allows, a pacer cut at 20 a second
+/// sends about twice that ten seconds on (a step of a tenth of the cut a second: 1.95 times).
+#[test]
+fn a_guess_compounds_while_nothing_refuses() {
+    let start = Instant::now();
+    let mut pacer = Pacer::new(Kind::Requests, 4096, 1.0, start);
+    // 20 a second for two seconds, answered in 50 ms, then a bare 429: a cut.
+    let rtt = Duration::from_millis(50);
+    let mut in_flight: VecDeque<(Instant, Ticket)> = VecDeque::new();
+    let mut now = start;
+    for ms in 0..2000u64 {
+        now = start + Duration::from_millis(ms);
+        if ms % 50 == 0 {
+            in_flight.push_back((now, pacer.admit_anyway(1.0, now)));
+        }
+        while in_flight.front().is_some_and(|(at, _)| now - *at >= rtt) {
+            let (_, t) = in_flight.pop_front().unwrap();
+            pacer.observe(t, Answer::Ok, None, now);
+        }
+    }
+    let t = pacer.admit_anyway(1.0, now);
+    pacer.observe(t, Answer::RateLimited, None, now);
+    let cut = pacer.cap.expect("a cut").rate;
+    // Every millisecond a request tries; each is answered after 50 ms.
+    let from = now;
+    let mut last_second = 0;
+    for ms in 0..11_000u64 {
+        now = from + Duration::from_millis(ms);
+        while in_flight.front().is_some_and(|(at, _)| now - *at >= rtt) {
+            let (_, t) = in_flight.pop_front().unwrap();
+            pacer.observe(t, Answer::Ok, None, now);
+        }
+        while let Ok(t) = pacer.try_acquire(1.0, now) {
+            in_flight.push_back((now, t));
+            if ms >= 10_000 {
+                last_second += 1;
+            }
+        }
+    }
+    let grown = last_second as f64 / cut;
+    assert!(
+        (2.1..3.0).contains(&grown),
+        "cut to {cut}/s, {last_second} sent in the 11th second: {grown} times"
+    );
+}

@@ -57,8 +57,8 @@ pub(super) struct Cap {
     pub(super) rate: f64,
     pub(super) since: Instant,
     pub(super) hold: Duration,
-    /// Growth after the hold, units per second per second (an estimate's; a guess compounds,
-    /// see [`Cap::at`]).
+    /// Growth after the hold, units per second per second (a guess's until it is back where
+    /// it was cut from, then it compounds: see [`Cap::at`]).
     pub(super) slope: f64,
     /// The pace before a cut (`None` for an estimate, which is evidence, not a guess).
     pub(super) before: Option<f64>,
@@ -72,14 +72,23 @@ impl Cap {
         let t = now
             .saturating_duration_since(self.since + self.hold)
             .as_secs_f64();
-        if self.before.is_some() {
-            // A guess compounds by `GUESS_GROWTH` a second: past where it was cut from with
-            // no refusal, the edge that cut it has moved (an acceleration limit allows more
-            // the more is sent), and a fixed step would take ever longer to find it. The pace
-            // never runs past twice what is sent all the same (`Pacer::pace`).
-            self.rate * (1.0 + GUESS_GROWTH).powf(t)
-        } else {
-            self.rate + self.slope * t
+        match self.before {
+            // A guess steps back toward the pace it was cut from, then compounds by
+            // `GUESS_GROWTH` a second past it: past where it was cut from with no refusal,
+            // the edge that cut it has moved (an acceleration limit allows more the more is
+            // sent), and a fixed step would take ever longer to find it. Compounding from the
+            // cut, four corrals on one bucket (no headers) met it again every two seconds. A
+            // storm's way back (`recovering`) doubles per round trip instead. The pace never
+            // runs past twice what is sent all the same (`Pacer::pace`).
+            Some(before) if self.slope > 0.0 && !self.recovering => {
+                let back = (before - self.rate).max(0.0) / self.slope;
+                if t <= back {
+                    self.rate + self.slope * t
+                } else {
+                    self.rate.max(before) * (1.0 + GUESS_GROWTH).powf(t - back)
+                }
+            }
+            _ => self.rate + self.slope * t,
         }
     }
 }
@@ -495,7 +504,7 @@ impl Pacer {
             rate,
             since: now,
             hold: GUESS_HOLD,
-            slope: 0.0,
+            slope: GUESS_GROWTH * rate,
             before: Some(before),
             recovering: false,
         });

@@ -405,12 +405,30 @@ fn a_bursts_refusals_halve_the_confirmed_window_once() {
     assert_eq!(pacer.verified, before / 2.0);
 }
 
-/// A cut is a guess: with no refusal after it, it compounds by `GUESS_GROWTH` a second, so a
-/// limit that allows more the more is sent (Anthropic's acceleration limits) is followed
-/// at a growing pace, not a fixed step. Sending all it allows, a pacer cut at 20 a second
-/// sends about twice that ten seconds on (a step of a tenth of the cut a second: 1.95 times).
+/// A cut is a guess: it steps back by a tenth of itself a second to the pace it was cut from,
+/// and past that with no refusal it compounds by `GUESS_GROWTH` a second, so a limit that
+/// allows more the more is sent (Anthropic's acceleration limits) is followed at a growing
+/// pace, not a fixed step. Sending all it allows, a pacer cut at the 20 a second it was
+/// admitted at sends about 2.4 times that ten seconds on (the step alone: 1.95 times).
 #[test]
 fn a_guess_compounds_while_nothing_refuses() {
+    let now = Instant::now();
+    let guess = Cap {
+        rate: 10.0,
+        since: now,
+        hold: Duration::ZERO,
+        slope: 1.0,
+        before: Some(20.0),
+        recovering: false,
+    };
+    let at = |secs: f64| guess.at(now + Duration::from_secs_f64(secs));
+    assert!((at(5.0) - 15.0).abs() < 1e-9, "a step back: {}", at(5.0));
+    assert!((at(10.0) - 20.0).abs() < 1e-9, "where it was cut from");
+    assert!(
+        (at(12.0) - 24.2).abs() < 1e-9,
+        "then compounding: {}",
+        at(12.0)
+    );
     let start = Instant::now();
     let mut pacer = Pacer::new(Kind::Requests, 4096, 1.0, start);
     // 20 a second for two seconds, answered in 50 ms, then a bare 429: a cut.

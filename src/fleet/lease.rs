@@ -243,11 +243,6 @@ impl Lease {
         }
     }
 
-    /// The live replicas Redis counted on this key (1 before it has).
-    pub fn live(&self) -> u64 {
-        lock(&self.account).live.max(1)
-    }
-
     /// Set the count of live replicas as a lease's answer would.
     #[cfg(test)]
     pub(super) fn set_live(&self, live: u64) {

@@ -394,17 +394,6 @@ impl Fleet {
         }
     }
 
-    /// The most live replicas Redis has counted on any key this replica leases (1 before any
-    /// count): the fleet a key new to this replica is likely shared with.
-    pub fn replicas(&self) -> u64 {
-        self.live_leases()
-            .iter()
-            .map(|l| l.live())
-            .max()
-            .unwrap_or(1)
-            .max(1)
-    }
-
     fn live_leases(&self) -> Vec<Arc<Lease>> {
         lock(&self.leases)
             .iter()

@@ -227,38 +227,6 @@ async fn every_replicas_first_send_refused_after_a_pause_is_an_admission_control
     assert_eq!(*found.lock().unwrap(), 2);
 }
 
-/// A key new to this replica starts its slow start at its part of the window, by the most
-/// replicas Redis has counted on the keys it leases: they meet a new key at once, each before
-/// its lease's first answer counts them there. With nothing counted yet, the whole window.
-#[tokio::test]
-async fn a_new_keys_ramp_starts_at_its_part_of_the_counted_fleet() {
-    use crate::stack::rate_limit::partition::Partition;
-    let (fleet, upstream) = offline_fleet();
-    let window = |key: &'static [u8]| {
-        let partition = Partition::new(&upstream, Some((&fleet, Some(key))));
-        partition.status()["learned"][0]["burst"].as_f64().unwrap()
-    };
-    assert_eq!(fleet.replicas(), 1);
-    let initial = f64::from(upstream.adaptive.initial_burst);
-    assert_eq!(window(b"first key"), initial, "nothing counted: all of it");
-    let counted = fleet.lease(
-        &upstream,
-        Some(b"a counted key".as_slice()),
-        Peers {
-            pause: Box::new(|_| {}),
-            edge: Box::new(|_, _| None),
-            share: Box::new(|_| {}),
-            pace: Box::new(|| None),
-            scale: Box::new(|_| {}),
-            admission: Box::new(|| {}),
-        },
-        Arc::default(),
-    );
-    counted.set_live(4);
-    assert_eq!(fleet.replicas(), 4);
-    assert_eq!(window(b"a new key"), initial / 4.0, "a quarter each");
-}
-
 #[test]
 fn errors_never_carry_the_password() {
     let url = RedisUrl("redis://user:hunter2@redis:6379/0".into());

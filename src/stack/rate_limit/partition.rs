@@ -269,21 +269,12 @@ impl Partition {
                 shown: [None; 2],
             }))
         });
-        // The replicas a new key is likely shared with, counted before its lease joins them.
-        let replicas = fleet.map(|(fleet, _)| fleet.replicas());
         let lease = fleet.map(|(fleet, credential)| {
             let peers = peers::peers(pacers.as_ref(), &pause, &admission);
             fleet.lease(config, credential, peers, Arc::clone(&queued))
         });
-        if let (Some(pacers), Some(replicas)) = (&pacers, replicas) {
-            // Its replicas meet a new key at once, each before its lease's first answer says
-            // how many share it: the ramp starts at this one's part of the window, by the
-            // replicas counted on the keys it already leases (the lease's count corrects it).
-            // Four corrals each sending a whole window into a bucket of 20 had half refused
-            // (`openai-stream` on a fleet: 21-28 rate 429s, one corral 1).
-            let mut p = lock(pacers);
-            p.requests.in_fleet();
-            p.requests.among(replicas);
+        if let (Some(pacers), Some(_)) = (&pacers, &lease) {
+            lock(pacers).requests.in_fleet();
         }
         let l_local = lease.is_none().then_some(l);
         let requests = l_local.and_then(|l| l.rpm).map(|rpm| {

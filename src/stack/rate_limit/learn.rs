@@ -25,7 +25,8 @@
 //!   even though each sees the whole key's headers). A second event within `REPEAT` of the last
 //!   one that completes no estimate cuts the pace by `BETA` (so an estimated cap under steady
 //!   contention alternates with cuts, as AIMD does). An estimated cap holds for `HOLD`, then
-//!   probes upward by `GROWTH` per second; a cut one compounds (it is a guess). In a fleet
+//!   probes upward by `GROWTH` per second; a cut one (a guess) steps back faster, and past
+//!   the pace it was cut from compounds. In a fleet
 //!   without headers, a peer's 429 ends a window too ([`Pacer::peer_throttled`], each replica
 //!   starting again at a phase of its own, so they do not all meet the empty bucket at once),
 //!   and the replicas' estimates add up to the key's rate, split by demand
@@ -175,7 +176,8 @@ const GROWTH: f64 = 0.01;
 const ALONE: f64 = 0.8;
 /// ...and then the cap grows at once, by this fraction of the key's rate per second.
 const SHARE_GROWTH: f64 = 0.01;
-/// A cut (a guess, not an estimate) holds this long, then compounds by `GUESS_GROWTH` a second.
+/// A cut (a guess, not an estimate) holds this long, then steps by `GUESS_GROWTH` of itself a
+/// second back to the pace it was cut from, and past that compounds by it (`Cap::at`).
 const GUESS_HOLD: Duration = Duration::from_millis(500);
 const GUESS_GROWTH: f64 = 0.1;
 /// A report whose reset is further away than this counts a long window, not a refill.

@@ -310,7 +310,7 @@ impl Pacer {
             return;
         }
         self.refill(now);
-        self.level = (self.level + ticket.cost - actual).clamp(-self.burst, self.burst);
+        self.level = (self.level + ticket.cost - actual).clamp(-self.burst, self.ceiling());
     }
 
     pub(super) fn admit(&mut self, cost: f64, now: Instant) -> Ticket {

@@ -143,8 +143,9 @@ impl Pacer {
 
     /// The most the level may hold: this pacer's part of the burst the headers report, or,
     /// once the burst is its own (half a second of its pace when the report is demoted, the
-    /// ramp's window, the 429s' pace), all of it. Never less than one unit's need: a request
-    /// waits for the level to reach its cost or this, whichever is less. Divided again, a
+    /// ramp's window, the 429s' pace), all of it. A request waits for the level to reach its
+    /// cost or this, whichever is less ([`Self::need`]), so a ceiling under one unit (a part
+    /// of a small burst) paces rather than stalls. Divided again, a
     /// demoted fleet replica's ceiling was an eighth of a second of its pace, under one
     /// request below 8 a second, and its requests went only as lone ones after a quarter
     /// second of nothing in flight: four corrals on Anthropic's acceleration limit sent 6 a

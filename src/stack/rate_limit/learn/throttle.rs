@@ -11,6 +11,9 @@ use super::{
     REPEAT, SHARE_GROWTH, STORM,
 };
 
+/// A guess compounds past the pace it was cut from for at most this long ([`Cap::at`]).
+const COMPOUND_FOR: Duration = Duration::from_secs(30);
+
 /// Throttle windows short of an estimate floor a cut once they hold this many units admitted
 /// (two or three sends over a few milliseconds say little; a floor set high by that noise
 /// costs the next window a 429 or two, after which the windows say more).
@@ -51,7 +54,8 @@ impl Throttles {
 
 /// A cap on the pace from the 429s: this pacer's share of the upstream's rate. It holds for a
 /// while, then grows additively (so corrals sharing a key, each cutting multiplicatively on its
-/// own 429s, drift toward equal shares, as AIMD flows do).
+/// own 429s, drift toward equal shares, as AIMD flows do); a guess, past the pace it was cut
+/// from, compounds for a while ([`Cap::at`]).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Cap {
     pub(super) rate: f64,
@@ -83,10 +87,15 @@ impl Cap {
             Some(before) if self.slope > 0.0 && !self.recovering => {
                 let back = (before - self.rate).max(0.0) / self.slope;
                 if t <= back {
-                    self.rate + self.slope * t
-                } else {
-                    self.rate.max(before) * (1.0 + GUESS_GROWTH).powf(t - back)
+                    return self.rate + self.slope * t;
                 }
+                // Compounding for `COMPOUND_FOR` at most (17 times where it was cut from),
+                // then stepping by a tenth of that a second: a cap left alone for hours is
+                // published to the fleet's peers (`Pacer::fleet_pace`) and must stay finite.
+                let past = t - back;
+                let compounding = past.min(COMPOUND_FOR.as_secs_f64());
+                let top = self.rate.max(before) * (1.0 + GUESS_GROWTH).powf(compounding);
+                top * (1.0 + GUESS_GROWTH * (past - compounding))
             }
             _ => self.rate + self.slope * t,
         }

@@ -429,6 +429,11 @@ fn a_guess_compounds_while_nothing_refuses() {
         "then compounding: {}",
         at(12.0)
     );
+    // For 30 s at most, then stepping by a tenth of where that left it: finite for good.
+    let top = 20.0 * 1.1f64.powi(30);
+    assert!((at(40.0) - top).abs() < 1e-6 * top);
+    assert!((at(50.0) - 2.0 * top).abs() < 1e-6 * top, "{}", at(50.0));
+    assert!(at(1e9).is_finite());
     let start = Instant::now();
     let mut pacer = Pacer::new(Kind::Requests, 4096, 1.0, start);
     // 20 a second for two seconds, answered in 50 ms, then a bare 429: a cut.

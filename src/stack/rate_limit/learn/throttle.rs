@@ -80,10 +80,10 @@ impl Cap {
             // A guess steps back toward the pace it was cut from, then compounds by
             // `GUESS_GROWTH` a second past it: past where it was cut from with no refusal,
             // the edge that cut it has moved (an acceleration limit allows more the more is
-            // sent), and a fixed step would take ever longer to find it. Compounding from the
-            // cut, four corrals on one bucket (no headers) met it again every two seconds. A
-            // storm's way back (`recovering`) doubles per round trip instead. The pace never
-            // runs past twice what is sent all the same (`Pacer::pace`).
+            // sent), and a fixed step would take ever longer to find it. Short of that pace
+            // nothing says the edge moved, and the guess steps as it always did. A storm's way
+            // back (`recovering`) doubles per round trip instead. The pace never runs past
+            // twice what is sent all the same (`Pacer::pace`).
             Some(before) if self.slope > 0.0 && !self.recovering => {
                 let back = (before - self.rate).max(0.0) / self.slope;
                 if t <= back {

@@ -261,9 +261,9 @@ impl Partition {
     /// A fleet's replicas share the refill a pause ends with, so a bucket may refuse the first
     /// sends of all but one: there the evidence is every live replica's first send after the
     /// pause refused, this one's and its peers' (told through Redis; the lease finds it and
-    /// calls `Peers::admission`). Without it, four corrals in front of an admission control (each request refused twice
-    /// with `retry-after: 1`) cut their paces on every refusal and sent 1,500 attempts in 53 s,
-    /// where the SDK alone took 4.3 s.
+    /// calls `Peers::admission`). Without it, four corrals in front of an admission control
+    /// (each request refused twice with `retry-after: 1`) cut their paces on every refusal and
+    /// sent 1,500 attempts in 53 s, where the SDK alone took 4.3 s.
     ///
     /// Returns whether the 429 is an admission control's, and whether the refused attempt was
     /// the partition's first send after its pause ended.
